@@ -1,0 +1,37 @@
+//! Condition types and reasons the agent writes into a plan's status, as named constants so both
+//! binaries, the docs and the tests agree on the exact strings.
+
+/// The plan's rules are programmed in the kernel.
+pub const APPLIED: &str = "Applied";
+/// Something is wrong but forwarding continues (per-service failures, backend fallback, stale plan).
+pub const DEGRADED: &str = "Degraded";
+
+/// Condition status strings (Kubernetes convention).
+pub mod status {
+    /// The condition holds.
+    pub const TRUE: &str = "True";
+    /// The condition does not hold.
+    pub const FALSE: &str = "False";
+    /// Not known yet.
+    pub const UNKNOWN: &str = "Unknown";
+}
+
+/// Reasons, in `UpperCamelCase` as Kubernetes expects.
+pub mod reasons {
+    /// Every entry of the plan was applied.
+    pub const SYNCED: &str = "Synced";
+    /// Some entries were rejected; the rest were applied.
+    pub const PARTIALLY_APPLIED: &str = "PartiallyApplied";
+    /// The plan was rejected whole; the last good rules stay in place.
+    pub const INVALID_PLAN: &str = "InvalidPlan";
+    /// The kernel refused the ruleset; the last good rules stay in place.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// The plan's shards are not a complete, consistent set yet.
+    pub const INCOMPLETE_SHARDS: &str = "IncompleteShards";
+    /// The backend the plan asks for is unavailable; another one is in use.
+    pub const BACKEND_FALLBACK: &str = "BackendFallback";
+    /// Nothing is wrong.
+    pub const HEALTHY: &str = "Healthy";
+    /// The plan was deleted; the rules stay until the grace period ends.
+    pub const PLAN_DELETED: &str = "PlanDeleted";
+}

@@ -1,0 +1,152 @@
+//! The CustomResourceDefinition generated from the Rust types, and the schema used to check plans.
+//!
+//! `make generate` writes [`crd_yaml`] to `crds/` (for `kubectl apply -f crds/`) and to `config/crd/`
+//! (for kustomize, which may not read outside its root); a test fails when either copy differs.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceColumnDefinition, CustomResourceDefinition,
+};
+use kube::CustomResourceExt;
+
+use crate::{Error, plan::NodeForwardingPlan};
+
+/// File name of the generated CRD in `crds/` and `config/crd/`.
+pub const CRD_FILE: &str = "nodeforwardingplans.switchyard.io.yaml";
+
+const HEADER: &str = "# Generated from api/src/plan.rs and api/src/status.rs by `make generate`. Do not edit.\n";
+
+/// Integer formats the API server recognises; schemars' `uint8`/`uint16`/… are dropped because the API
+/// server does not know them (the explicit minimum/maximum carry the range instead).
+const KNOWN_INTEGER_FORMATS: [&str; 2] = ["int32", "int64"];
+
+/// The CRD object.
+pub fn crd() -> CustomResourceDefinition {
+    let crd = NodeForwardingPlan::crd();
+    let Ok(mut value) = serde_json::to_value(&crd) else { return crd };
+    tidy_schema(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// Drops integer formats the API server does not know.
+fn tidy_schema(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let unknown_format = map
+                .get("format")
+                .and_then(|f| f.as_str())
+                .is_some_and(|f| f.starts_with("uint") || (f.starts_with("int") && !KNOWN_INTEGER_FORMATS.contains(&f)));
+            if unknown_format {
+                map.remove("format");
+            }
+            map.values_mut().for_each(tidy_schema);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(tidy_schema),
+        _ => {}
+    }
+}
+
+/// The printer columns of the served version (what `kubectl get nfp` shows).
+pub fn printer_columns() -> Vec<CustomResourceColumnDefinition> {
+    crd()
+        .spec
+        .versions
+        .into_iter()
+        .next()
+        .and_then(|v| v.additional_printer_columns)
+        .unwrap_or_default()
+}
+
+/// The CRD as committed YAML.
+pub fn crd_yaml() -> Result<String, Error> {
+    let body = serde_saphyr::to_string(&crd()).map_err(|e| Error::SerializeCrd(e.to_string()))?;
+    Ok(format!("{HEADER}{body}"))
+}
+
+/// The served version's `openAPIV3Schema` as JSON Schema a draft-4 validator understands: OpenAPI's
+/// `nullable: true` becomes `type: [T, "null"]`. CEL rules and `x-kubernetes-*` extensions are not
+/// checked by such a validator; the API server checks them.
+pub fn validation_schema() -> serde_json::Value {
+    let schema = crd()
+        .spec
+        .versions
+        .into_iter()
+        .next()
+        .and_then(|v| v.schema)
+        .and_then(|s| s.open_api_v3_schema)
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_default();
+    let mut schema = schema;
+    translate_nullable(&mut schema);
+    schema
+}
+
+fn translate_nullable(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.remove("nullable") == Some(serde_json::Value::Bool(true)) {
+                if let Some(serde_json::Value::String(ty)) = map.get("type").cloned() {
+                    map.insert("type".into(), serde_json::json!([ty, "null"]));
+                }
+            }
+            map.values_mut().for_each(translate_nullable);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(translate_nullable),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn repo_file(parts: &[&str]) -> PathBuf {
+        let mut path = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        path.pop();
+        parts.iter().for_each(|p| path.push(p));
+        path
+    }
+
+    #[test]
+    fn committed_crd_yaml_matches_the_types() {
+        let want = crd_yaml().unwrap();
+        for dir in ["crds", "config/crd"] {
+            let path = repo_file(&[dir, CRD_FILE]);
+            let have = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                have == want,
+                "{} differs from the Rust types: run `make generate` and commit the result",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn crd_is_cluster_scoped_with_status_and_short_name() {
+        let crd = crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("nodeforwardingplans.switchyard.io"));
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["nfp".to_string()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+    }
+
+    #[test]
+    fn printer_columns_show_desired_and_observed_revision_side_by_side() {
+        let names: Vec<String> = printer_columns().into_iter().map(|c| c.name).collect();
+        let desired = names.iter().position(|n| n == "Desired").unwrap();
+        assert_eq!(names[desired + 1], "Observed");
+        for want in ["Backend", "Services", "Endpoints", "Applied", "Rules", "Last Sync", "Age"] {
+            assert!(names.iter().any(|n| n == want), "missing column {want}");
+        }
+    }
+
+    #[test]
+    fn nullable_becomes_a_type_union() {
+        let mut v = serde_json::json!({"properties": {"a": {"type": "string", "nullable": true}}});
+        translate_nullable(&mut v);
+        assert_eq!(v["properties"]["a"]["type"], serde_json::json!(["string", "null"]));
+    }
+}

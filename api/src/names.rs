@@ -1,0 +1,74 @@
+//! Names, labels, annotations and field managers both binaries must agree on.
+
+/// API group of the CRD.
+pub const GROUP: &str = "switchyard.io";
+/// Field manager of the controller's server-side apply (spec only).
+pub const CONTROLLER_FIELD_MANAGER: &str = "switchyard-controller";
+/// Field manager of the agent's server-side apply (status only).
+pub const AGENT_FIELD_MANAGER: &str = "switchyard-agent";
+
+/// Label on every plan object: the node it is for.
+pub const LABEL_NODE: &str = "switchyard.io/node";
+/// Label on every plan object: `<index>-of-<count>`.
+pub const LABEL_SHARD: &str = "switchyard.io/shard";
+/// Label selecting which objects the controller manages.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`].
+pub const MANAGED_BY: &str = "switchyard-controller";
+
+/// Node label overriding the controller's default backend for one node (default key; configurable).
+pub const LABEL_BACKEND: &str = "switchyard.io/backend";
+/// Service annotation overriding the IPVS scheduler.
+pub const ANNOTATION_IPVS_SCHEDULER: &str = "switchyard.io/ipvs-scheduler";
+
+/// Well-known Kubernetes labels and annotations the planner reads.
+pub mod k8s {
+    /// Services carrying it belong to another proxy (unless the value is ours).
+    pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+    /// EndpointSlice → Service link.
+    pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+    /// Node zone.
+    pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+    /// Set by the EndpointSlice controller: when the change that produced this slice happened.
+    pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+}
+
+/// IPVS schedulers the agent knows (`mh` only where the kernel has it).
+pub const IPVS_SCHEDULERS: &[&str] = &["rr", "wrr", "lc", "wlc", "dh", "sh", "sed", "nq", "mh"];
+
+/// kube-proxy's ServicePortName string: `namespace/name:port`, or `namespace/name` for an unnamed port.
+pub fn service_port_name(namespace: &str, name: &str, port_name: &str) -> String {
+    if port_name.is_empty() {
+        format!("{namespace}/{name}")
+    } else {
+        format!("{namespace}/{name}:{port_name}")
+    }
+}
+
+/// Name of shard `index` of a node's plan: the node name for the primary, `<node>.shard-<i>` otherwise.
+pub fn plan_object_name(node: &str, index: u32) -> String {
+    if index == 0 { node.to_string() } else { format!("{node}.shard-{index}") }
+}
+
+/// Value of [`LABEL_SHARD`].
+pub fn shard_label(index: u32, count: u32) -> String {
+    format!("{index}-of-{count}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_port_names_follow_kube_proxy() {
+        assert_eq!(service_port_name("ns1", "svc1", "p80"), "ns1/svc1:p80");
+        assert_eq!(service_port_name("ns1", "svc1", ""), "ns1/svc1");
+    }
+
+    #[test]
+    fn primary_shard_is_named_after_the_node() {
+        assert_eq!(plan_object_name("node-a", 0), "node-a");
+        assert_eq!(plan_object_name("node-a", 2), "node-a.shard-2");
+        assert_eq!(shard_label(2, 4), "2-of-4");
+    }
+}

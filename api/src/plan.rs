@@ -1,0 +1,383 @@
+//! The `NodeForwardingPlan` spec: what one node must forward, already resolved for that node.
+//!
+//! One entry per (Service, port name, protocol, IP family) — kube-proxy's "ServicePort", split by family
+//! because kube-proxy runs one proxier per family and decides "has endpoints" per family. Endpoints are
+//! listed once per entry with flags saying which set each belongs to, exactly as kube-proxy's
+//! `CategorizeEndpoints` left them for this node. The agent makes no policy decisions.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::status::NodeForwardingPlanStatus;
+
+/// The desired forwarding state of one node (or one shard of it). Written only by the controller.
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[kube(
+    group = "switchyard.io",
+    version = "v1alpha1",
+    kind = "NodeForwardingPlan",
+    plural = "nodeforwardingplans",
+    singular = "nodeforwardingplan",
+    shortname = "nfp",
+    category = "switchyard",
+    status = "NodeForwardingPlanStatus",
+    derive = "PartialEq",
+    doc = "What one node forwards: every Service frontend with its endpoints already chosen for that node \
+           (traffic policy, session affinity and topology resolved), and, in status, what the node's agent \
+           actually applied.",
+    printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend",
+                description = "Backend the plan asks for"),
+    printcolumn(name = "Services", type_ = "integer", json_path = ".spec.summary.services",
+                description = "Service ports in the plan (node total on the primary shard)"),
+    printcolumn(name = "Endpoints", type_ = "integer", json_path = ".spec.summary.endpoints",
+                description = "Endpoints in the plan (node total on the primary shard)"),
+    printcolumn(name = "Desired", type_ = "string", json_path = ".spec.revision",
+                description = "Revision the controller wrote"),
+    printcolumn(name = "Observed", type_ = "string", json_path = ".status.observedRevision",
+                description = "Revision the agent last applied"),
+    printcolumn(name = "Applied", type_ = "string",
+                json_path = ".status.conditions[?(@.type==\"Applied\")].status",
+                description = "Whether the observed revision is programmed in the kernel"),
+    printcolumn(name = "Rules", type_ = "integer", json_path = ".status.rules",
+                description = "Rules (or IPVS virtual+real servers) programmed"),
+    printcolumn(name = "Last Sync", type_ = "date", json_path = ".status.lastSyncTime",
+                description = "When the agent last synced"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName", priority = 1),
+    printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone", priority = 1),
+    printcolumn(name = "Shard", type_ = "integer", json_path = ".spec.shard.index", priority = 1),
+    printcolumn(name = "In Use", type_ = "string", json_path = ".status.backend", priority = 1,
+                description = "Backend actually in use"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".status.lastSyncMode", priority = 1,
+                description = "Whether the last sync was full or partial"),
+    printcolumn(name = "Drift Repairs", type_ = "integer", json_path = ".status.driftRepairs", priority = 1),
+    selectable = ".spec.nodeName"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeForwardingPlanSpec {
+    /// The Node this plan is for.
+    #[schemars(length(min = 1, max = 253))]
+    pub node_name: String,
+    /// The node's `topology.kubernetes.io/zone` label as planned (topology hints use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The node's primary IPs (at most one per family), as planned.
+    #[serde(default, rename = "nodeIPs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    pub node_ips: Vec<String>,
+    /// The node's pod CIDRs, as planned.
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    pub pod_cidrs: Vec<String>,
+    /// The backend the agent should program.
+    pub backend: Backend,
+    /// Cluster-wide settings the agent needs, copied here so one object shows everything.
+    pub cluster: ClusterSettings,
+    /// Content hash of this object's spec (all fields but `revision`). On the primary shard it also
+    /// covers the other shards' revisions, so it identifies the node's whole plan.
+    #[schemars(length(min = 1, max = 64))]
+    pub revision: String,
+    /// Present when the node's plan is split over several objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardInfo>,
+    /// Counts, for `kubectl get` (node totals on the primary shard, own counts on the others).
+    pub summary: PlanSummary,
+    /// One entry per (Service, port name, protocol, IP family), sorted.
+    #[serde(default)]
+    pub services: Vec<ServicePlan>,
+}
+
+/// Which kernel mechanism programs the plan.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// `iptables-restore` (default).
+    Iptables,
+    /// IPVS virtual servers plus iptables/ipset glue.
+    Ipvs,
+    /// One nftables table owned by the agent.
+    Nftables,
+}
+
+impl Backend {
+    /// The lowercase name used in the API, flags and node labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Ipvs => "ipvs",
+            Self::Nftables => "nftables",
+        }
+    }
+
+    /// Parses the lowercase name.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "iptables" => Some(Self::Iptables),
+            "ipvs" => Some(Self::Ipvs),
+            "nftables" => Some(Self::Nftables),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How pod traffic is told apart from other traffic (kube-proxy's `--detect-local-mode`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema, Default)]
+pub enum DetectLocalMode {
+    /// Sources inside the cluster CIDR of the family are pods (kube-proxy's default).
+    #[default]
+    ClusterCIDR,
+    /// Sources inside this node's pod CIDRs are pods.
+    NodeCIDR,
+    /// No detector: no off-cluster ClusterIP masquerade and no pod short-circuit for eTP=Local.
+    None,
+}
+
+/// Cluster settings the agent needs.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSettings {
+    /// How the local-traffic detector was configured.
+    pub detect_local: DetectLocalMode,
+    /// The CIDRs (at most one per family) whose sources the detector treats as pods; resolved from
+    /// `detectLocal`. Empty means no detector.
+    #[serde(default, rename = "localTrafficCIDRs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    pub local_traffic_cidrs: Vec<String>,
+    /// Masquerade all ClusterIP traffic, not only traffic from outside the cluster.
+    #[serde(default)]
+    pub masquerade_all: bool,
+    /// The bit of the packet mark that asks for masquerade (kube-proxy default 14 → 0x4000).
+    #[schemars(range(max = 31))]
+    pub masquerade_bit: u8,
+    /// Where NodePorts are served, as kube-proxy's `nodePortAddresses`: empty means every local address,
+    /// `primary` means the node's primary IPs, otherwise CIDRs matched against local addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub node_port_addresses: Vec<String>,
+    /// Default IPVS scheduler (ipvs backend only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipvs_scheduler: Option<String>,
+}
+
+/// Where this object sits in a sharded plan.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardInfo {
+    /// 0 for the primary (named after the node), 1.. for the others.
+    pub index: u32,
+    /// How many objects make up the node's plan.
+    #[schemars(range(min = 1, max = 1024))]
+    pub count: u32,
+    /// On the primary only: the revisions of shards 1..count, in order. The agent applies the set only
+    /// when every shard carries the revision listed here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
+}
+
+/// Counts shown by `kubectl get nfp`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanSummary {
+    /// Service entries.
+    pub services: u32,
+    /// Endpoints across all entries.
+    pub endpoints: u32,
+}
+
+/// Transport protocol of a service port.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum Protocol {
+    /// TCP.
+    TCP,
+    /// UDP.
+    UDP,
+    /// SCTP.
+    SCTP,
+}
+
+impl Protocol {
+    /// The lowercase name iptables and nft use.
+    pub fn lower(self) -> &'static str {
+        match self {
+            Self::TCP => "tcp",
+            Self::UDP => "udp",
+            Self::SCTP => "sctp",
+        }
+    }
+
+    /// Parses the Kubernetes spelling (`TCP`, `UDP`, `SCTP`).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "TCP" => Some(Self::TCP),
+            "UDP" => Some(Self::UDP),
+            "SCTP" => Some(Self::SCTP),
+            _ => None,
+        }
+    }
+}
+
+/// IP family of an entry; every address in the entry belongs to it.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum IpFamily {
+    /// IPv4.
+    IPv4,
+    /// IPv6.
+    IPv6,
+}
+
+impl IpFamily {
+    /// The family of an address.
+    pub fn of(ip: &std::net::IpAddr) -> Self {
+        if ip.is_ipv4() { Self::IPv4 } else { Self::IPv6 }
+    }
+}
+
+/// `Cluster` or `Local`, as in the Service API.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+pub enum TrafficPolicy {
+    /// Any endpoint in the cluster.
+    #[default]
+    Cluster,
+    /// Only endpoints on this node.
+    Local,
+}
+
+impl TrafficPolicy {
+    /// True for `Cluster` (the default, omitted when serialising).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster)
+    }
+}
+
+/// One ServicePort of one IP family, with its frontends and its endpoints as chosen for this node.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePlan {
+    /// kube-proxy's ServicePortName: `namespace/name:portName` (`namespace/name` when the port is unnamed).
+    #[schemars(length(min = 3, max = 400))]
+    pub name: String,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// IP family of every address in this entry.
+    pub family: IpFamily,
+    /// The ClusterIP of this family.
+    #[serde(rename = "clusterIP")]
+    #[schemars(length(max = 45))]
+    pub cluster_ip: String,
+    /// The service port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// The NodePort, when the service has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub node_port: Option<u16>,
+    /// `spec.externalIPs` of this family.
+    #[serde(default, rename = "externalIPs", skip_serializing_if = "Vec::is_empty")]
+    pub external_ips: Vec<String>,
+    /// LoadBalancer ingress IPs of this family in VIP mode (`ipMode: Proxy` is excluded).
+    #[serde(default, rename = "loadBalancerIPs", skip_serializing_if = "Vec::is_empty")]
+    pub load_balancer_ips: Vec<String>,
+    /// `loadBalancerSourceRanges` of this family; empty means unfiltered (also when a range is `/0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<String>,
+    /// ClientIP session affinity timeout; absent means no affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub affinity_timeout_seconds: Option<u32>,
+    /// `externalTrafficPolicy` (Local only when the service is externally accessible).
+    #[serde(default, skip_serializing_if = "TrafficPolicy::is_cluster")]
+    pub external_policy: TrafficPolicy,
+    /// `internalTrafficPolicy`.
+    #[serde(default, skip_serializing_if = "TrafficPolicy::is_cluster")]
+    pub internal_policy: TrafficPolicy,
+    /// The health-check NodePort (LoadBalancer with externalTrafficPolicy Local).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub health_check_node_port: Option<u16>,
+    /// IPVS scheduler override from the `switchyard.io/ipvs-scheduler` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
+    /// True when the service has a usable (ready, or serving and terminating) endpoint of this family
+    /// anywhere. False means traffic is REJECTed; true with an empty policy set means DROP.
+    pub has_endpoints: bool,
+    /// Every ready or serving endpoint of this family, sorted; flags say how this node uses it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10000))]
+    pub endpoints: Vec<PlanEndpoint>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// One endpoint (`addresses[0]` of an EndpointSlice endpoint, with the slice's port for this entry).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanEndpoint {
+    /// Endpoint IP.
+    #[schemars(length(max = 45))]
+    pub ip: String,
+    /// Endpoint port (the resolved targetPort).
+    #[schemars(range(min = 1))]
+    pub port: u16,
+    /// Used by traffic under the Cluster policy.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cluster: bool,
+    /// Used by traffic under the Local policy.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub local: bool,
+    /// Runs on this node.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub on_node: bool,
+    /// Terminating (used only as a fallback when nothing is ready).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub terminating: bool,
+}
+
+impl ServicePlan {
+    /// The sort and identity key of an entry within a plan.
+    pub fn key(&self) -> (&str, Protocol, IpFamily) {
+        (&self.name, self.protocol, self.family)
+    }
+
+    /// `namespace/name` of the Service this entry belongs to.
+    pub fn service_key(&self) -> &str {
+        self.name.split_once(':').map_or(self.name.as_str(), |(service, _)| service)
+    }
+
+    /// NodePort, externalIP or LoadBalancer traffic can reach this entry (kube-proxy's per-port
+    /// `ExternallyAccessible`).
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some() || !self.external_ips.is_empty() || !self.load_balancer_ips.is_empty()
+    }
+
+    /// Endpoints used by traffic under the Cluster policy.
+    pub fn cluster_endpoints(&self) -> impl Iterator<Item = &PlanEndpoint> {
+        self.endpoints.iter().filter(|ep| ep.cluster)
+    }
+
+    /// Endpoints used by traffic under the Local policy.
+    pub fn local_endpoints(&self) -> impl Iterator<Item = &PlanEndpoint> {
+        self.endpoints.iter().filter(|ep| ep.local)
+    }
+
+    /// Local ready endpoints counted as distinct IPs: what the health-check server reports.
+    pub fn local_ready_endpoint_ips(&self) -> usize {
+        let mut ips: Vec<&str> = self
+            .endpoints
+            .iter()
+            .filter(|ep| ep.local && !ep.terminating)
+            .map(|ep| ep.ip.as_str())
+            .collect();
+        ips.sort_unstable();
+        ips.dedup();
+        ips.len()
+    }
+}

@@ -1,0 +1,214 @@
+//! The plan revision: a content hash the controller writes and the agent reports back.
+//!
+//! ```text
+//! entry ─► JSON ─► sha256 ─► 128-bit digest ─┐ (wrapping sum over entries: order-free, and updatable in O(1)
+//!                                             │  when one entry changes — a one-endpoint change re-hashes one
+//! header fields ─► JSON ───────────────────────┴► sha256 ─► first 12 hex chars = revision   entry, not 10k)
+//! ```
+//!
+//! The sum makes the revision independent of entry order (entries are sorted anyway) and lets the
+//! planner keep per-node revisions current incrementally. It is a change detector, not a security
+//! boundary: the agent trusts the API server for authenticity.
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::{
+    Error,
+    plan::{Backend, ClusterSettings, NodeForwardingPlanSpec, PlanSummary, ServicePlan, ShardInfo},
+};
+
+/// Length of a revision string (hex characters).
+pub const REVISION_LEN: usize = 12;
+
+/// Digest and serialised size of one entry, computed together from one serialisation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryFingerprint {
+    /// First 128 bits of sha256 of the entry's JSON.
+    pub digest: u128,
+    /// Bytes of the entry's JSON (what it adds to the object's size, give or take a comma).
+    pub bytes: usize,
+}
+
+/// Fingerprints one entry.
+pub fn fingerprint(entry: &ServicePlan) -> Result<EntryFingerprint, Error> {
+    let json = serde_json::to_vec(entry)?;
+    let hash = Sha256::digest(&json);
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&hash[..16]);
+    Ok(EntryFingerprint { digest: u128::from_le_bytes(first), bytes: json.len() })
+}
+
+/// Order-free accumulator of entry digests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct EntrySum(u128);
+
+impl EntrySum {
+    /// Adds an entry.
+    pub fn add(&mut self, digest: u128) {
+        self.0 = self.0.wrapping_add(digest);
+    }
+
+    /// Removes an entry previously added.
+    pub fn remove(&mut self, digest: u128) {
+        self.0 = self.0.wrapping_sub(digest);
+    }
+}
+
+impl FromIterator<u128> for EntrySum {
+    fn from_iter<I: IntoIterator<Item = u128>>(iter: I) -> Self {
+        let mut sum = Self::default();
+        iter.into_iter().for_each(|d| sum.add(d));
+        sum
+    }
+}
+
+/// Every spec field except `revision` and `services`, borrowed for hashing.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Header<'a> {
+    node_name: &'a str,
+    zone: &'a Option<String>,
+    node_ips: &'a [String],
+    pod_cidrs: &'a [String],
+    backend: Backend,
+    cluster: &'a ClusterSettings,
+    shard: &'a Option<ShardInfo>,
+    summary: &'a PlanSummary,
+}
+
+/// The revision of a spec whose entries sum to `entries` (the spec's own `services` are ignored).
+pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result<String, Error> {
+    // Exhaustive on purpose: a new spec field fails to compile here until it is hashed.
+    let NodeForwardingPlanSpec {
+        node_name,
+        zone,
+        node_ips,
+        pod_cidrs,
+        backend,
+        cluster,
+        revision: _,
+        shard,
+        summary,
+        services: _,
+    } = spec;
+    let header = Header {
+        node_name,
+        zone,
+        node_ips,
+        pod_cidrs,
+        backend: *backend,
+        cluster,
+        shard,
+        summary,
+    };
+    let mut hasher = Sha256::new();
+    hasher.update(b"switchyard.io/v1alpha1\0");
+    hasher.update(serde_json::to_vec(&header)?);
+    hasher.update(entries.0.to_le_bytes());
+    let mut text = data_encoding::HEXLOWER.encode(&hasher.finalize());
+    text.truncate(REVISION_LEN);
+    Ok(text)
+}
+
+/// The revision of a spec computed from scratch.
+pub fn compute(spec: &NodeForwardingPlanSpec) -> Result<String, Error> {
+    let mut sum = EntrySum::default();
+    for entry in &spec.services {
+        sum.add(fingerprint(entry)?.digest);
+    }
+    revision_with(spec, sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{DetectLocalMode, IpFamily, PlanEndpoint, Protocol, TrafficPolicy};
+
+    fn entry(name: &str, ep: &str) -> ServicePlan {
+        ServicePlan {
+            name: name.into(),
+            protocol: Protocol::TCP,
+            family: IpFamily::IPv4,
+            cluster_ip: "172.30.0.1".into(),
+            port: 80,
+            node_port: None,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            source_ranges: vec![],
+            affinity_timeout_seconds: None,
+            external_policy: TrafficPolicy::Cluster,
+            internal_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            scheduler: None,
+            has_endpoints: true,
+            endpoints: vec![PlanEndpoint {
+                ip: ep.into(),
+                port: 80,
+                cluster: true,
+                local: false,
+                on_node: false,
+                terminating: false,
+            }],
+        }
+    }
+
+    fn spec(services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
+        NodeForwardingPlanSpec {
+            node_name: "node-a".into(),
+            zone: None,
+            node_ips: vec!["192.168.0.1".into()],
+            pod_cidrs: vec![],
+            backend: Backend::Iptables,
+            cluster: ClusterSettings {
+                detect_local: DetectLocalMode::ClusterCIDR,
+                local_traffic_cidrs: vec!["10.0.0.0/8".into()],
+                masquerade_all: false,
+                masquerade_bit: 14,
+                node_port_addresses: vec![],
+                ipvs_scheduler: None,
+            },
+            revision: String::new(),
+            shard: None,
+            summary: PlanSummary::default(),
+            services,
+        }
+    }
+
+    #[test]
+    fn revision_ignores_order_and_its_own_field() {
+        let a = spec(vec![entry("ns/a", "10.0.0.1"), entry("ns/b", "10.0.0.2")]);
+        let mut b = spec(vec![entry("ns/b", "10.0.0.2"), entry("ns/a", "10.0.0.1")]);
+        b.revision = "something".into();
+        assert_eq!(compute(&a).unwrap(), compute(&b).unwrap());
+        assert_eq!(compute(&a).unwrap().len(), REVISION_LEN);
+    }
+
+    #[test]
+    fn revision_changes_with_any_content() {
+        let base = spec(vec![entry("ns/a", "10.0.0.1")]);
+        let base_rev = compute(&base).unwrap();
+        let mut endpoint = base.clone();
+        endpoint.services[0].endpoints[0].ip = "10.0.0.9".into();
+        let mut header = base.clone();
+        header.cluster.masquerade_all = true;
+        let mut node = base.clone();
+        node.zone = Some("zone-a".into());
+        for changed in [endpoint, header, node] {
+            assert_ne!(compute(&changed).unwrap(), base_rev);
+        }
+    }
+
+    #[test]
+    fn incremental_sum_matches_recomputation() {
+        let old = entry("ns/a", "10.0.0.1");
+        let new = entry("ns/a", "10.0.0.2");
+        let other = entry("ns/b", "10.0.0.3");
+        let mut sum: EntrySum =
+            [&old, &other].iter().map(|e| fingerprint(e).unwrap().digest).collect();
+        sum.remove(fingerprint(&old).unwrap().digest);
+        sum.add(fingerprint(&new).unwrap().digest);
+        let fresh = spec(vec![new, other]);
+        assert_eq!(revision_with(&fresh, sum).unwrap(), compute(&fresh).unwrap());
+    }
+}

@@ -1,0 +1,97 @@
+//! The `NodeForwardingPlan` status: what the node's agent actually applied. Written only by the agent,
+//! through the status subresource. Kept small: counts, conditions and a capped list of failures.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Backend;
+
+/// The most per-service failures a status lists; `failuresTotal` counts the rest.
+pub const MAX_LISTED_FAILURES: usize = 10;
+
+/// What the agent applied, and how it went.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeForwardingPlanStatus {
+    /// The plan revision the kernel state corresponds to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_revision: Option<String>,
+    /// The backend actually in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
+    /// Why the backend in use differs from the one the plan asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_reason: Option<String>,
+    /// `Applied` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub conditions: Vec<PlanCondition>,
+    /// Service entries programmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<u32>,
+    /// Endpoints programmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<u32>,
+    /// Rules (iptables/nftables) or virtual plus real servers (IPVS) programmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<u64>,
+    /// When the last sync finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<String>,
+    /// How long the last sync took, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_duration_ms: Option<u64>,
+    /// Whether the last sync rewrote everything or only changed services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_mode: Option<SyncMode>,
+    /// Times the agent found its kernel state changed behind its back and repaired it, since it started.
+    #[serde(default)]
+    pub drift_repairs: u64,
+    /// Entries that could not be applied (at most ten listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub failures: Vec<ServiceFailure>,
+    /// All failed entries, listed or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures_total: Option<u32>,
+}
+
+/// Full or partial sync.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum SyncMode {
+    /// Every owned chain or object was rewritten.
+    Full,
+    /// Only changed services were rewritten.
+    Partial,
+}
+
+/// A Kubernetes-style condition.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanCondition {
+    /// `Applied` or `Degraded` (see [`crate::conditions`]).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason in UpperCamelCase.
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default)]
+    #[schemars(length(max = 1024))]
+    pub message: String,
+    /// When `status` last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// One entry the agent could not apply.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceFailure {
+    /// The entry's ServicePortName (`namespace/name:port`), with protocol and family.
+    pub service: String,
+    /// Why.
+    #[schemars(length(max = 512))]
+    pub reason: String,
+}

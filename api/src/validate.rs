@@ -1,0 +1,377 @@
+//! Plan validation: every problem with its path, split into problems that poison the whole plan and
+//! problems confined to one entry.
+//!
+//! ```text
+//! spec ─► validate() ─► Report { plan: [Problem], entries: [(index, [Problem])] }
+//!                         │ plan non-empty  → agent rejects the plan whole, last good rules stay
+//!                         └ entry problems → agent skips those entries, reports them, applies the rest
+//! ```
+
+use std::{collections::HashSet, net::IpAddr};
+
+use crate::{
+    ip::{parse_cidr_strict, parse_ip_strict},
+    names::IPVS_SCHEDULERS,
+    plan::{IpFamily, NodeForwardingPlanSpec, ServicePlan, TrafficPolicy},
+};
+
+/// Most entries one object may carry.
+pub const MAX_ENTRIES: usize = 100_000;
+/// Most endpoints one entry may carry.
+pub const MAX_ENDPOINTS_PER_ENTRY: usize = 10_000;
+/// Longest ClientIP affinity timeout the API allows (one day).
+pub const MAX_AFFINITY_SECONDS: u32 = 86_400;
+
+/// One problem, with the JSON path of the offending field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// e.g. `spec.services[3].endpoints[0].ip`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// The result of validating a spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Problems that make the whole plan unusable.
+    pub plan: Vec<Problem>,
+    /// Problems per entry index; such entries are skipped, the rest applied.
+    pub entries: Vec<(usize, Vec<Problem>)>,
+}
+
+impl Report {
+    /// No problems at all.
+    pub fn is_clean(&self) -> bool {
+        self.plan.is_empty() && self.entries.is_empty()
+    }
+
+    /// Indexes of the entries that must be skipped.
+    pub fn bad_entries(&self) -> HashSet<usize> {
+        self.entries.iter().map(|(i, _)| *i).collect()
+    }
+
+    /// Every problem, plan-level first.
+    pub fn all(&self) -> impl Iterator<Item = &Problem> {
+        self.plan.iter().chain(self.entries.iter().flat_map(|(_, p)| p.iter()))
+    }
+}
+
+struct Collector<'a> {
+    problems: &'a mut Vec<Problem>,
+    prefix: String,
+}
+
+impl Collector<'_> {
+    fn push(&mut self, field: impl std::fmt::Display, message: impl Into<String>) {
+        self.problems.push(Problem { path: format!("{}{field}", self.prefix), message: message.into() });
+    }
+
+    fn ip(&mut self, field: impl std::fmt::Display, text: &str, family: Option<IpFamily>) -> Option<IpAddr> {
+        match parse_ip_strict(text) {
+            None => {
+                self.push(field, format!("{text:?} is not a canonical IP address"));
+                None
+            }
+            Some(ip) if family.is_some_and(|f| f != IpFamily::of(&ip)) => {
+                self.push(field, format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)));
+                None
+            }
+            Some(ip) => Some(ip),
+        }
+    }
+
+    fn cidr(&mut self, field: impl std::fmt::Display, text: &str, family: Option<IpFamily>) {
+        match parse_cidr_strict(text) {
+            None => self.push(field, format!("{text:?} is not a canonical CIDR")),
+            Some(net) if family.is_some_and(|f| f != IpFamily::of(&net.addr())) => {
+                self.push(field, format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)))
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Validates a spec. Never panics, whatever the input.
+pub fn validate(spec: &NodeForwardingPlanSpec) -> Report {
+    let mut report = Report::default();
+    validate_header(spec, &mut report.plan);
+    let mut seen = HashSet::new();
+    for (index, entry) in spec.services.iter().enumerate() {
+        let mut problems = Vec::new();
+        let mut c = Collector { problems: &mut problems, prefix: format!("spec.services[{index}].") };
+        if !seen.insert(entry.key()) {
+            c.push("name", format!("duplicate entry {} {:?} {:?}", entry.name, entry.protocol, entry.family));
+        }
+        validate_entry(entry, &mut c);
+        if !problems.is_empty() {
+            report.entries.push((index, problems));
+        }
+    }
+    report
+}
+
+fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
+    let mut c = Collector { problems, prefix: "spec.".into() };
+    if spec.node_name.is_empty() || spec.node_name.len() > 253 {
+        c.push("nodeName", "must be 1..253 characters");
+    }
+    if spec.revision.is_empty() {
+        c.push("revision", "must not be empty");
+    }
+    for (i, ip) in spec.node_ips.iter().enumerate() {
+        c.ip(format_args!("nodeIPs[{i}]"), ip, None);
+    }
+    for (i, cidr) in spec.pod_cidrs.iter().enumerate() {
+        c.cidr(format_args!("podCIDRs[{i}]"), cidr, None);
+    }
+    for (i, cidr) in spec.cluster.local_traffic_cidrs.iter().enumerate() {
+        c.cidr(format_args!("cluster.localTrafficCIDRs[{i}]"), cidr, None);
+    }
+    if spec.cluster.masquerade_bit > 31 {
+        c.push("cluster.masqueradeBit", format!("{} is not in 0..31", spec.cluster.masquerade_bit));
+    }
+    for (i, value) in spec.cluster.node_port_addresses.iter().enumerate() {
+        if value != "primary" {
+            c.cidr(format_args!("cluster.nodePortAddresses[{i}]"), value, None);
+        }
+    }
+    if let Some(s) = &spec.cluster.ipvs_scheduler {
+        if !IPVS_SCHEDULERS.contains(&s.as_str()) {
+            c.push("cluster.ipvsScheduler", format!("unknown IPVS scheduler {s:?}"));
+        }
+    }
+    if let Some(shard) = &spec.shard {
+        if shard.count == 0 || shard.index >= shard.count {
+            c.push("shard", format!("index {} is not below count {}", shard.index, shard.count));
+        }
+        let want_members = if shard.index == 0 { shard.count.saturating_sub(1) as usize } else { 0 };
+        if shard.members.len() != want_members {
+            c.push("shard.members", format!("has {} revisions, want {want_members}", shard.members.len()));
+        }
+    }
+    if spec.services.len() > MAX_ENTRIES {
+        c.push("services", format!("{} entries exceed the limit of {MAX_ENTRIES}", spec.services.len()));
+    }
+}
+
+fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
+    let family = Some(entry.family);
+    if !valid_service_port_name(&entry.name) {
+        c.push("name", format!("{:?} is not namespace/name[:port]", entry.name));
+    }
+    c.ip("clusterIP", &entry.cluster_ip, family);
+    if entry.port == 0 {
+        c.push("port", "must be 1..65535");
+    }
+    if entry.node_port == Some(0) {
+        c.push("nodePort", "must be 1..65535");
+    }
+    if entry.health_check_node_port == Some(0) {
+        c.push("healthCheckNodePort", "must be 1..65535");
+    }
+    for (i, ip) in entry.external_ips.iter().enumerate() {
+        c.ip(format_args!("externalIPs[{i}]"), ip, family);
+    }
+    for (i, ip) in entry.load_balancer_ips.iter().enumerate() {
+        c.ip(format_args!("loadBalancerIPs[{i}]"), ip, family);
+    }
+    for (i, cidr) in entry.source_ranges.iter().enumerate() {
+        c.cidr(format_args!("sourceRanges[{i}]"), cidr, family);
+    }
+    if let Some(t) = entry.affinity_timeout_seconds {
+        if t == 0 || t > MAX_AFFINITY_SECONDS {
+            c.push("affinityTimeoutSeconds", format!("{t} is not in 1..{MAX_AFFINITY_SECONDS}"));
+        }
+    }
+    if let Some(s) = &entry.scheduler {
+        if !IPVS_SCHEDULERS.contains(&s.as_str()) {
+            c.push("scheduler", format!("unknown IPVS scheduler {s:?}"));
+        }
+    }
+    if entry.external_policy == TrafficPolicy::Local && !entry.externally_accessible() {
+        c.push("externalPolicy", "Local on an entry with no NodePort, externalIP or LoadBalancer IP");
+    }
+    if entry.endpoints.len() > MAX_ENDPOINTS_PER_ENTRY {
+        c.push(
+            "endpoints",
+            format!("{} endpoints exceed the limit of {MAX_ENDPOINTS_PER_ENTRY}", entry.endpoints.len()),
+        );
+        return;
+    }
+    let mut seen = HashSet::new();
+    for (i, ep) in entry.endpoints.iter().enumerate() {
+        c.ip(format_args!("endpoints[{i}].ip"), &ep.ip, family);
+        if ep.port == 0 {
+            c.push(format_args!("endpoints[{i}].port"), "must be 1..65535");
+        }
+        if !seen.insert((&ep.ip, ep.port)) {
+            c.push(format_args!("endpoints[{i}]"), format!("duplicate endpoint {}:{}", ep.ip, ep.port));
+        }
+        if ep.local && !ep.on_node {
+            c.push(format_args!("endpoints[{i}].local"), "a Local-policy endpoint must be on this node");
+        }
+        if (ep.cluster || ep.local) && !entry.has_endpoints {
+            c.push(format_args!("endpoints[{i}]"), "used by a policy although hasEndpoints is false");
+        }
+    }
+    let uses_cluster = entry.internal_policy == TrafficPolicy::Cluster || entry.externally_accessible();
+    if entry.has_endpoints && uses_cluster && entry.cluster_endpoints().next().is_none() {
+        c.push("endpoints", "hasEndpoints is true but no endpoint is used by the Cluster policy");
+    }
+}
+
+fn valid_service_port_name(name: &str) -> bool {
+    let (service, _port) = name.split_once(':').unwrap_or((name, ""));
+    matches!(service.split_once('/'), Some((ns, n)) if !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{
+        Backend, ClusterSettings, DetectLocalMode, PlanEndpoint, PlanSummary, Protocol, ShardInfo,
+    };
+
+    fn ep(ip: &str) -> PlanEndpoint {
+        PlanEndpoint { ip: ip.into(), port: 80, cluster: true, local: false, on_node: false, terminating: false }
+    }
+
+    fn entry() -> ServicePlan {
+        ServicePlan {
+            name: "ns1/svc1:p80".into(),
+            protocol: Protocol::TCP,
+            family: IpFamily::IPv4,
+            cluster_ip: "172.30.0.41".into(),
+            port: 80,
+            node_port: None,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            source_ranges: vec![],
+            affinity_timeout_seconds: None,
+            external_policy: TrafficPolicy::Cluster,
+            internal_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            scheduler: None,
+            has_endpoints: true,
+            endpoints: vec![ep("10.180.0.1")],
+        }
+    }
+
+    fn spec(services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
+        NodeForwardingPlanSpec {
+            node_name: "node-a".into(),
+            zone: None,
+            node_ips: vec!["192.168.0.2".into()],
+            pod_cidrs: vec!["10.180.0.0/24".into()],
+            backend: Backend::Iptables,
+            cluster: ClusterSettings {
+                detect_local: DetectLocalMode::ClusterCIDR,
+                local_traffic_cidrs: vec!["10.0.0.0/8".into()],
+                masquerade_all: false,
+                masquerade_bit: 14,
+                node_port_addresses: vec![],
+                ipvs_scheduler: None,
+            },
+            revision: "abc".into(),
+            shard: None,
+            summary: PlanSummary::default(),
+            services,
+        }
+    }
+
+    #[test]
+    fn a_good_plan_is_clean() {
+        assert_eq!(validate(&spec(vec![entry()])), Report::default());
+    }
+
+    #[test]
+    fn entry_problems_name_their_path_and_spare_other_entries() {
+        type Mutate = fn(&mut ServicePlan);
+        let cases: Vec<(&str, Mutate, &str)> = vec![
+            ("bad cluster IP", |e| e.cluster_ip = "10.0.0.300".into(), "spec.services[1].clusterIP"),
+            ("wrong family", |e| e.cluster_ip = "fd00::1".into(), "spec.services[1].clusterIP"),
+            ("leading zeros", |e| e.cluster_ip = "010.0.0.1".into(), "spec.services[1].clusterIP"),
+            ("port zero", |e| e.port = 0, "spec.services[1].port"),
+            ("node port zero", |e| e.node_port = Some(0), "spec.services[1].nodePort"),
+            ("bad external IP", |e| e.external_ips = vec!["x".into()], "spec.services[1].externalIPs[0]"),
+            ("bad LB IP", |e| e.load_balancer_ips = vec!["1.2.3".into()], "spec.services[1].loadBalancerIPs[0]"),
+            ("bad range", |e| e.source_ranges = vec!["10.0.0.1/8".into()], "spec.services[1].sourceRanges[0]"),
+            ("affinity 0", |e| e.affinity_timeout_seconds = Some(0), "spec.services[1].affinityTimeoutSeconds"),
+            ("scheduler", |e| e.scheduler = Some("fastest".into()), "spec.services[1].scheduler"),
+            ("bad endpoint", |e| e.endpoints[0].ip = "nope".into(), "spec.services[1].endpoints[0].ip"),
+            ("endpoint port", |e| e.endpoints[0].port = 0, "spec.services[1].endpoints[0].port"),
+            ("dup endpoint", |e| e.endpoints.push(ep("10.180.0.1")), "spec.services[1].endpoints[1]"),
+            ("remote local", |e| e.endpoints[0].local = true, "spec.services[1].endpoints[0].local"),
+            ("name", |e| e.name = "svc1".into(), "spec.services[1].name"),
+            ("eTP local internal-only", |e| e.external_policy = TrafficPolicy::Local, "spec.services[1].externalPolicy"),
+            (
+                "too many endpoints",
+                |e| e.endpoints = (0..=MAX_ENDPOINTS_PER_ENTRY).map(|_| ep("10.0.0.1")).collect(),
+                "spec.services[1].endpoints",
+            ),
+            ("no cluster set", |e| e.endpoints[0].cluster = false, "spec.services[1].endpoints"),
+            ("flags without endpoints", |e| e.has_endpoints = false, "spec.services[1].endpoints[0]"),
+        ];
+        for (name, mutate, path) in cases {
+            let mut bad = entry();
+            bad.name = "ns1/svc2:p80".into();
+            mutate(&mut bad);
+            let mut good = entry();
+            good.name = "ns1/svc0:p80".into();
+            let report = validate(&spec(vec![good, bad]));
+            assert!(report.plan.is_empty(), "{name}: {:?}", report.plan);
+            assert_eq!(report.bad_entries(), HashSet::from([1]), "{name}");
+            let paths: Vec<&str> = report.all().map(|p| p.path.as_str()).collect();
+            assert!(paths.contains(&path), "{name}: {paths:?}");
+        }
+    }
+
+    #[test]
+    fn duplicate_entries_are_reported_once() {
+        let report = validate(&spec(vec![entry(), entry()]));
+        assert_eq!(report.bad_entries(), HashSet::from([1]));
+    }
+
+    #[test]
+    fn header_problems_reject_the_plan() {
+        type Mutate = fn(&mut NodeForwardingPlanSpec);
+        let cases: Vec<(Mutate, &str)> = vec![
+            (|s| s.node_name = String::new(), "spec.nodeName"),
+            (|s| s.revision = String::new(), "spec.revision"),
+            (|s| s.node_ips = vec!["x".into()], "spec.nodeIPs[0]"),
+            (|s| s.pod_cidrs = vec!["10.0.0.0/99".into()], "spec.podCIDRs[0]"),
+            (|s| s.cluster.local_traffic_cidrs = vec!["10.0.0.1/8".into()], "spec.cluster.localTrafficCIDRs[0]"),
+            (|s| s.cluster.masquerade_bit = 40, "spec.cluster.masqueradeBit"),
+            (|s| s.cluster.node_port_addresses = vec!["everything".into()], "spec.cluster.nodePortAddresses[0]"),
+            (
+                |s| s.shard = Some(ShardInfo { index: 2, count: 2, members: vec![] }),
+                "spec.shard",
+            ),
+            (
+                |s| s.shard = Some(ShardInfo { index: 0, count: 3, members: vec!["a".into()] }),
+                "spec.shard.members",
+            ),
+        ];
+        for (mutate, path) in cases {
+            let mut s = spec(vec![entry()]);
+            mutate(&mut s);
+            let report = validate(&s);
+            assert!(report.plan.iter().any(|p| p.path == path), "{path}: {:?}", report.plan);
+        }
+    }
+
+    #[test]
+    fn local_only_service_without_local_endpoints_is_valid() {
+        let mut e = entry();
+        e.internal_policy = TrafficPolicy::Local;
+        e.endpoints[0].cluster = false;
+        assert!(validate(&spec(vec![e])).is_clean());
+    }
+}
