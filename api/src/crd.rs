@@ -13,7 +13,8 @@ use crate::{Error, plan::NodeForwardingPlan};
 /// File name of the generated CRD in `crds/` and `config/crd/`.
 pub const CRD_FILE: &str = "nodeforwardingplans.switchyard.io.yaml";
 
-const HEADER: &str = "# Generated from api/src/plan.rs and api/src/status.rs by `make generate`. Do not edit.\n";
+const HEADER: &str =
+    "# Generated from api/src/plan.rs and api/src/status.rs by `make generate`. Do not edit.\n";
 
 /// Integer formats the API server recognises; schemars' `uint8`/`uint16`/… are dropped because the API
 /// server does not know them (the explicit minimum/maximum carry the range instead).
@@ -22,7 +23,9 @@ const KNOWN_INTEGER_FORMATS: [&str; 2] = ["int32", "int64"];
 /// The CRD object.
 pub fn crd() -> CustomResourceDefinition {
     let crd = NodeForwardingPlan::crd();
-    let Ok(mut value) = serde_json::to_value(&crd) else { return crd };
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
     tidy_schema(&mut value);
     serde_json::from_value(value).unwrap_or(crd)
 }
@@ -31,10 +34,9 @@ pub fn crd() -> CustomResourceDefinition {
 fn tidy_schema(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(map) => {
-            let unknown_format = map
-                .get("format")
-                .and_then(|f| f.as_str())
-                .is_some_and(|f| f.starts_with("uint") || (f.starts_with("int") && !KNOWN_INTEGER_FORMATS.contains(&f)));
+            let unknown_format = map.get("format").and_then(|f| f.as_str()).is_some_and(|f| {
+                f.starts_with("uint") || (f.starts_with("int") && !KNOWN_INTEGER_FORMATS.contains(&f))
+            });
             if unknown_format {
                 map.remove("format");
             }
@@ -83,10 +85,10 @@ pub fn validation_schema() -> serde_json::Value {
 fn translate_nullable(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(map) => {
-            if map.remove("nullable") == Some(serde_json::Value::Bool(true)) {
-                if let Some(serde_json::Value::String(ty)) = map.get("type").cloned() {
-                    map.insert("type".into(), serde_json::json!([ty, "null"]));
-                }
+            if map.remove("nullable") == Some(serde_json::Value::Bool(true))
+                && let Some(serde_json::Value::String(ty)) = map.get("type").cloned()
+            {
+                map.insert("type".into(), serde_json::json!([ty, "null"]));
             }
             map.values_mut().for_each(translate_nullable);
         }
@@ -125,12 +127,21 @@ mod tests {
     #[test]
     fn crd_is_cluster_scoped_with_status_and_short_name() {
         let crd = crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("nodeforwardingplans.switchyard.io"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("nodeforwardingplans.switchyard.io")
+        );
         assert_eq!(crd.spec.scope, "Cluster");
         assert_eq!(crd.spec.names.short_names, Some(vec!["nfp".to_string()]));
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, "v1alpha1");
-        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
     }
 
     #[test]
@@ -138,7 +149,15 @@ mod tests {
         let names: Vec<String> = printer_columns().into_iter().map(|c| c.name).collect();
         let desired = names.iter().position(|n| n == "Desired").unwrap();
         assert_eq!(names[desired + 1], "Observed");
-        for want in ["Backend", "Services", "Endpoints", "Applied", "Rules", "Last Sync", "Age"] {
+        for want in [
+            "Backend",
+            "Services",
+            "Endpoints",
+            "Applied",
+            "Rules",
+            "Last Sync",
+            "Age",
+        ] {
             assert!(names.iter().any(|n| n == want), "missing column {want}");
         }
     }
@@ -147,6 +166,9 @@ mod tests {
     fn nullable_becomes_a_type_union() {
         let mut v = serde_json::json!({"properties": {"a": {"type": "string", "nullable": true}}});
         translate_nullable(&mut v);
-        assert_eq!(v["properties"]["a"]["type"], serde_json::json!(["string", "null"]));
+        assert_eq!(
+            v["properties"]["a"]["type"],
+            serde_json::json!(["string", "null"])
+        );
     }
 }

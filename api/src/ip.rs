@@ -78,7 +78,11 @@ mod tests {
             ("abc", None),
         ];
         for (input, want) in cases {
-            assert_eq!(parse_ip_sloppy(input).map(|ip| ip.to_string()).as_deref(), want, "{input}");
+            assert_eq!(
+                parse_ip_sloppy(input).map(|ip| ip.to_string()).as_deref(),
+                want,
+                "{input}"
+            );
         }
     }
 
@@ -93,7 +97,11 @@ mod tests {
             ("10.0.0.0", None),
         ];
         for (input, want) in cases {
-            assert_eq!(parse_cidr_sloppy(input).map(|n| n.to_string()).as_deref(), want, "{input}");
+            assert_eq!(
+                parse_cidr_sloppy(input).map(|n| n.to_string()).as_deref(),
+                want,
+                "{input}"
+            );
         }
     }
 

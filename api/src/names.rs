@@ -47,7 +47,11 @@ pub fn service_port_name(namespace: &str, name: &str, port_name: &str) -> String
 
 /// Name of shard `index` of a node's plan: the node name for the primary, `<node>.shard-<i>` otherwise.
 pub fn plan_object_name(node: &str, index: u32) -> String {
-    if index == 0 { node.to_string() } else { format!("{node}.shard-{index}") }
+    if index == 0 {
+        node.to_string()
+    } else {
+        format!("{node}.shard-{index}")
+    }
 }
 
 /// Value of [`LABEL_SHARD`].

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::status::NodeForwardingPlanStatus;
 
 /// The desired forwarding state of one node (or one shard of it). Written only by the controller.
+// kube-derive's repeated `printcolumn(...)` arguments look like duplicated attributes to clippy.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[kube(
     group = "switchyard.io",
@@ -26,32 +28,83 @@ use crate::status::NodeForwardingPlanStatus;
     doc = "What one node forwards: every Service frontend with its endpoints already chosen for that node \
            (traffic policy, session affinity and topology resolved), and, in status, what the node's agent \
            actually applied.",
-    printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backend",
-                description = "Backend the plan asks for"),
-    printcolumn(name = "Services", type_ = "integer", json_path = ".spec.summary.services",
-                description = "Service ports in the plan (node total on the primary shard)"),
-    printcolumn(name = "Endpoints", type_ = "integer", json_path = ".spec.summary.endpoints",
-                description = "Endpoints in the plan (node total on the primary shard)"),
-    printcolumn(name = "Desired", type_ = "string", json_path = ".spec.revision",
-                description = "Revision the controller wrote"),
-    printcolumn(name = "Observed", type_ = "string", json_path = ".status.observedRevision",
-                description = "Revision the agent last applied"),
-    printcolumn(name = "Applied", type_ = "string",
-                json_path = ".status.conditions[?(@.type==\"Applied\")].status",
-                description = "Whether the observed revision is programmed in the kernel"),
-    printcolumn(name = "Rules", type_ = "integer", json_path = ".status.rules",
-                description = "Rules (or IPVS virtual+real servers) programmed"),
-    printcolumn(name = "Last Sync", type_ = "date", json_path = ".status.lastSyncTime",
-                description = "When the agent last synced"),
+    printcolumn(
+        name = "Backend",
+        type_ = "string",
+        json_path = ".spec.backend",
+        description = "Backend the plan asks for"
+    ),
+    printcolumn(
+        name = "Services",
+        type_ = "integer",
+        json_path = ".spec.summary.services",
+        description = "Service ports in the plan (node total on the primary shard)"
+    ),
+    printcolumn(
+        name = "Endpoints",
+        type_ = "integer",
+        json_path = ".spec.summary.endpoints",
+        description = "Endpoints in the plan (node total on the primary shard)"
+    ),
+    printcolumn(
+        name = "Desired",
+        type_ = "string",
+        json_path = ".spec.revision",
+        description = "Revision the controller wrote"
+    ),
+    printcolumn(
+        name = "Observed",
+        type_ = "string",
+        json_path = ".status.observedRevision",
+        description = "Revision the agent last applied"
+    ),
+    printcolumn(
+        name = "Applied",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Applied\")].status",
+        description = "Whether the observed revision is programmed in the kernel"
+    ),
+    printcolumn(
+        name = "Rules",
+        type_ = "integer",
+        json_path = ".status.rules",
+        description = "Rules (or IPVS virtual+real servers) programmed"
+    ),
+    printcolumn(
+        name = "Last Sync",
+        type_ = "date",
+        json_path = ".status.lastSyncTime",
+        description = "When the agent last synced"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName", priority = 1),
     printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone", priority = 1),
-    printcolumn(name = "Shard", type_ = "integer", json_path = ".spec.shard.index", priority = 1),
-    printcolumn(name = "In Use", type_ = "string", json_path = ".status.backend", priority = 1,
-                description = "Backend actually in use"),
-    printcolumn(name = "Mode", type_ = "string", json_path = ".status.lastSyncMode", priority = 1,
-                description = "Whether the last sync was full or partial"),
-    printcolumn(name = "Drift Repairs", type_ = "integer", json_path = ".status.driftRepairs", priority = 1),
+    printcolumn(
+        name = "Shard",
+        type_ = "integer",
+        json_path = ".spec.shard.index",
+        priority = 1
+    ),
+    printcolumn(
+        name = "In Use",
+        type_ = "string",
+        json_path = ".status.backend",
+        priority = 1,
+        description = "Backend actually in use"
+    ),
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".status.lastSyncMode",
+        priority = 1,
+        description = "Whether the last sync was full or partial"
+    ),
+    printcolumn(
+        name = "Drift Repairs",
+        type_ = "integer",
+        json_path = ".status.driftRepairs",
+        priority = 1
+    ),
     selectable = ".spec.nodeName"
 )]
 #[serde(rename_all = "camelCase")]
@@ -349,7 +402,9 @@ impl ServicePlan {
 
     /// `namespace/name` of the Service this entry belongs to.
     pub fn service_key(&self) -> &str {
-        self.name.split_once(':').map_or(self.name.as_str(), |(service, _)| service)
+        self.name
+            .split_once(':')
+            .map_or(self.name.as_str(), |(service, _)| service)
     }
 
     /// NodePort, externalIP or LoadBalancer traffic can reach this entry (kube-proxy's per-port

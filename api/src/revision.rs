@@ -36,7 +36,10 @@ pub fn fingerprint(entry: &ServicePlan) -> Result<EntryFingerprint, Error> {
     let hash = Sha256::digest(&json);
     let mut first = [0u8; 16];
     first.copy_from_slice(&hash[..16]);
-    Ok(EntryFingerprint { digest: u128::from_le_bytes(first), bytes: json.len() })
+    Ok(EntryFingerprint {
+        digest: u128::from_le_bytes(first),
+        bytes: json.len(),
+    })
 }
 
 /// Order-free accumulator of entry digests.
@@ -204,8 +207,10 @@ mod tests {
         let old = entry("ns/a", "10.0.0.1");
         let new = entry("ns/a", "10.0.0.2");
         let other = entry("ns/b", "10.0.0.3");
-        let mut sum: EntrySum =
-            [&old, &other].iter().map(|e| fingerprint(e).unwrap().digest).collect();
+        let mut sum: EntrySum = [&old, &other]
+            .iter()
+            .map(|e| fingerprint(e).unwrap().digest)
+            .collect();
         sum.remove(fingerprint(&old).unwrap().digest);
         sum.add(fingerprint(&new).unwrap().digest);
         let fresh = spec(vec![new, other]);

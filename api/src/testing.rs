@@ -22,7 +22,14 @@ use crate::{
 
 /// An endpoint in the Cluster set, not on this node.
 pub fn ep(ip: &str, port: u16) -> PlanEndpoint {
-    PlanEndpoint { ip: ip.into(), port, cluster: true, local: false, on_node: false, terminating: false }
+    PlanEndpoint {
+        ip: ip.into(),
+        port,
+        cluster: true,
+        local: false,
+        on_node: false,
+        terminating: false,
+    }
 }
 
 /// Builder methods for endpoints.
@@ -59,7 +66,11 @@ impl EndpointExt for PlanEndpoint {
 
 /// A TCP entry with no endpoints (`hasEndpoints: false`); the family follows the ClusterIP.
 pub fn entry(name: &str, cluster_ip: &str, port: u16) -> ServicePlan {
-    let family = if cluster_ip.contains(':') { IpFamily::IPv6 } else { IpFamily::IPv4 };
+    let family = if cluster_ip.contains(':') {
+        IpFamily::IPv6
+    } else {
+        IpFamily::IPv4
+    };
     ServicePlan {
         name: name.into(),
         protocol: Protocol::TCP,
@@ -207,7 +218,10 @@ mod tests {
                     .node_port(30053)
                     .etp_local()
                     .with(ep("10.244.1.5", 53).local()),
-                entry("ns1/svc3", "10.96.0.3", 80).itp_local().with(ep("10.244.3.5", 80).not_cluster()).has_endpoints(true),
+                entry("ns1/svc3", "10.96.0.3", 80)
+                    .itp_local()
+                    .with(ep("10.244.3.5", 80).not_cluster())
+                    .has_endpoints(true),
             ],
         );
         assert!(validate(&spec).is_clean(), "{:?}", validate(&spec));

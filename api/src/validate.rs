@@ -59,7 +59,9 @@ impl Report {
 
     /// Every problem, plan-level first.
     pub fn all(&self) -> impl Iterator<Item = &Problem> {
-        self.plan.iter().chain(self.entries.iter().flat_map(|(_, p)| p.iter()))
+        self.plan
+            .iter()
+            .chain(self.entries.iter().flat_map(|(_, p)| p.iter()))
     }
 }
 
@@ -70,7 +72,10 @@ struct Collector<'a> {
 
 impl Collector<'_> {
     fn push(&mut self, field: impl std::fmt::Display, message: impl Into<String>) {
-        self.problems.push(Problem { path: format!("{}{field}", self.prefix), message: message.into() });
+        self.problems.push(Problem {
+            path: format!("{}{field}", self.prefix),
+            message: message.into(),
+        });
     }
 
     fn ip(&mut self, field: impl std::fmt::Display, text: &str, family: Option<IpFamily>) -> Option<IpAddr> {
@@ -80,7 +85,10 @@ impl Collector<'_> {
                 None
             }
             Some(ip) if family.is_some_and(|f| f != IpFamily::of(&ip)) => {
-                self.push(field, format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)));
+                self.push(
+                    field,
+                    format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)),
+                );
                 None
             }
             Some(ip) => Some(ip),
@@ -90,9 +98,10 @@ impl Collector<'_> {
     fn cidr(&mut self, field: impl std::fmt::Display, text: &str, family: Option<IpFamily>) {
         match parse_cidr_strict(text) {
             None => self.push(field, format!("{text:?} is not a canonical CIDR")),
-            Some(net) if family.is_some_and(|f| f != IpFamily::of(&net.addr())) => {
-                self.push(field, format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)))
-            }
+            Some(net) if family.is_some_and(|f| f != IpFamily::of(&net.addr())) => self.push(
+                field,
+                format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)),
+            ),
             Some(_) => {}
         }
     }
@@ -105,9 +114,18 @@ pub fn validate(spec: &NodeForwardingPlanSpec) -> Report {
     let mut seen = HashSet::new();
     for (index, entry) in spec.services.iter().enumerate() {
         let mut problems = Vec::new();
-        let mut c = Collector { problems: &mut problems, prefix: format!("spec.services[{index}].") };
+        let mut c = Collector {
+            problems: &mut problems,
+            prefix: format!("spec.services[{index}]."),
+        };
         if !seen.insert(entry.key()) {
-            c.push("name", format!("duplicate entry {} {:?} {:?}", entry.name, entry.protocol, entry.family));
+            c.push(
+                "name",
+                format!(
+                    "duplicate entry {} {:?} {:?}",
+                    entry.name, entry.protocol, entry.family
+                ),
+            );
         }
         validate_entry(entry, &mut c);
         if !problems.is_empty() {
@@ -118,7 +136,10 @@ pub fn validate(spec: &NodeForwardingPlanSpec) -> Report {
 }
 
 fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
-    let mut c = Collector { problems, prefix: "spec.".into() };
+    let mut c = Collector {
+        problems,
+        prefix: "spec.".into(),
+    };
     if spec.node_name.is_empty() || spec.node_name.len() > 253 {
         c.push("nodeName", "must be 1..253 characters");
     }
@@ -135,29 +156,48 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
         c.cidr(format_args!("cluster.localTrafficCIDRs[{i}]"), cidr, None);
     }
     if spec.cluster.masquerade_bit > 31 {
-        c.push("cluster.masqueradeBit", format!("{} is not in 0..31", spec.cluster.masquerade_bit));
+        c.push(
+            "cluster.masqueradeBit",
+            format!("{} is not in 0..31", spec.cluster.masquerade_bit),
+        );
     }
     for (i, value) in spec.cluster.node_port_addresses.iter().enumerate() {
         if value != "primary" {
             c.cidr(format_args!("cluster.nodePortAddresses[{i}]"), value, None);
         }
     }
-    if let Some(s) = &spec.cluster.ipvs_scheduler {
-        if !IPVS_SCHEDULERS.contains(&s.as_str()) {
-            c.push("cluster.ipvsScheduler", format!("unknown IPVS scheduler {s:?}"));
-        }
+    if let Some(s) = &spec.cluster.ipvs_scheduler
+        && !IPVS_SCHEDULERS.contains(&s.as_str())
+    {
+        c.push("cluster.ipvsScheduler", format!("unknown IPVS scheduler {s:?}"));
     }
     if let Some(shard) = &spec.shard {
         if shard.count == 0 || shard.index >= shard.count {
-            c.push("shard", format!("index {} is not below count {}", shard.index, shard.count));
+            c.push(
+                "shard",
+                format!("index {} is not below count {}", shard.index, shard.count),
+            );
         }
-        let want_members = if shard.index == 0 { shard.count.saturating_sub(1) as usize } else { 0 };
+        let want_members = if shard.index == 0 {
+            shard.count.saturating_sub(1) as usize
+        } else {
+            0
+        };
         if shard.members.len() != want_members {
-            c.push("shard.members", format!("has {} revisions, want {want_members}", shard.members.len()));
+            c.push(
+                "shard.members",
+                format!("has {} revisions, want {want_members}", shard.members.len()),
+            );
         }
     }
     if spec.services.len() > MAX_ENTRIES {
-        c.push("services", format!("{} entries exceed the limit of {MAX_ENTRIES}", spec.services.len()));
+        c.push(
+            "services",
+            format!(
+                "{} entries exceed the limit of {MAX_ENTRIES}",
+                spec.services.len()
+            ),
+        );
     }
 }
 
@@ -185,23 +225,26 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
     for (i, cidr) in entry.source_ranges.iter().enumerate() {
         c.cidr(format_args!("sourceRanges[{i}]"), cidr, family);
     }
-    if let Some(t) = entry.affinity_timeout_seconds {
-        if t == 0 || t > MAX_AFFINITY_SECONDS {
-            c.push("affinityTimeoutSeconds", format!("{t} is not in 1..{MAX_AFFINITY_SECONDS}"));
-        }
+    if let Some(t) = entry.affinity_timeout_seconds
+        && (t == 0 || t > MAX_AFFINITY_SECONDS)
+    {
+        c.push(
+            "affinityTimeoutSeconds",
+            format!("{t} is not in 1..{MAX_AFFINITY_SECONDS}"),
+        );
     }
-    if let Some(s) = &entry.scheduler {
-        if !IPVS_SCHEDULERS.contains(&s.as_str()) {
-            c.push("scheduler", format!("unknown IPVS scheduler {s:?}"));
-        }
-    }
-    if entry.external_policy == TrafficPolicy::Local && !entry.externally_accessible() {
-        c.push("externalPolicy", "Local on an entry with no NodePort, externalIP or LoadBalancer IP");
+    if let Some(s) = &entry.scheduler
+        && !IPVS_SCHEDULERS.contains(&s.as_str())
+    {
+        c.push("scheduler", format!("unknown IPVS scheduler {s:?}"));
     }
     if entry.endpoints.len() > MAX_ENDPOINTS_PER_ENTRY {
         c.push(
             "endpoints",
-            format!("{} endpoints exceed the limit of {MAX_ENDPOINTS_PER_ENTRY}", entry.endpoints.len()),
+            format!(
+                "{} endpoints exceed the limit of {MAX_ENDPOINTS_PER_ENTRY}",
+                entry.endpoints.len()
+            ),
         );
         return;
     }
@@ -212,18 +255,30 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
             c.push(format_args!("endpoints[{i}].port"), "must be 1..65535");
         }
         if !seen.insert((&ep.ip, ep.port)) {
-            c.push(format_args!("endpoints[{i}]"), format!("duplicate endpoint {}:{}", ep.ip, ep.port));
+            c.push(
+                format_args!("endpoints[{i}]"),
+                format!("duplicate endpoint {}:{}", ep.ip, ep.port),
+            );
         }
         if ep.local && !ep.on_node {
-            c.push(format_args!("endpoints[{i}].local"), "a Local-policy endpoint must be on this node");
+            c.push(
+                format_args!("endpoints[{i}].local"),
+                "a Local-policy endpoint must be on this node",
+            );
         }
         if (ep.cluster || ep.local) && !entry.has_endpoints {
-            c.push(format_args!("endpoints[{i}]"), "used by a policy although hasEndpoints is false");
+            c.push(
+                format_args!("endpoints[{i}]"),
+                "used by a policy although hasEndpoints is false",
+            );
         }
     }
     let uses_cluster = entry.internal_policy == TrafficPolicy::Cluster || entry.externally_accessible();
     if entry.has_endpoints && uses_cluster && entry.cluster_endpoints().next().is_none() {
-        c.push("endpoints", "hasEndpoints is true but no endpoint is used by the Cluster policy");
+        c.push(
+            "endpoints",
+            "hasEndpoints is true but no endpoint is used by the Cluster policy",
+        );
     }
 }
 
@@ -240,7 +295,14 @@ mod tests {
     };
 
     fn ep(ip: &str) -> PlanEndpoint {
-        PlanEndpoint { ip: ip.into(), port: 80, cluster: true, local: false, on_node: false, terminating: false }
+        PlanEndpoint {
+            ip: ip.into(),
+            port: 80,
+            cluster: true,
+            local: false,
+            on_node: false,
+            terminating: false,
+        }
     }
 
     fn entry() -> ServicePlan {
@@ -295,29 +357,88 @@ mod tests {
     fn entry_problems_name_their_path_and_spare_other_entries() {
         type Mutate = fn(&mut ServicePlan);
         let cases: Vec<(&str, Mutate, &str)> = vec![
-            ("bad cluster IP", |e| e.cluster_ip = "10.0.0.300".into(), "spec.services[1].clusterIP"),
-            ("wrong family", |e| e.cluster_ip = "fd00::1".into(), "spec.services[1].clusterIP"),
-            ("leading zeros", |e| e.cluster_ip = "010.0.0.1".into(), "spec.services[1].clusterIP"),
+            (
+                "bad cluster IP",
+                |e| e.cluster_ip = "10.0.0.300".into(),
+                "spec.services[1].clusterIP",
+            ),
+            (
+                "wrong family",
+                |e| e.cluster_ip = "fd00::1".into(),
+                "spec.services[1].clusterIP",
+            ),
+            (
+                "leading zeros",
+                |e| e.cluster_ip = "010.0.0.1".into(),
+                "spec.services[1].clusterIP",
+            ),
             ("port zero", |e| e.port = 0, "spec.services[1].port"),
-            ("node port zero", |e| e.node_port = Some(0), "spec.services[1].nodePort"),
-            ("bad external IP", |e| e.external_ips = vec!["x".into()], "spec.services[1].externalIPs[0]"),
-            ("bad LB IP", |e| e.load_balancer_ips = vec!["1.2.3".into()], "spec.services[1].loadBalancerIPs[0]"),
-            ("bad range", |e| e.source_ranges = vec!["10.0.0.1/8".into()], "spec.services[1].sourceRanges[0]"),
-            ("affinity 0", |e| e.affinity_timeout_seconds = Some(0), "spec.services[1].affinityTimeoutSeconds"),
-            ("scheduler", |e| e.scheduler = Some("fastest".into()), "spec.services[1].scheduler"),
-            ("bad endpoint", |e| e.endpoints[0].ip = "nope".into(), "spec.services[1].endpoints[0].ip"),
-            ("endpoint port", |e| e.endpoints[0].port = 0, "spec.services[1].endpoints[0].port"),
-            ("dup endpoint", |e| e.endpoints.push(ep("10.180.0.1")), "spec.services[1].endpoints[1]"),
-            ("remote local", |e| e.endpoints[0].local = true, "spec.services[1].endpoints[0].local"),
+            (
+                "node port zero",
+                |e| e.node_port = Some(0),
+                "spec.services[1].nodePort",
+            ),
+            (
+                "bad external IP",
+                |e| e.external_ips = vec!["x".into()],
+                "spec.services[1].externalIPs[0]",
+            ),
+            (
+                "bad LB IP",
+                |e| e.load_balancer_ips = vec!["1.2.3".into()],
+                "spec.services[1].loadBalancerIPs[0]",
+            ),
+            (
+                "bad range",
+                |e| e.source_ranges = vec!["10.0.0.1/8".into()],
+                "spec.services[1].sourceRanges[0]",
+            ),
+            (
+                "affinity 0",
+                |e| e.affinity_timeout_seconds = Some(0),
+                "spec.services[1].affinityTimeoutSeconds",
+            ),
+            (
+                "scheduler",
+                |e| e.scheduler = Some("fastest".into()),
+                "spec.services[1].scheduler",
+            ),
+            (
+                "bad endpoint",
+                |e| e.endpoints[0].ip = "nope".into(),
+                "spec.services[1].endpoints[0].ip",
+            ),
+            (
+                "endpoint port",
+                |e| e.endpoints[0].port = 0,
+                "spec.services[1].endpoints[0].port",
+            ),
+            (
+                "dup endpoint",
+                |e| e.endpoints.push(ep("10.180.0.1")),
+                "spec.services[1].endpoints[1]",
+            ),
+            (
+                "remote local",
+                |e| e.endpoints[0].local = true,
+                "spec.services[1].endpoints[0].local",
+            ),
             ("name", |e| e.name = "svc1".into(), "spec.services[1].name"),
-            ("eTP local internal-only", |e| e.external_policy = TrafficPolicy::Local, "spec.services[1].externalPolicy"),
             (
                 "too many endpoints",
                 |e| e.endpoints = (0..=MAX_ENDPOINTS_PER_ENTRY).map(|_| ep("10.0.0.1")).collect(),
                 "spec.services[1].endpoints",
             ),
-            ("no cluster set", |e| e.endpoints[0].cluster = false, "spec.services[1].endpoints"),
-            ("flags without endpoints", |e| e.has_endpoints = false, "spec.services[1].endpoints[0]"),
+            (
+                "no cluster set",
+                |e| e.endpoints[0].cluster = false,
+                "spec.services[1].endpoints",
+            ),
+            (
+                "flags without endpoints",
+                |e| e.has_endpoints = false,
+                "spec.services[1].endpoints[0]",
+            ),
         ];
         for (name, mutate, path) in cases {
             let mut bad = entry();
@@ -347,15 +468,33 @@ mod tests {
             (|s| s.revision = String::new(), "spec.revision"),
             (|s| s.node_ips = vec!["x".into()], "spec.nodeIPs[0]"),
             (|s| s.pod_cidrs = vec!["10.0.0.0/99".into()], "spec.podCIDRs[0]"),
-            (|s| s.cluster.local_traffic_cidrs = vec!["10.0.0.1/8".into()], "spec.cluster.localTrafficCIDRs[0]"),
-            (|s| s.cluster.masquerade_bit = 40, "spec.cluster.masqueradeBit"),
-            (|s| s.cluster.node_port_addresses = vec!["everything".into()], "spec.cluster.nodePortAddresses[0]"),
             (
-                |s| s.shard = Some(ShardInfo { index: 2, count: 2, members: vec![] }),
+                |s| s.cluster.local_traffic_cidrs = vec!["10.0.0.1/8".into()],
+                "spec.cluster.localTrafficCIDRs[0]",
+            ),
+            (|s| s.cluster.masquerade_bit = 40, "spec.cluster.masqueradeBit"),
+            (
+                |s| s.cluster.node_port_addresses = vec!["everything".into()],
+                "spec.cluster.nodePortAddresses[0]",
+            ),
+            (
+                |s| {
+                    s.shard = Some(ShardInfo {
+                        index: 2,
+                        count: 2,
+                        members: vec![],
+                    })
+                },
                 "spec.shard",
             ),
             (
-                |s| s.shard = Some(ShardInfo { index: 0, count: 3, members: vec!["a".into()] }),
+                |s| {
+                    s.shard = Some(ShardInfo {
+                        index: 0,
+                        count: 3,
+                        members: vec!["a".into()],
+                    })
+                },
                 "spec.shard.members",
             ),
         ];
@@ -363,7 +502,11 @@ mod tests {
             let mut s = spec(vec![entry()]);
             mutate(&mut s);
             let report = validate(&s);
-            assert!(report.plan.iter().any(|p| p.path == path), "{path}: {:?}", report.plan);
+            assert!(
+                report.plan.iter().any(|p| p.path == path),
+                "{path}: {:?}",
+                report.plan
+            );
         }
     }
 

@@ -1,0 +1,48 @@
+# Switchyard — every task CI and developers run. `make help` lists them.
+SHELL := /bin/bash
+CARGO ?= cargo
+CLUSTER ?= examples/cluster.yaml
+CONFIG ?= examples/controller-config.yaml
+
+.PHONY: help build test unit lint fmt generate verify-generated demo bench e2e image clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+build: ## Build both binaries and the lab (debug)
+	$(CARGO) build --workspace --bins
+
+test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests
+
+unit: ## All tests (the lab suites need root)
+	$(CARGO) test --workspace --all-targets --locked
+
+lint: ## rustfmt and clippy, warnings are errors
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+generate: ## Regenerate the CRD YAML from the Rust types (crds/ and config/crd/)
+	$(CARGO) run -q -p switchyard-api --example crdgen -- crds config/crd
+
+verify-generated: generate ## Fail when the committed CRD YAML differs from the types
+	@git diff --exit-code -- crds config/crd || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
+
+demo: ## Plan the example cluster and show it as `kubectl get nfp` would
+	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
+
+bench: ## Benchmarks (release build); prints a summary table
+	$(CARGO) bench -p switchyard-controller --bench planner
+
+e2e: ## The network-namespace lab suites (root)
+	$(CARGO) test -p switchyard-e2e --tests
+
+image: ## Container images (needs a container engine)
+	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
+	  echo "building images"; \
+	else echo "image: no container engine is running here (docker info failed); skipping"; fi
+
+clean: ## Remove build output
+	$(CARGO) clean

@@ -1,0 +1,377 @@
+//! The controller's configuration file: YAML, validated, every field optional with a documented default.
+//!
+//! ```yaml
+//! # switchyard-controller configuration (all fields optional; these are the defaults)
+//! clusterCIDRs: []                 # pod CIDRs of the cluster, at most one per family (local-traffic detector)
+//! detectLocalMode: ClusterCIDR     # ClusterCIDR | NodeCIDR | None (ClusterCIDR without clusterCIDRs = no detector)
+//! masqueradeAll: false             # masquerade all ClusterIP traffic, not only off-cluster sources
+//! masqueradeBit: 14                # mark bit asking for masquerade (0x4000)
+//! nodePortAddresses: []            # [] = every local address; [primary]; or CIDRs
+//! nodePortRange: null              # e.g. "30000-32767"; when set, NodePorts outside it are rejected
+//! defaultBackend: iptables         # iptables | ipvs | nftables
+//! backendNodeLabel: switchyard.io/backend   # a node label overriding defaultBackend for that node
+//! serviceProxyName: switchyard     # Services labelled service.kubernetes.io/service-proxy-name=<this> are ours too
+//! ipvsScheduler: rr                # default IPVS scheduler (per-service annotation switchyard.io/ipvs-scheduler)
+//! maxPlanBytes: 1048576            # byte budget per plan object; above it a node's plan is sharded
+//! minPlanInterval: 1s              # live controller: coalesce bursts of changes at least this far apart
+//! writeQPS: 20                     # live controller: global plan-write budget (writes per second)
+//! writeBurst: 50                   # live controller: burst above the budget
+//! ```
+
+use std::{net::IpAddr, path::Path, time::Duration};
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use switchyard_api::{
+    Backend, DetectLocalMode, IpFamily,
+    ip::{is_zero_cidr, parse_cidr_sloppy},
+    names::{IPVS_SCHEDULERS, LABEL_BACKEND},
+};
+
+use crate::Error;
+
+/// Smallest byte budget accepted: below it sharding would explode the object count.
+pub const MIN_PLAN_BYTES: usize = 64 * 1024;
+/// Largest byte budget accepted: etcd refuses objects above ~1.5 MiB.
+pub const MAX_PLAN_BYTES: usize = 1_400_000;
+
+/// The configuration as written in the file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default, rename = "clusterCIDRs")]
+    cluster_cidrs: Vec<String>,
+    detect_local_mode: Option<DetectLocalMode>,
+    masquerade_all: Option<bool>,
+    masquerade_bit: Option<u8>,
+    #[serde(default)]
+    node_port_addresses: Vec<String>,
+    node_port_range: Option<String>,
+    default_backend: Option<String>,
+    backend_node_label: Option<String>,
+    service_proxy_name: Option<String>,
+    ipvs_scheduler: Option<String>,
+    max_plan_bytes: Option<usize>,
+    min_plan_interval: Option<String>,
+    #[serde(rename = "writeQPS")]
+    write_qps: Option<f64>,
+    write_burst: Option<u32>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Cluster pod CIDRs, at most one per family.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Local-traffic detector mode.
+    pub detect_local_mode: DetectLocalMode,
+    /// Masquerade all ClusterIP traffic.
+    pub masquerade_all: bool,
+    /// Masquerade mark bit.
+    pub masquerade_bit: u8,
+    /// `nodePortAddresses`, canonical (`primary` or CIDRs).
+    pub node_port_addresses: Vec<String>,
+    /// Accepted NodePort range, inclusive, when configured.
+    pub node_port_range: Option<(u16, u16)>,
+    /// Backend for nodes without the override label.
+    pub default_backend: Backend,
+    /// Node label overriding the backend.
+    pub backend_node_label: String,
+    /// The `service-proxy-name` value that means "ours".
+    pub service_proxy_name: String,
+    /// Default IPVS scheduler.
+    pub ipvs_scheduler: String,
+    /// Byte budget per plan object.
+    pub max_plan_bytes: usize,
+    /// Live controller: minimum interval between planning runs.
+    pub min_plan_interval: Duration,
+    /// Live controller: plan writes per second.
+    pub write_qps: f64,
+    /// Live controller: write burst.
+    pub write_burst: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            cluster_cidrs: Vec::new(),
+            detect_local_mode: DetectLocalMode::ClusterCIDR,
+            masquerade_all: false,
+            masquerade_bit: 14,
+            node_port_addresses: Vec::new(),
+            node_port_range: None,
+            default_backend: Backend::Iptables,
+            backend_node_label: LABEL_BACKEND.to_string(),
+            service_proxy_name: "switchyard".to_string(),
+            ipvs_scheduler: "rr".to_string(),
+            max_plan_bytes: 1024 * 1024,
+            min_plan_interval: Duration::from_secs(1),
+            write_qps: 20.0,
+            write_burst: 50,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|problems| Error::InvalidConfig {
+            path: path.display().to_string(),
+            problems,
+        })
+    }
+
+    /// Parses and validates configuration text; every problem is listed.
+    pub fn parse(text: &str) -> Result<Self, Vec<String>> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            let mut options = serde_saphyr::Options::default();
+            options.strict_booleans = true;
+            serde_saphyr::from_str_with_options(text, options).map_err(|e| vec![e.to_string()])?
+        };
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawConfig) -> Result<Self, Vec<String>> {
+        let defaults = Self::default();
+        let mut problems = Vec::new();
+        let mut cluster_cidrs: Vec<IpNet> = Vec::new();
+        for (i, text) in raw.cluster_cidrs.iter().enumerate() {
+            match parse_cidr_sloppy(text) {
+                None => problems.push(format!("clusterCIDRs[{i}]: {text:?} is not a CIDR")),
+                Some(net) if cluster_cidrs.iter().any(|c| family(c) == family(&net)) => {
+                    problems.push(format!("clusterCIDRs[{i}]: at most one CIDR per IP family"))
+                }
+                Some(net) => cluster_cidrs.push(net),
+            }
+        }
+        let detect_local_mode = raw.detect_local_mode.unwrap_or(defaults.detect_local_mode);
+        let masquerade_bit = raw.masquerade_bit.unwrap_or(defaults.masquerade_bit);
+        if masquerade_bit > 31 {
+            problems.push(format!("masqueradeBit: {masquerade_bit} is not in 0..31"));
+        }
+        let mut node_port_addresses = Vec::new();
+        for (i, text) in raw.node_port_addresses.iter().enumerate() {
+            if text == "primary" {
+                if raw.node_port_addresses.len() > 1 {
+                    problems.push("nodePortAddresses: `primary` cannot be combined with CIDRs".to_string());
+                }
+                node_port_addresses.push(text.clone());
+            } else {
+                match parse_cidr_sloppy(text) {
+                    Some(net) => node_port_addresses.push(net.to_string()),
+                    None => problems.push(format!(
+                        "nodePortAddresses[{i}]: {text:?} is neither `primary` nor a CIDR"
+                    )),
+                }
+            }
+        }
+        let node_port_range = raw.node_port_range.as_deref().and_then(|text| {
+            let parsed = text
+                .split_once('-')
+                .and_then(|(lo, hi)| Some((lo.trim().parse::<u16>().ok()?, hi.trim().parse::<u16>().ok()?)))
+                .filter(|(lo, hi)| *lo >= 1 && lo <= hi);
+            if parsed.is_none() {
+                problems.push(format!("nodePortRange: {text:?} is not LOW-HIGH within 1-65535"));
+            }
+            parsed
+        });
+        let default_backend = match raw.default_backend.as_deref() {
+            None => defaults.default_backend,
+            Some(text) => Backend::parse(text).unwrap_or_else(|| {
+                problems.push(format!(
+                    "defaultBackend: {text:?} is not iptables, ipvs or nftables"
+                ));
+                defaults.default_backend
+            }),
+        };
+        let backend_node_label = raw.backend_node_label.unwrap_or(defaults.backend_node_label);
+        if backend_node_label.is_empty() {
+            problems.push("backendNodeLabel: must not be empty".to_string());
+        }
+        let ipvs_scheduler = raw.ipvs_scheduler.unwrap_or(defaults.ipvs_scheduler);
+        if !IPVS_SCHEDULERS.contains(&ipvs_scheduler.as_str()) {
+            problems.push(format!(
+                "ipvsScheduler: {ipvs_scheduler:?} is not one of {}",
+                IPVS_SCHEDULERS.join(", ")
+            ));
+        }
+        let max_plan_bytes = raw.max_plan_bytes.unwrap_or(defaults.max_plan_bytes);
+        if !(MIN_PLAN_BYTES..=MAX_PLAN_BYTES).contains(&max_plan_bytes) {
+            problems.push(format!(
+                "maxPlanBytes: {max_plan_bytes} is not in {MIN_PLAN_BYTES}..{MAX_PLAN_BYTES}"
+            ));
+        }
+        let min_plan_interval = match raw.min_plan_interval.as_deref() {
+            None => defaults.min_plan_interval,
+            Some(text) => parse_duration(text).unwrap_or_else(|| {
+                problems.push(format!(
+                    "minPlanInterval: {text:?} is not a duration like 500ms, 1s or 2m"
+                ));
+                defaults.min_plan_interval
+            }),
+        };
+        let write_qps = raw.write_qps.unwrap_or(defaults.write_qps);
+        if !(write_qps > 0.0 && write_qps.is_finite()) {
+            problems.push(format!("writeQPS: {write_qps} must be a positive number"));
+        }
+        let write_burst = raw.write_burst.unwrap_or(defaults.write_burst);
+        if write_burst == 0 {
+            problems.push("writeBurst: must be at least 1".to_string());
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Self {
+            cluster_cidrs,
+            detect_local_mode,
+            masquerade_all: raw.masquerade_all.unwrap_or(defaults.masquerade_all),
+            masquerade_bit,
+            node_port_addresses,
+            node_port_range,
+            default_backend,
+            backend_node_label,
+            service_proxy_name: raw.service_proxy_name.unwrap_or(defaults.service_proxy_name),
+            ipvs_scheduler,
+            max_plan_bytes,
+            min_plan_interval,
+            write_qps,
+            write_burst,
+        })
+    }
+
+    /// The cluster CIDR of a family, when configured.
+    pub fn cluster_cidr(&self, family_wanted: IpFamily) -> Option<&IpNet> {
+        self.cluster_cidrs.iter().find(|c| family(c) == family_wanted)
+    }
+}
+
+fn family(net: &IpNet) -> IpFamily {
+    IpFamily::of(&net.addr())
+}
+
+/// True when `ip` is inside a CIDR list entry that is not `/0`.
+pub fn in_any(ip: &IpAddr, cidrs: &[IpNet]) -> bool {
+    cidrs.iter().any(|c| !is_zero_cidr(c) && c.contains(ip))
+}
+
+/// Parses `500ms`, `1s`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_documented_defaults() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.masquerade_bit, 14);
+        assert_eq!(config.max_plan_bytes, 1_048_576);
+        assert_eq!(config.default_backend, Backend::Iptables);
+    }
+
+    #[test]
+    fn the_documented_example_parses_to_the_defaults() {
+        let doc: String = include_str!("config.rs")
+            .lines()
+            .skip_while(|l| !l.starts_with("//! ```yaml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("//! ```"))
+            .map(|l| {
+                format!(
+                    "{}\n",
+                    l.trim_start_matches("//!").strip_prefix(' ').unwrap_or("")
+                )
+            })
+            .collect();
+        assert!(doc.contains("clusterCIDRs"));
+        let config = Config::parse(&doc).unwrap();
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn a_full_config_parses() {
+        let config = Config::parse(
+            "clusterCIDRs: [010.244.0.0/16, fd00:10:244::/56]\nmasqueradeAll: true\nmasqueradeBit: 15\n\
+             nodePortAddresses: [192.168.10.0/24]\nnodePortRange: 30000-32767\ndefaultBackend: ipvs\n\
+             maxPlanBytes: 500000\nminPlanInterval: 250ms\n",
+        )
+        .unwrap();
+        assert_eq!(config.cluster_cidrs[0].to_string(), "10.244.0.0/16");
+        assert_eq!(
+            config
+                .cluster_cidr(IpFamily::IPv6)
+                .map(|c| c.to_string())
+                .as_deref(),
+            Some("fd00:10:244::/56")
+        );
+        assert!(config.masquerade_all);
+        assert_eq!(config.node_port_range, Some((30000, 32767)));
+        assert_eq!(config.default_backend, Backend::Ipvs);
+        assert_eq!(config.min_plan_interval, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let problems = Config::parse(
+            "clusterCIDRs: [nope, 10.0.0.0/8, 10.1.0.0/16]\nmasqueradeBit: 40\nnodePortAddresses: [primary, x]\n\
+             nodePortRange: 9-1\ndefaultBackend: ebpf\nipvsScheduler: fast\nmaxPlanBytes: 10\n\
+             minPlanInterval: soon\nwriteQPS: 0\nwriteBurst: 0\n",
+        )
+        .unwrap_err();
+        for want in [
+            "clusterCIDRs[0]",
+            "clusterCIDRs[2]",
+            "masqueradeBit",
+            "`primary` cannot be combined",
+            "nodePortAddresses[1]",
+            "nodePortRange",
+            "defaultBackend",
+            "ipvsScheduler",
+            "maxPlanBytes",
+            "minPlanInterval",
+            "writeQPS",
+            "writeBurst",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.contains(want)),
+                "missing {want} in {problems:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_yaml_11_booleans_are_rejected() {
+        assert!(Config::parse("masqueradeAl: true\n").is_err());
+        assert!(Config::parse("masqueradeAll: yes\n").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("5d"), None);
+    }
+}

@@ -1,0 +1,284 @@
+//! Reading cluster dumps for offline planning.
+//!
+//! ```text
+//! file ─► JSON or (multi-document) YAML ─► documents ─► v1 List items flattened ─► kind dispatch
+//!                                                        Service / EndpointSlice / Node ─► Snapshot
+//! ```
+//!
+//! Accepts exactly what `kubectl get services,endpointslices,nodes -A -o yaml|json` prints (a v1 `List`),
+//! multi-document YAML, or single objects. Other kinds are ignored (and counted). A document that cannot
+//! be parsed, or an object whose structure does not match its kind, fails the whole file with its
+//! position: offline planning of a half-read dump would mislead its reader.
+
+use std::path::Path;
+
+use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+use serde_json::Value;
+
+use crate::{Error, planner::Snapshot};
+
+/// What was read, plus kinds that were ignored.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The objects the planner uses.
+    pub snapshot: Snapshot,
+    /// `kind` of every ignored object.
+    pub ignored_kinds: Vec<String>,
+}
+
+/// Reads every file into one snapshot.
+pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<Loaded, Error> {
+    let mut loaded = Loaded::default();
+    for path in paths {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| Error::ReadFile {
+            path: name.clone(),
+            source,
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| Error::ParseInput {
+            path: name.clone(),
+            message: format!("not UTF-8: {e}"),
+        })?;
+        load_text(&name, &text, &mut loaded)?;
+    }
+    Ok(loaded)
+}
+
+/// Parses one file's text into `loaded`. `name` is used in error messages.
+pub fn load_text(name: &str, text: &str, loaded: &mut Loaded) -> Result<(), Error> {
+    let documents = parse_documents(name, text)?;
+    for (doc_index, doc) in documents.into_iter().enumerate() {
+        let at = format!("document {}", doc_index + 1);
+        add_object(name, &at, doc, loaded)?;
+    }
+    Ok(())
+}
+
+fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, Error> {
+    let error = |message: String| Error::ParseInput {
+        path: name.to_string(),
+        message,
+    };
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        // JSON: one value, or several concatenated (as `kubectl get -o json` of separate calls gives).
+        let mut documents = Vec::new();
+        for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
+            documents.push(value.map_err(|e| {
+                error(format!(
+                    "invalid JSON at line {} column {}: {e}",
+                    e.line(),
+                    e.column()
+                ))
+            })?);
+        }
+        return Ok(documents);
+    }
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    options.leading_zero_numbers_as_strings = true;
+    let documents: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options)
+        .map_err(|e| error(format!("invalid YAML: {e}")))?;
+    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result<(), Error> {
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let describe = |value: &Value| {
+        let meta = value.get("metadata");
+        let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str);
+        let object = meta
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("<unnamed>");
+        match ns {
+            Some(ns) => format!("{kind} {ns}/{object}"),
+            None => format!("{kind} {object}"),
+        }
+    };
+    let invalid = |what: String, e: serde_json::Error| Error::ParseInput {
+        path: name.to_string(),
+        message: format!("{at} ({what}): {e}"),
+    };
+    match kind.as_str() {
+        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
+            let items = match value.get("items") {
+                Some(Value::Array(items)) => items.clone(),
+                Some(Value::Null) | None => Vec::new(),
+                Some(_) => {
+                    return Err(Error::ParseInput {
+                        path: name.to_string(),
+                        message: format!("{at}: `items` of a {kind} must be a list"),
+                    });
+                }
+            };
+            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+            for (i, mut item) in items.into_iter().enumerate() {
+                // Typed lists omit kind/apiVersion on their items.
+                if let (Some(item_kind), Some(map)) = (item_kind, item.as_object_mut()) {
+                    map.entry("kind")
+                        .or_insert_with(|| Value::String(item_kind.to_string()));
+                }
+                add_object(name, &format!("{at}, items[{i}]"), item, loaded)?;
+            }
+        }
+        "Service" => {
+            let what = describe(&value);
+            let object: Service =
+                serde_json::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
+            loaded.snapshot.services.push(object);
+        }
+        "EndpointSlice" => {
+            let what = describe(&value);
+            let object: EndpointSlice =
+                serde_json::from_value(with_api_version(value, "discovery.k8s.io/v1"))
+                    .map_err(|e| invalid(what, e))?;
+            loaded.snapshot.slices.push(object);
+        }
+        "Node" => {
+            let what = describe(&value);
+            let object: Node =
+                serde_json::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
+            loaded.snapshot.nodes.push(object);
+        }
+        "" => {
+            return Err(Error::ParseInput {
+                path: name.to_string(),
+                message: format!("{at}: object has no `kind`"),
+            });
+        }
+        _ => loaded.ignored_kinds.push(kind),
+    }
+    Ok(())
+}
+
+/// Items of a `kubectl get -o yaml` List carry apiVersion; hand-written fixtures sometimes do not.
+fn with_api_version(mut value: Value, api_version: &str) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.entry("apiVersion")
+            .or_insert_with(|| Value::String(api_version.to_string()));
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIST: &str = r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: default}
+  spec:
+    clusterIP: 10.96.0.10
+    ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: web-abc
+    namespace: default
+    labels: {kubernetes.io/service-name: web}
+  addressType: IPv4
+  endpoints: [{addresses: [10.244.1.5], nodeName: node-a}]
+  ports: [{name: http, port: 8080, protocol: TCP}]
+- apiVersion: v1
+  kind: Node
+  metadata: {name: node-a, labels: {topology.kubernetes.io/zone: "on"}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: p}
+"#;
+
+    #[test]
+    fn reads_a_kubectl_list() {
+        let mut loaded = Loaded::default();
+        load_text("dump.yaml", LIST, &mut loaded).unwrap();
+        assert_eq!(loaded.snapshot.services.len(), 1);
+        assert_eq!(loaded.snapshot.slices.len(), 1);
+        assert_eq!(loaded.snapshot.nodes.len(), 1);
+        assert_eq!(loaded.ignored_kinds, vec!["Pod".to_string()]);
+        let port = &loaded.snapshot.services[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .ports
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(port.port, 80);
+        let zone = loaded.snapshot.nodes[0]
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("topology.kubernetes.io/zone");
+        assert_eq!(zone.map(String::as_str), Some("on"));
+    }
+
+    #[test]
+    fn reads_multi_document_yaml_and_json() {
+        let yaml = "kind: Node\nmetadata: {name: a}\n---\nkind: Node\nmetadata: {name: b}\n---\n";
+        let mut loaded = Loaded::default();
+        load_text("nodes.yaml", yaml, &mut loaded).unwrap();
+        let json = r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Node","metadata":{"name":"c"}}]}"#;
+        load_text("nodes.json", json, &mut loaded).unwrap();
+        let names: Vec<_> = loaded
+            .snapshot
+            .nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn typed_lists_get_their_item_kind() {
+        let yaml = "kind: NodeList\nitems:\n- metadata: {name: a}\n";
+        let mut loaded = Loaded::default();
+        load_text("nodes.yaml", yaml, &mut loaded).unwrap();
+        assert_eq!(loaded.snapshot.nodes.len(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_position() {
+        let cases = [
+            (
+                "bad.yaml",
+                "kind: List\nitems:\n  - [unclosed\n",
+                "bad.yaml: invalid YAML",
+            ),
+            (
+                "bad.json",
+                "{\"kind\": \"List\",\n \"items\": [}",
+                "bad.json: invalid JSON at line 2",
+            ),
+            (
+                "nokind.yaml",
+                "metadata: {name: x}\n",
+                "nokind.yaml: document 1: object has no `kind`",
+            ),
+            (
+                "wrongtype.yaml",
+                "kind: List\nitems:\n- kind: Service\n  metadata: {name: s, namespace: n}\n  spec: {ports: [{port: abc}]}\n",
+                "wrongtype.yaml: document 1, items[0] (Service n/s)",
+            ),
+        ];
+        for (name, text, want) in cases {
+            let mut loaded = Loaded::default();
+            let error = load_text(name, text, &mut loaded).unwrap_err().to_string();
+            assert!(error.starts_with(want), "{name}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error_naming_it() {
+        let error = load_files(&["/nonexistent/dump.yaml"]).unwrap_err().to_string();
+        assert!(error.contains("/nonexistent/dump.yaml"), "{error}");
+    }
+}

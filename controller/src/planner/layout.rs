@@ -1,0 +1,236 @@
+//! Sharding and revisions of one node's plan, computed from per-entry digests and sizes.
+//!
+//! ```text
+//! zone accumulators (sum of digests, bytes, counts per shard) ─► adjusted by the node's overrides
+//!   ─► smallest power-of-two shard count whose every shard fits maxPlanBytes
+//!   ─► revisions: shards 1.. from their own content; the primary from its content + the others' revisions
+//! ```
+//!
+//! Shard of an entry = hash(Service key) mod count, so a change to one Service rewrites one shard and the
+//! primary (which lists the others' revisions). Power-of-two counts keep assignments stable while the
+//! plan grows: doubling the count splits each shard in two instead of reshuffling everything.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use switchyard_api::{
+    NodeForwardingPlanSpec, PlanSummary, ShardInfo,
+    revision::{EntrySum, revision_with},
+};
+
+use super::{NodeInfo, Slot, Zone, nodes::local_traffic_cidrs};
+use crate::{Error, config::Config};
+
+/// Most shards one node's plan may be split into.
+pub const MAX_SHARDS: u32 = 1024;
+/// Allowance for metadata, labels and managed fields the API server adds around the spec.
+const OBJECT_OVERHEAD_BYTES: usize = 4096;
+
+/// A node's plan objects, primary first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePlan {
+    /// The node.
+    pub node: String,
+    /// The Node's UID, for ownerReferences (absent in hand-written input).
+    pub node_uid: Option<String>,
+    /// Shard 0 (named after the node) first.
+    pub objects: Vec<NodeForwardingPlanSpec>,
+}
+
+/// Running totals of one shard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShardAcc {
+    sum: EntrySum,
+    bytes: usize,
+    services: u32,
+    endpoints: u32,
+}
+
+/// Zone-wide accumulators per (zone, shard count), computed once and shared by the zone's nodes.
+#[derive(Debug, Default)]
+pub struct ZoneCache(HashMap<(Zone, u32), Vec<ShardAcc>>);
+
+impl ZoneCache {
+    fn get(&mut self, zone: &Zone, count: u32, slots: &[Slot]) -> Vec<ShardAcc> {
+        self.0
+            .entry((zone.clone(), count))
+            .or_insert_with(|| {
+                let mut accs = vec![ShardAcc::default(); count as usize];
+                for slot in slots {
+                    if let Some(planned) = slot.by_zone.get(zone) {
+                        let acc = &mut accs[(slot.shard_hash % u64::from(count)) as usize];
+                        acc.sum.add(planned.fingerprint.digest);
+                        acc.bytes += planned.fingerprint.bytes + 1;
+                        acc.services += 1;
+                        acc.endpoints += planned.entry.endpoints.len() as u32;
+                    }
+                }
+                accs
+            })
+            .clone()
+    }
+}
+
+/// How one node's plan is laid out, with its revisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    count: u32,
+    /// Revision of each shard, primary first.
+    revisions: Vec<String>,
+    totals: PlanSummary,
+    shard_summaries: Vec<PlanSummary>,
+}
+
+/// Stable 64-bit hash of a Service key.
+pub fn shard_hash(service_key: &str) -> u64 {
+    let digest = Sha256::digest(service_key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The header every object of the node's plan shares (no services, no revision, no shard).
+pub fn header(node: &NodeInfo, config: &Config) -> NodeForwardingPlanSpec {
+    NodeForwardingPlanSpec {
+        node_name: node.name.clone(),
+        zone: node.zone.clone(),
+        node_ips: node.ips.iter().map(ToString::to_string).collect(),
+        pod_cidrs: node.pod_cidrs.iter().map(ToString::to_string).collect(),
+        backend: node.backend,
+        cluster: switchyard_api::ClusterSettings {
+            detect_local: config.detect_local_mode,
+            local_traffic_cidrs: local_traffic_cidrs(node, config)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            masquerade_all: config.masquerade_all,
+            masquerade_bit: config.masquerade_bit,
+            node_port_addresses: config.node_port_addresses.clone(),
+            ipvs_scheduler: (node.backend == switchyard_api::Backend::Ipvs)
+                .then(|| config.ipvs_scheduler.clone()),
+        },
+        revision: String::new(),
+        shard: None,
+        summary: PlanSummary::default(),
+        services: Vec::new(),
+    }
+}
+
+impl Layout {
+    /// Lays out one node: `overrides` are the indexes of slots where the node has its own answer.
+    pub fn compute(
+        node: &NodeInfo,
+        config: &Config,
+        slots: &[Slot],
+        overrides: &[usize],
+        cache: &mut ZoneCache,
+    ) -> Result<Self, Error> {
+        let header = header(node, config);
+        let header_bytes = serde_json::to_vec(&header)
+            .map_err(switchyard_api::Error::from)?
+            .len();
+        let mut count = 1u32;
+        let accs = loop {
+            let mut accs = cache.get(&node.zone, count, slots);
+            for &index in overrides {
+                let slot = &slots[index];
+                let (Some(base), Some(own)) = (slot.by_zone.get(&node.zone), slot.overrides.get(&node.name))
+                else {
+                    continue;
+                };
+                let acc = &mut accs[(slot.shard_hash % u64::from(count)) as usize];
+                acc.sum.remove(base.fingerprint.digest);
+                acc.sum.add(own.fingerprint.digest);
+                acc.bytes = acc.bytes.saturating_sub(base.fingerprint.bytes) + own.fingerprint.bytes;
+            }
+            let fits = accs
+                .iter()
+                .all(|a| a.bytes + header_bytes + OBJECT_OVERHEAD_BYTES <= config.max_plan_bytes);
+            if fits || count >= MAX_SHARDS {
+                break accs;
+            }
+            count *= 2;
+        };
+
+        let totals = PlanSummary {
+            services: accs.iter().map(|a| a.services).sum(),
+            endpoints: accs.iter().map(|a| a.endpoints).sum(),
+        };
+        let shard_summaries: Vec<PlanSummary> = accs
+            .iter()
+            .map(|a| PlanSummary {
+                services: a.services,
+                endpoints: a.endpoints,
+            })
+            .collect();
+        let mut revisions = vec![String::new(); count as usize];
+        for index in 1..count {
+            let spec = shard_header(&header, index, count, Vec::new(), shard_summaries[index as usize]);
+            revisions[index as usize] = revision_with(&spec, accs[index as usize].sum)?;
+        }
+        let members = revisions[1..].to_vec();
+        let primary = shard_header(&header, 0, count, members, totals);
+        revisions[0] = revision_with(&primary, accs[0].sum)?;
+        Ok(Self {
+            count,
+            revisions,
+            totals,
+            shard_summaries,
+        })
+    }
+
+    /// The node-wide revision (the primary shard's).
+    pub fn primary_revision(&self) -> &str {
+        self.revisions.first().map_or("", String::as_str)
+    }
+
+    /// Number of objects.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Builds the objects' specs.
+    pub fn materialize(&self, node: &NodeInfo, config: &Config, slots: &[Slot]) -> NodePlan {
+        let header = header(node, config);
+        let mut objects: Vec<NodeForwardingPlanSpec> = (0..self.count)
+            .map(|index| {
+                let (members, summary) = if index == 0 {
+                    (self.revisions[1..].to_vec(), self.totals)
+                } else {
+                    (Vec::new(), self.shard_summaries[index as usize])
+                };
+                let mut spec = shard_header(&header, index, self.count, members, summary);
+                spec.revision = self.revisions[index as usize].clone();
+                spec
+            })
+            .collect();
+        for slot in slots {
+            if let Some(planned) = slot.for_node(node) {
+                let shard = (slot.shard_hash % u64::from(self.count)) as usize;
+                objects[shard].services.push(planned.entry.clone());
+            }
+        }
+        NodePlan {
+            node: node.name.clone(),
+            node_uid: node.uid.clone(),
+            objects,
+        }
+    }
+}
+
+fn shard_header(
+    header: &NodeForwardingPlanSpec,
+    index: u32,
+    count: u32,
+    members: Vec<String>,
+    summary: PlanSummary,
+) -> NodeForwardingPlanSpec {
+    let mut spec = header.clone();
+    spec.shard = (count > 1).then_some(ShardInfo {
+        index,
+        count,
+        members,
+    });
+    spec.summary = summary;
+    spec
+}

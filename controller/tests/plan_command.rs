@@ -1,0 +1,135 @@
+//! The `plan` command as a user runs it: output on stdout, warnings on stderr, exit codes scripts rely on.
+
+use std::{path::PathBuf, process::Command};
+
+fn repo(path: &str) -> PathBuf {
+    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    p.pop();
+    p.push(path);
+    p
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard-controller"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn table_of_the_example_cluster() {
+    let cluster = repo("examples/cluster.yaml");
+    let config = repo("examples/controller-config.yaml");
+    let (code, stdout, stderr) = run(&[
+        "plan",
+        "-f",
+        cluster.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "-o",
+        "table",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("NAME"), "{stdout}");
+    assert!(lines[0].contains("DESIRED") && lines[0].contains("OBSERVED"));
+    assert_eq!(lines.len(), 4);
+    assert!(lines[1].starts_with("node-a") && lines[1].contains("iptables"));
+}
+
+#[test]
+fn yaml_for_one_node_is_a_valid_plan_object() {
+    let cluster = repo("examples/cluster.yaml");
+    let (code, stdout, _) = run(&[
+        "plan",
+        "-f",
+        cluster.to_str().unwrap(),
+        "--node",
+        "node-b",
+        "-o",
+        "yaml",
+    ]);
+    assert_eq!(code, 0);
+    let docs: Vec<switchyard_api::NodeForwardingPlan> = serde_saphyr::from_multiple(&stdout).unwrap();
+    assert_eq!(docs.len(), 1);
+    assert_eq!(docs[0].metadata.name.as_deref(), Some("node-b"));
+    assert!(switchyard_api::validate::validate(&docs[0].spec).is_clean());
+}
+
+#[test]
+fn json_is_a_v1_list() {
+    let cluster = repo("examples/cluster.yaml");
+    let (code, stdout, _) = run(&["plan", "-f", cluster.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(code, 0);
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn bad_files_exit_2_with_nothing_on_stdout() {
+    let dir = std::env::temp_dir().join(format!("switchyard-plan-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = dir.join("broken.yaml");
+    std::fs::write(&broken, "kind: List\nitems:\n  - {unclosed\n").unwrap();
+    let bad_config = dir.join("config.yaml");
+    std::fs::write(&bad_config, "masqueradeBit: 99\n").unwrap();
+    let cluster = repo("examples/cluster.yaml");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["plan", "-f", broken.to_str().unwrap()], "broken.yaml"),
+        (
+            vec!["plan", "-f", "/nonexistent/cluster.yaml"],
+            "/nonexistent/cluster.yaml",
+        ),
+        (
+            vec![
+                "plan",
+                "-f",
+                cluster.to_str().unwrap(),
+                "--config",
+                bad_config.to_str().unwrap(),
+            ],
+            "masqueradeBit",
+        ),
+        (
+            vec!["plan", "-f", cluster.to_str().unwrap(), "--node", "node-x"],
+            "node-x",
+        ),
+        (vec!["plan", "-f", cluster.to_str().unwrap(), "-o", "xml"], "xml"),
+    ];
+    for (args, mention) in cases {
+        let (code, stdout, stderr) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?} printed {stdout}");
+        assert!(stderr.contains(mention), "{args:?}: {stderr}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn warnings_go_to_stderr_and_planning_continues() {
+    let dir = std::env::temp_dir().join(format!("switchyard-plan-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.yaml");
+    std::fs::write(
+        &file,
+        "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\nmetadata: {name: bad, namespace: ns}\n\
+         spec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}\n---\nkind: Service\nmetadata: {name: ok, namespace: ns}\n\
+         spec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&["plan", "-f", file.to_str().unwrap(), "-o", "yaml"]);
+    assert_eq!(code, 0);
+    assert!(
+        stderr.contains("warning: Service ns/bad: clusterIP \"10.96.0.300\" is not an IP address"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("name: ns/ok"));
+    assert!(!stdout.contains("ns/bad"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
