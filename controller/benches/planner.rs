@@ -1,1 +1,100 @@
-fn main() {}
+//! Planner benchmark: full planning and one-endpoint re-planning on synthetic clusters.
+//! Run with `make bench` (release build). Prints one table; numbers are recorded in docs/benchmarks.md.
+
+use std::time::{Duration, Instant};
+
+use switchyard_controller::{
+    Config,
+    output::objects,
+    planner::Planner,
+    synthetic::{Shape, cluster, service, service_key, slice},
+};
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a size can be chosen with SWITCHYARD_BENCH_SMOKE=1 for a quick run.
+    let smoke = std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some();
+    let sizes: &[(usize, usize)] = if smoke {
+        &[(10, 100)]
+    } else {
+        &[(100, 1_000), (1_000, 1_000), (100, 10_000), (1_000, 10_000)]
+    };
+    let config = Config::default();
+    println!(
+        "planner benchmark (5 endpoints per service, 3 zones, 10% eTP=Local, 5% iTP=Local, 20% zone-hinted; one core)"
+    );
+    println!(
+        "{:>6} {:>7} | {:>12} {:>14} {:>14} {:>12} {:>7} {:>16}",
+        "nodes",
+        "svcs",
+        "full plan",
+        "materialise",
+        "re-plan 1 ep",
+        "bytes/node",
+        "shards",
+        "nodes rewritten"
+    );
+    for &(nodes, services) in sizes {
+        let shape = Shape::new(nodes, services, 5);
+        let snapshot = cluster(&shape);
+        let runs = if nodes * services >= 10_000_000 { 3 } else { 5 };
+
+        let mut full = Vec::new();
+        let mut planner = None;
+        for _ in 0..runs {
+            let start = Instant::now();
+            let Ok(built) = Planner::build(&snapshot, &config) else {
+                eprintln!("planning failed");
+                return;
+            };
+            full.push(start.elapsed());
+            planner = Some(built);
+        }
+        let Some(mut planner) = planner else { return };
+
+        let start = Instant::now();
+        let plans = planner.all_plans();
+        let materialise = start.elapsed();
+        let first = &plans[0];
+        let bytes: usize = objects(first)
+            .iter()
+            .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
+            .sum();
+        let shards = first.objects.len();
+        drop(plans);
+
+        let mut replan = Vec::new();
+        let mut rewritten = 0;
+        for generation in 1..=runs {
+            let s = services / 2 + 11; // a plain ClusterIP service (not eTP/iTP/hinted)
+            let svc = service(s, &shape);
+            let sl = slice(s, &shape, generation);
+            let start = Instant::now();
+            let Ok((changed, _)) = planner.replan_service(&service_key(s), Some(&svc), &[&sl]) else {
+                eprintln!("re-planning failed");
+                return;
+            };
+            replan.push(start.elapsed());
+            rewritten = changed.len();
+        }
+        println!(
+            "{:>6} {:>7} | {:>12} {:>14} {:>14} {:>12} {:>7} {:>16}",
+            nodes,
+            services,
+            ms(median(full)),
+            ms(materialise),
+            ms(median(replan)),
+            bytes,
+            shards,
+            rewritten
+        );
+    }
+}

@@ -13,6 +13,7 @@ pub mod error;
 pub mod input;
 pub mod output;
 pub mod planner;
+pub mod synthetic;
 
 pub use config::Config;
 pub use error::Error;

@@ -1,4 +1,6 @@
 //! The `plan` command as a user runs it: output on stdout, warnings on stderr, exit codes scripts rely on.
+// Test helpers outside #[test] functions may unwrap too.
+#![allow(clippy::unwrap_used)]
 
 use std::{path::PathBuf, process::Command};
 

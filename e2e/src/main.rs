@@ -1,1 +1,204 @@
-fn main() {}
+//! `switchyard-lab`: command line ─► the lab library (bring labs up and down, clean up, serve, probe).
+//!
+//! ```text
+//! up --cluster FILE [--keep]   build a lab, print its topology; stay up until Ctrl-C/SIGTERM (then tear
+//!                              down), or with --keep leave it up and print its id
+//! down ID                      tear down a kept lab
+//! cleanup [--all]              remove leftovers of crashed runs (--all: every lab, live or kept)
+//! serve …                      the backend run inside each pod namespace
+//! probe …                      one or more probes, JSON on stdout (exit 0 when every probe was answered)
+//! ```
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+use switchyard_e2e::{
+    ClusterDescription, Lab, LabOptions, Proto, install_teardown_on_signal, options, probe, serve, teardown,
+};
+
+/// Exit status of `probe` when a probe was not answered.
+const NOT_ANSWERED: u8 = 3;
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard-lab",
+    version,
+    about = "A virtual multi-node cluster in network namespaces"
+)]
+struct Cli {
+    /// Directory holding lab state (manifests, logs, plans).
+    #[arg(long, global = true, env = "SWITCHYARD_LAB_DIR", default_value = options::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build a lab from a cluster description (Nodes, Services, EndpointSlices as YAML).
+    Up {
+        /// The cluster description.
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Leave the lab up and print its id (remove it with `down ID`).
+        #[arg(long)]
+        keep: bool,
+        /// The external client's address on the fabric.
+        #[arg(long)]
+        client_ip: Option<std::net::Ipv4Addr>,
+        /// The node the client routes service addresses through (default: the first node).
+        #[arg(long)]
+        gateway: Option<String>,
+    },
+    /// Tear down a lab left up with `up --keep`.
+    Down {
+        /// The lab id (e.g. sy1a2b).
+        id: String,
+    },
+    /// Remove leftovers of crashed runs.
+    Cleanup {
+        /// Also remove live and kept labs, and any namespace named like a lab's.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Serve as a lab backend (run inside a pod namespace by the lab).
+    Serve {
+        /// The name to answer with.
+        #[arg(long)]
+        name: String,
+        /// The address to bind.
+        #[arg(long, default_value = "0.0.0.0")]
+        bind: std::net::IpAddr,
+        /// TCP ports to listen on.
+        #[arg(long)]
+        tcp: Vec<u16>,
+        /// UDP ports to listen on.
+        #[arg(long)]
+        udp: Vec<u16>,
+    },
+    /// Probe a destination and print the result as JSON.
+    Probe {
+        /// tcp or udp.
+        proto: Proto,
+        /// The destination, IP:PORT.
+        dst: SocketAddr,
+        /// Probe from inside this named network namespace (default: the current one).
+        #[arg(long)]
+        netns: Option<String>,
+        /// Per-probe timeout in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+        /// Number of probes (more than one prints counts per pod).
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("switchyard-lab: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Cmd::Up {
+            cluster,
+            keep,
+            client_ip,
+            gateway,
+        } => {
+            install_teardown_on_signal()?;
+            let mut options = LabOptions {
+                state_dir: cli.state_dir,
+                client_gateway: gateway,
+                ..LabOptions::default()
+            };
+            if let Some(ip) = client_ip {
+                options.client_ip = ip;
+            }
+            let lab = Lab::up_with(ClusterDescription::from_file(&cluster)?, options)?;
+            print!("{}", lab.summary());
+            if keep {
+                let id = lab.keep()?;
+                println!("kept lab {id}; remove it with: switchyard-lab down {id}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("lab {} is up; Ctrl-C (or SIGTERM) tears it down", lab.id());
+            // NB: the signal thread tears every live lab down and exits the process.
+            loop {
+                std::thread::park();
+            }
+        }
+        Cmd::Down { id } => {
+            teardown::down(&cli.state_dir, &id)?;
+            println!("lab {id} removed");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Cleanup { all } => {
+            let report = teardown::cleanup(&cli.state_dir, all);
+            for id in &report.removed {
+                println!("removed lab {id}");
+            }
+            for id in &report.skipped {
+                println!("left lab {id} alone (still owned or kept; use --all)");
+            }
+            for name in &report.strays {
+                println!("removed stray namespace {name}");
+            }
+            for dir in &report.retired_dirs {
+                println!("removed old state {}", dir.display());
+            }
+            for problem in &report.problems {
+                eprintln!("problem: {problem}");
+            }
+            Ok(if report.problems.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Serve { name, bind, tcp, udp } => {
+            let config = serve::ServeConfig { name, bind, tcp, udp };
+            serve::serve(&config, serve::announce_on_stdout)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Probe {
+            proto,
+            dst,
+            netns,
+            timeout_ms,
+            count,
+        } => {
+            let timeout = Duration::from_millis(timeout_ms);
+            if count == 1 {
+                let result = match &netns {
+                    Some(netns) => probe::probe(netns, proto, dst, timeout),
+                    None => probe::probe_here(proto, dst, timeout),
+                };
+                println!("{}", serde_json::to_string(&result)?);
+                return Ok(exit_for(result.is_answered()));
+            }
+            let tally = match &netns {
+                Some(netns) => probe::probe_many(netns, proto, dst, count, timeout),
+                None => probe::probe_many_here(proto, dst, count, timeout),
+            };
+            let all_answered = tally.total_answered() == count;
+            println!("{}", serde_json::to_string(&tally)?);
+            Ok(exit_for(all_answered))
+        }
+    }
+}
+
+fn exit_for(answered: bool) -> ExitCode {
+    if answered {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(NOT_ANSWERED)
+    }
+}

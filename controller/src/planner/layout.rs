@@ -18,7 +18,7 @@ use switchyard_api::{
     revision::{EntrySum, revision_with},
 };
 
-use super::{NodeInfo, Slot, Zone, nodes::local_traffic_cidrs};
+use super::{NodeInfo, PlannedEntry, Slot, Zone, nodes::local_traffic_cidrs};
 use crate::{Error, config::Config};
 
 /// Most shards one node's plan may be split into.
@@ -77,8 +77,9 @@ pub struct Layout {
     count: u32,
     /// Revision of each shard, primary first.
     revisions: Vec<String>,
-    totals: PlanSummary,
-    shard_summaries: Vec<PlanSummary>,
+    /// Running totals per shard, kept so one changed entry updates one shard in O(1).
+    accs: Vec<ShardAcc>,
+    header_bytes: usize,
 }
 
 /// Stable 64-bit hash of a Service key.
@@ -152,31 +153,86 @@ impl Layout {
             count *= 2;
         };
 
-        let totals = PlanSummary {
-            services: accs.iter().map(|a| a.services).sum(),
-            endpoints: accs.iter().map(|a| a.endpoints).sum(),
-        };
-        let shard_summaries: Vec<PlanSummary> = accs
-            .iter()
-            .map(|a| PlanSummary {
-                services: a.services,
-                endpoints: a.endpoints,
-            })
-            .collect();
-        let mut revisions = vec![String::new(); count as usize];
-        for index in 1..count {
-            let spec = shard_header(&header, index, count, Vec::new(), shard_summaries[index as usize]);
-            revisions[index as usize] = revision_with(&spec, accs[index as usize].sum)?;
-        }
-        let members = revisions[1..].to_vec();
-        let primary = shard_header(&header, 0, count, members, totals);
-        revisions[0] = revision_with(&primary, accs[0].sum)?;
-        Ok(Self {
+        let mut layout = Self {
             count,
-            revisions,
-            totals,
-            shard_summaries,
-        })
+            revisions: vec![String::new(); count as usize],
+            accs,
+            header_bytes,
+        };
+        layout.revise(&header, 1..count)?;
+        Ok(layout)
+    }
+
+    /// Applies entries that left and joined the node's plan without re-planning anything else. Returns
+    /// false when the result no longer fits the byte budget, so the caller must lay the node out anew.
+    pub fn apply_delta(
+        &mut self,
+        node: &NodeInfo,
+        config: &Config,
+        removed: &[(u64, &PlannedEntry)],
+        added: &[(u64, &PlannedEntry)],
+    ) -> Result<bool, Error> {
+        let count = u64::from(self.count);
+        let mut touched = std::collections::BTreeSet::new();
+        for (hash, planned) in removed {
+            let index = (hash % count) as usize;
+            let acc = &mut self.accs[index];
+            acc.sum.remove(planned.fingerprint.digest);
+            acc.bytes = acc.bytes.saturating_sub(planned.fingerprint.bytes + 1);
+            acc.services = acc.services.saturating_sub(1);
+            acc.endpoints = acc.endpoints.saturating_sub(planned.entry.endpoints.len() as u32);
+            touched.insert(index as u32);
+        }
+        for (hash, planned) in added {
+            let index = (hash % count) as usize;
+            let acc = &mut self.accs[index];
+            acc.sum.add(planned.fingerprint.digest);
+            acc.bytes += planned.fingerprint.bytes + 1;
+            acc.services += 1;
+            acc.endpoints += planned.entry.endpoints.len() as u32;
+            touched.insert(index as u32);
+        }
+        if self
+            .accs
+            .iter()
+            .any(|a| a.bytes + self.header_bytes + OBJECT_OVERHEAD_BYTES > config.max_plan_bytes)
+        {
+            return Ok(false);
+        }
+        let header = header(node, config);
+        self.revise(&header, touched.into_iter().filter(|&i| i > 0))?;
+        Ok(true)
+    }
+
+    /// Recomputes the revisions of the given secondary shards, then the primary's (which lists them).
+    fn revise(
+        &mut self,
+        header: &NodeForwardingPlanSpec,
+        secondaries: impl Iterator<Item = u32>,
+    ) -> Result<(), Error> {
+        for index in secondaries {
+            let spec = shard_header(header, index, self.count, Vec::new(), self.shard_summary(index));
+            self.revisions[index as usize] = revision_with(&spec, self.accs[index as usize].sum)?;
+        }
+        let members = self.revisions[1..].to_vec();
+        let primary = shard_header(header, 0, self.count, members, self.totals());
+        self.revisions[0] = revision_with(&primary, self.accs[0].sum)?;
+        Ok(())
+    }
+
+    fn totals(&self) -> PlanSummary {
+        PlanSummary {
+            services: self.accs.iter().map(|a| a.services).sum(),
+            endpoints: self.accs.iter().map(|a| a.endpoints).sum(),
+        }
+    }
+
+    fn shard_summary(&self, index: u32) -> PlanSummary {
+        let acc = &self.accs[index as usize];
+        PlanSummary {
+            services: acc.services,
+            endpoints: acc.endpoints,
+        }
     }
 
     /// The node-wide revision (the primary shard's).
@@ -195,9 +251,9 @@ impl Layout {
         let mut objects: Vec<NodeForwardingPlanSpec> = (0..self.count)
             .map(|index| {
                 let (members, summary) = if index == 0 {
-                    (self.revisions[1..].to_vec(), self.totals)
+                    (self.revisions[1..].to_vec(), self.totals())
                 } else {
-                    (Vec::new(), self.shard_summaries[index as usize])
+                    (Vec::new(), self.shard_summary(index))
                 };
                 let mut spec = shard_header(&header, index, self.count, members, summary);
                 spec.revision = self.revisions[index as usize].clone();

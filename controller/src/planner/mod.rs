@@ -155,45 +155,74 @@ impl Planner {
         let services: Vec<&Service> = service.into_iter().collect();
         let mut fresh = plan_slots(&services, slices, &self.config, &self.nodes, &mut diag)?;
         fresh.retain(|slot| slot.service_key == service_key);
-        self.slots.retain(|slot| slot.service_key != service_key);
+        let (old, kept): (Vec<Slot>, Vec<Slot>) = std::mem::take(&mut self.slots)
+            .into_iter()
+            .partition(|slot| slot.service_key == service_key);
+        self.slots = kept;
+        let mut changed = Vec::new();
+        let mut stale = Vec::new();
+        for (name, info) in &self.nodes {
+            let pick = |slots: &[Slot]| -> Vec<(u64, Arc<PlannedEntry>)> {
+                slots
+                    .iter()
+                    .filter_map(|s| s.for_node(info).map(|p| (s.shard_hash, Arc::clone(p))))
+                    .collect()
+            };
+            let (removed, added) = (pick(&old), pick(&fresh));
+            let same = removed.len() == added.len()
+                && removed
+                    .iter()
+                    .zip(&added)
+                    .all(|((_, a), (_, b))| a.fingerprint == b.fingerprint);
+            if same {
+                continue;
+            }
+            changed.push(name.clone());
+            let Some(layout) = self.layouts.get_mut(name) else {
+                continue;
+            };
+            let removed_refs: Vec<(u64, &PlannedEntry)> =
+                removed.iter().map(|(h, p)| (*h, p.as_ref())).collect();
+            let added_refs: Vec<(u64, &PlannedEntry)> = added.iter().map(|(h, p)| (*h, p.as_ref())).collect();
+            if !layout.apply_delta(info, &self.config, &removed_refs, &added_refs)? {
+                stale.push(name.clone());
+            }
+        }
         for slot in fresh {
             let at = self.slots.partition_point(|s| s.key() < slot.key());
             self.slots.insert(at, slot);
         }
-        let before: BTreeMap<String, String> = self
-            .layouts
-            .iter()
-            .map(|(n, l)| (n.clone(), l.primary_revision().to_string()))
-            .collect();
-        self.relayout()?;
-        let changed = self
-            .layouts
-            .iter()
-            .filter(|(node, layout)| before.get(*node).map(String::as_str) != Some(layout.primary_revision()))
-            .map(|(node, _)| node.clone())
-            .collect();
+        if !stale.is_empty() {
+            // A shard outgrew the budget: lay those nodes out anew (the shard count may double).
+            self.relayout_nodes(&stale)?;
+        }
         diag.sort();
         Ok((changed, diag))
     }
 
     /// Recomputes every node's layout and revisions from the slots' digests (no entry is re-planned).
     fn relayout(&mut self) -> Result<(), Error> {
+        let all: Vec<String> = self.nodes.keys().cloned().collect();
+        self.relayout_nodes(&all)
+    }
+
+    fn relayout_nodes(&mut self, names: &[String]) -> Result<(), Error> {
+        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
         let mut overrides: HashMap<&str, Vec<usize>> = HashMap::new();
         for (index, slot) in self.slots.iter().enumerate() {
-            for node in slot.overrides.keys() {
+            for node in slot.overrides.keys().filter(|n| wanted.contains(n.as_str())) {
                 overrides.entry(node.as_str()).or_default().push(index);
             }
         }
         let mut cache = ZoneCache::default();
-        let mut layouts = BTreeMap::new();
-        for (name, info) in &self.nodes {
+        for name in names {
+            let Some(info) = self.nodes.get(name) else {
+                continue;
+            };
             let own = overrides.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-            layouts.insert(
-                name.clone(),
-                Layout::compute(info, &self.config, &self.slots, own, &mut cache)?,
-            );
+            let layout = Layout::compute(info, &self.config, &self.slots, own, &mut cache)?;
+            self.layouts.insert(name.clone(), layout);
         }
-        self.layouts = layouts;
         Ok(())
     }
 

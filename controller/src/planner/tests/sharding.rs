@@ -120,3 +120,25 @@ fn a_2000_service_node_fits_one_object() {
         "2,000 services × 3 endpoints took {bytes} bytes"
     );
 }
+
+#[test]
+fn replanning_a_sharded_plan_matches_a_full_rebuild() {
+    let config = Config {
+        max_plan_bytes: 64 * 1024,
+        ..Config::default()
+    };
+    let before = big_cluster(600, None);
+    let after = big_cluster(600, Some(123));
+    let mut planner = Planner::build(&before, &config).unwrap();
+    let index = 123;
+    let (changed, _) = planner
+        .replan_service(
+            "ns1/svc-0123",
+            Some(&after.services[index]),
+            &[&after.slices[index]],
+        )
+        .unwrap();
+    assert_eq!(changed, vec!["node-a", "node-b", "node-c"]);
+    let fresh = Planner::build(&after, &config).unwrap();
+    assert_eq!(planner.all_plans(), fresh.all_plans());
+}

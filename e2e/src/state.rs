@@ -1,0 +1,292 @@
+//! A lab's own files: id allocation ─► `<state dir>/<id>/` ─► manifest, logs, plans.
+//!
+//! ```text
+//! /tmp/switchyard-lab/sy1a2b/manifest   owner <pid> <start time>, kept?, netns <name> … (written before
+//!                                        any namespace exists, so teardown and cleanup are exact)
+//! /tmp/switchyard-lab/sy1a2b/logs/      stdout/stderr of every process the lab started
+//! /tmp/switchyard-lab/sy1a2b/plans/     where the planner hook writes plans
+//! ```
+//!
+//! Creating the directory claims the id; an id whose directory or namespaces exist is never reused.
+
+use std::{
+    fmt::Write as _,
+    io::Read,
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    error::{LabError, Result},
+    names, netns,
+};
+
+const MANIFEST: &str = "manifest";
+
+/// The files of one lab.
+#[derive(Clone, Debug)]
+pub struct LabState {
+    id: String,
+    dir: PathBuf,
+}
+
+/// What a lab created, as recorded on disk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Manifest {
+    /// The process that owns the lab: pid and start time (clock ticks since boot).
+    pub owner: Option<(u32, u64)>,
+    /// True when the lab was left up on purpose (`up --keep`).
+    pub kept: bool,
+    /// Every namespace the lab creates.
+    pub netns: Vec<String>,
+}
+
+impl LabState {
+    /// Claims a fresh lab id under `state_dir`.
+    pub fn allocate(state_dir: &Path) -> Result<LabState> {
+        std::fs::create_dir_all(state_dir).map_err(|source| LabError::File {
+            action: "creating",
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
+        let existing = netns::list()?;
+        for _ in 0..64 {
+            let id = names::lab_id(random_bytes()?);
+            if existing
+                .iter()
+                .any(|name| names::lab_id_of_netns(name) == Some(id.as_str()))
+            {
+                continue;
+            }
+            let dir = state_dir.join(&id);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(LabState { id, dir }),
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => {
+                    return Err(LabError::File {
+                        action: "creating",
+                        path: dir,
+                        source,
+                    });
+                }
+            }
+        }
+        Err(LabError::AllocateId(format!(
+            "64 random ids were all taken under {}",
+            state_dir.display()
+        )))
+    }
+
+    /// The files of an existing lab.
+    pub fn open(state_dir: &Path, id: &str) -> Result<LabState> {
+        let dir = state_dir.join(id);
+        if !names::is_lab_id(id) || !dir.join(MANIFEST).is_file() {
+            return Err(LabError::NoSuchLab(id.to_owned()));
+        }
+        Ok(LabState {
+            id: id.to_owned(),
+            dir,
+        })
+    }
+
+    /// Every lab directory under `state_dir` (with or without a manifest).
+    pub fn all(state_dir: &Path) -> Vec<LabState> {
+        let Ok(entries) = std::fs::read_dir(state_dir) else {
+            return Vec::new();
+        };
+        let mut labs: Vec<LabState> = entries
+            .filter_map(|entry| entry.ok())
+            .filter_map(|entry| {
+                let id = entry.file_name().into_string().ok()?;
+                names::is_lab_id(&id).then(|| LabState {
+                    id,
+                    dir: entry.path(),
+                })
+            })
+            .collect();
+        labs.sort_by(|a, b| a.id.cmp(&b.id));
+        labs
+    }
+
+    /// The lab id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The lab's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where process logs go (created on demand).
+    pub fn logs_dir(&self) -> Result<PathBuf> {
+        self.subdir("logs")
+    }
+
+    /// Where plans go (created on demand).
+    pub fn plans_dir(&self) -> Result<PathBuf> {
+        self.subdir("plans")
+    }
+
+    fn subdir(&self, name: &str) -> Result<PathBuf> {
+        let path = self.dir.join(name);
+        std::fs::create_dir_all(&path).map_err(|source| LabError::File {
+            action: "creating",
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
+
+    /// Writes the manifest (replacing it).
+    pub fn write_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let path = self.dir.join(MANIFEST);
+        let temp = self.dir.join(".manifest.tmp");
+        let write = std::fs::write(&temp, manifest.to_text()).and_then(|()| std::fs::rename(&temp, &path));
+        write.map_err(|source| LabError::File {
+            action: "writing",
+            path,
+            source,
+        })
+    }
+
+    /// Reads the manifest; `None` once the lab has been torn down.
+    pub fn read_manifest(&self) -> Result<Option<Manifest>> {
+        let path = self.dir.join(MANIFEST);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(Some(Manifest::from_text(&text))),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(LabError::File {
+                action: "reading",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// Removes the manifest (the lab is gone) and, unless `keep_logs`, the whole directory.
+    pub fn retire(&self, keep_logs: bool) -> Result<()> {
+        let result = if keep_logs {
+            std::fs::remove_file(self.dir.join(MANIFEST))
+        } else {
+            std::fs::remove_dir_all(&self.dir)
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(LabError::File {
+                action: "removing",
+                path: self.dir.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+impl Manifest {
+    /// A manifest owned by this process.
+    pub fn owned_by_me(netns: Vec<String>) -> Manifest {
+        Manifest {
+            owner: own_start_time().map(|start| (std::process::id(), start)),
+            kept: false,
+            netns,
+        }
+    }
+
+    /// True while the owning process is still the one that wrote the manifest.
+    pub fn owner_alive(&self) -> bool {
+        self.owner
+            .is_some_and(|(pid, start)| process_start_time(pid).is_some_and(|now| now == start))
+    }
+
+    fn to_text(&self) -> String {
+        let mut text = String::from("# switchyard-lab manifest: what this lab created\n");
+        if let Some((pid, start)) = self.owner {
+            let _ = writeln!(text, "owner {pid} {start}");
+        }
+        if self.kept {
+            text.push_str("kept\n");
+        }
+        for name in &self.netns {
+            let _ = writeln!(text, "netns {name}");
+        }
+        text
+    }
+
+    fn from_text(text: &str) -> Manifest {
+        let mut manifest = Manifest::default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some("owner"), Some(pid), Some(start)) => {
+                    manifest.owner = pid.parse().ok().zip(start.parse().ok());
+                }
+                (Some("kept"), None, None) => manifest.kept = true,
+                (Some("netns"), Some(name), None) => manifest.netns.push(name.to_owned()),
+                _ => {}
+            }
+        }
+        manifest
+    }
+}
+
+fn random_bytes() -> Result<[u8; 2]> {
+    let mut bytes = [0u8; 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut bytes))
+        .map_err(|source| LabError::File {
+            action: "reading",
+            path: "/dev/urandom".into(),
+            source,
+        })?;
+    Ok(bytes)
+}
+
+fn own_start_time() -> Option<u64> {
+    process_start_time(std::process::id())
+}
+
+/// Field 22 of `/proc/<pid>/stat`: the start time, which tells a live process from a reused pid.
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_comm) = stat.rsplit_once(')')?;
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_round_trips() {
+        let manifest = Manifest {
+            owner: Some((42, 1234)),
+            kept: true,
+            netns: vec!["sy0001-fabric".into(), "sy0001-node-a".into()],
+        };
+        assert_eq!(Manifest::from_text(&manifest.to_text()), manifest);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_made_up_one_is_not() {
+        assert!(Manifest::owned_by_me(Vec::new()).owner_alive());
+        let stale = Manifest {
+            owner: Some((std::process::id(), 1)),
+            ..Manifest::default()
+        };
+        assert!(!stale.owner_alive());
+    }
+
+    #[test]
+    fn allocates_distinct_ids() {
+        let root = std::env::temp_dir().join(format!("switchyard-lab-test-{}", std::process::id()));
+        let a = LabState::allocate(&root).unwrap();
+        let b = LabState::allocate(&root).unwrap();
+        assert_ne!(a.id(), b.id());
+        a.write_manifest(&Manifest::owned_by_me(vec!["x".into()]))
+            .unwrap();
+        assert!(LabState::open(&root, a.id()).is_ok());
+        assert!(LabState::open(&root, b.id()).is_err(), "no manifest yet");
+        assert_eq!(LabState::all(&root).len(), 2);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+}

@@ -1,0 +1,41 @@
+//! The iptables backend's pure half: plan → rules → `iptables-restore` text, and a tracer to check it.
+//!
+//! ```text
+//! NodeForwardingPlanSpec ─┐                         ┌─► full_payload()    ─┐
+//! HostFacts ──────────────┼─► render() ─► Ruleset ──┤                      ├─► apply edge: iptables-restore
+//! family, skipped entries ┘       │                 └─► partial_payload() ─┘   --noflush (+ jump_rules()
+//!                                 │                                            ensured on full syncs)
+//!                                 └─► Tracer::from_ruleset() ─► trace(packet) ─► verdicts, masquerade
+//! ```
+//!
+//! # Ownership contract
+//!
+//! Every chain we write starts with `SWYD-` ([`names::PREFIX`]); nothing else on the host is touched
+//! except the jump rules from built-in chains listed by [`jump_rules`], which `cleanup` removes again.
+//! A restore declares (and so flushes) only our chains, with `--noflush`, so other users' rules in the
+//! same tables survive every sync.
+//!
+//! # Semantics
+//!
+//! The rules are kube-proxy v1.36's iptables mode (`pkg/proxy/iptables/proxier.go`) rule for rule with
+//! `SWYD-` for `KUBE-`; chain names use kube-proxy's hash scheme ([`names`]). Comments of per-service
+//! rules are kube-proxy's (`"ns/svc:port cluster IP"`, `"... has no endpoints"`, ...); the fixed rules
+//! and jump rules say "switchyard" where kube-proxy's say "kubernetes", so both proxies' rules can be
+//! told apart in one dump.
+//!
+//! Deliberate differences from kube-proxy's iptables mode:
+//! - No localhost NodePorts: `route_localnet` opens CVE-2020-8558, so, like kube-proxy with
+//!   `--iptables-localhost-nodeports=false` (and its nftables mode), the NodePort jump excludes
+//!   `127.0.0.0/8` (`::1` for IPv6), and there is no KUBE-FIREWALL anti-martian rule.
+//! - No nfacct counters on the INVALID-drop rule.
+//! - No large-cluster mode: per-endpoint comments are always written.
+//! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).
+
+pub mod names;
+pub mod payload;
+pub mod render;
+pub mod tracer;
+
+pub use payload::{Chain, EntryKey, Ruleset, RulesetDigest, ServiceChains, Table};
+pub use render::{HostFacts, JumpRule, jump_rules, node_port_ips, probability, render};
+pub use tracer::{Branch, Packet, Trace, Tracer, Verdict};

@@ -1,0 +1,814 @@
+//! The pure iptables render: plan entries of one family → [`Ruleset`].
+//!
+//! ```text
+//! NodeForwardingPlanSpec ─┐
+//! HostFacts (edge) ───────┼─► render() ─► Ruleset ─► payload (iptables-restore text)
+//! family, skipped entries ┘      │
+//!                                └─ per entry, kube-proxy's syncProxyRules: frontends in the top-level
+//!                                   chains, SVC/SVL/EXT/FW/SEP chains in the entry's own group
+//! ```
+//!
+//! This is a port of kube-proxy v1.36 `pkg/proxy/iptables/proxier.go` (`syncProxyRules`,
+//! `writeServiceToEndpointRules`) with `SWYD-` instead of `KUBE-`. The planner already ran
+//! `CategorizeEndpoints` for this node, so an entry's endpoint flags are kube-proxy's
+//! `clusterEndpoints`/`localEndpoints` and `hasEndpoints` is its `hasEndpoints`; nothing here decides policy.
+//!
+//! Input contract: the entries rendered must have passed [`switchyard_api::validate::validate`] (the edge
+//! passes the indexes of the entries that failed as `skip`, and rejects the plan whole on plan-level
+//! problems). Validation guarantees every chain a rule jumps to is rendered; the render itself never
+//! panics whatever the input.
+//!
+//! No I/O, no clock, no async: [`HostFacts`] carries everything the edge discovered about the host.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use switchyard_api::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, ServicePlan, TrafficPolicy};
+
+use super::names;
+use super::payload::{Chain, EntryKey, Ruleset, ServiceChains, Table};
+
+/// What the apply edge discovered about the host; plain data so the render stays pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    /// `iptables` supports `MASQUERADE --random-fully`.
+    pub random_fully: bool,
+    /// sysctl `net.netfilter.nf_conntrack_tcp_be_liberal` is non-zero: no INVALID-drop rule is needed
+    /// (kube-proxy makes the same choice, kubernetes#117924).
+    pub tcp_be_liberal: bool,
+    /// Where NodePorts are served: `None` means every local address (`-m addrtype --dst-type LOCAL`),
+    /// `Some(ips)` one rule per address. See [`node_port_ips`] for how the edge resolves it.
+    pub node_port_ips: Option<Vec<IpAddr>>,
+}
+
+/// A rule that must exist in a built-in chain, jumping into one of ours. The edge checks each with
+/// `iptables -t <table> -C <chain> <args>` and prepends missing ones with `-I <chain> 1 <args>`, in list
+/// order, on full syncs only (as kube-proxy's `EnsureRule(Prepend)`), so the last rule listed for a chain
+/// ends up first in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JumpRule {
+    /// Which binary: `iptables` (IPv4) or `ip6tables` (IPv6).
+    pub family: IpFamily,
+    /// The table.
+    pub table: Table,
+    /// The built-in chain (`INPUT`, `FORWARD`, `OUTPUT`, `PREROUTING`, `POSTROUTING`).
+    pub chain: &'static str,
+    /// The rule as an argument vector (comments unquoted, ready for `Command::args`), ending in
+    /// `-j <our chain>`.
+    pub args: Vec<String>,
+}
+
+impl JumpRule {
+    /// The chain this rule jumps to.
+    pub fn target(&self) -> &str {
+        self.args.last().map_or("", String::as_str)
+    }
+}
+
+/// The jump rules from built-in chains into ours, in kube-proxy's order and with kube-proxy's matches.
+/// Our comments say "switchyard" where kube-proxy's say "kubernetes", so the two proxies' rules are told
+/// apart in a dump (during a migration both may be present). They are the same for both families.
+pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
+    use Table::{Filter, Nat};
+    const NEW: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
+    const EXTERNAL: &str = "switchyard externally-visible service portals";
+    const HEALTH: &str = "switchyard health check service ports";
+    const PORTALS: &str = "switchyard service portals";
+    const FORWARDING: &str = "switchyard forwarding rules";
+    const FIREWALL: &str = "switchyard load balancer firewall";
+    const POSTROUTING: &str = "switchyard postrouting rules";
+    let table: [(Table, &'static str, &'static str, &[&str], &str); 12] = [
+        (Filter, "INPUT", names::EXTERNAL_SERVICES, NEW, EXTERNAL),
+        (Filter, "FORWARD", names::EXTERNAL_SERVICES, NEW, EXTERNAL),
+        (Filter, "INPUT", names::NODEPORTS, &[], HEALTH),
+        (Filter, "FORWARD", names::SERVICES, NEW, PORTALS),
+        (Filter, "OUTPUT", names::SERVICES, NEW, PORTALS),
+        (Filter, "FORWARD", names::FORWARD, &[], FORWARDING),
+        (Filter, "INPUT", names::PROXY_FIREWALL, NEW, FIREWALL),
+        (Filter, "OUTPUT", names::PROXY_FIREWALL, NEW, FIREWALL),
+        (Filter, "FORWARD", names::PROXY_FIREWALL, NEW, FIREWALL),
+        (Nat, "OUTPUT", names::SERVICES, &[], PORTALS),
+        (Nat, "PREROUTING", names::SERVICES, &[], PORTALS),
+        (Nat, "POSTROUTING", names::POSTROUTING, &[], POSTROUTING),
+    ];
+    table
+        .into_iter()
+        .map(|(table, chain, target, extra, comment)| {
+            let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            args.extend(["-m", "comment", "--comment", comment, "-j", target].map(String::from));
+            JumpRule {
+                family,
+                table,
+                chain,
+                args,
+            }
+        })
+        .collect()
+}
+
+/// Resolves `spec.cluster.nodePortAddresses` for one family against the host's local addresses, as
+/// kube-proxy's `NodePortAddresses` does: empty → `None` (every local address); otherwise the family's
+/// CIDRs, with `primary` standing for the node's planned IPs of the family as /32 or /128. A family
+/// left with no CIDR, or with a /0, is served on every local address (`None`). Otherwise the result is
+/// the local addresses inside the CIDRs, sorted, loopback excluded: we do not serve NodePorts on
+/// localhost (that needs `route_localnet`, CVE-2020-8558), like kube-proxy's nftables mode.
+pub fn node_port_ips(
+    spec: &NodeForwardingPlanSpec,
+    family: IpFamily,
+    local_addrs: &[IpAddr],
+) -> Option<Vec<IpAddr>> {
+    if spec.cluster.node_port_addresses.is_empty() {
+        return None;
+    }
+    let mut nets: Vec<IpNet> = Vec::new();
+    for value in &spec.cluster.node_port_addresses {
+        if value == "primary" {
+            nets.extend(parse_ips_of(&spec.node_ips, family).map(IpNet::from));
+        } else if let Ok(net) = value.parse::<IpNet>()
+            && IpFamily::of(&net.addr()) == family
+        {
+            nets.push(net.trunc());
+        }
+    }
+    if nets.is_empty() || nets.iter().any(|net| net.prefix_len() == 0) {
+        return None;
+    }
+    let mut ips: Vec<IpAddr> = local_addrs
+        .iter()
+        .filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback())
+        .filter(|ip| nets.iter().any(|net| net.contains(*ip)))
+        .copied()
+        .collect();
+    ips.sort_unstable();
+    ips.dedup();
+    Some(ips)
+}
+
+/// Renders the entries of `family` from `spec`, skipping the entry indexes in `skip` (those
+/// [`switchyard_api::validate::Report::bad_entries`] returned). Entries keep their plan order.
+pub fn render(
+    spec: &NodeForwardingPlanSpec,
+    facts: &HostFacts,
+    family: IpFamily,
+    skip: &HashSet<usize>,
+) -> Ruleset {
+    let env = Env::new(spec, facts, family);
+    let mut top = TopLevel::default();
+    let services: Vec<ServiceChains> = spec
+        .services
+        .iter()
+        .enumerate()
+        .filter(|(index, entry)| entry.family == family && !skip.contains(index))
+        .map(|(_, entry)| render_entry(entry, &env, &mut top))
+        .collect();
+    top.finish(&env);
+    let TopLevel {
+        filter_services,
+        filter_external,
+        filter_nodeports,
+        filter_firewall,
+        filter_forward,
+        nat,
+    } = top;
+    let chain = |name: &str, rules: Vec<String>| Chain {
+        name: name.to_string(),
+        rules,
+    };
+    let filter = vec![
+        chain(names::SERVICES, filter_services),
+        chain(names::EXTERNAL_SERVICES, filter_external),
+        chain(names::FORWARD, filter_forward),
+        chain(names::NODEPORTS, filter_nodeports),
+        chain(names::PROXY_FIREWALL, filter_firewall),
+        Chain::new(names::CANARY),
+    ];
+    let nat = vec![
+        chain(names::SERVICES, nat.services),
+        chain(names::NODEPORTS, nat.nodeports),
+        chain(names::POSTROUTING, nat.postrouting),
+        chain(names::MARK_MASQ, nat.mark_masq),
+        Chain::new(names::CANARY),
+    ];
+    Ruleset {
+        family,
+        filter,
+        nat,
+        services,
+    }
+}
+
+// === Environment ===
+
+/// Per-family settings every entry needs, resolved once.
+struct Env<'a> {
+    facts: &'a HostFacts,
+    family: IpFamily,
+    /// `0x4000` for bit 14.
+    mark: String,
+    /// The local-traffic detector's CIDR for this family; `None` means no detector.
+    local_cidr: Option<String>,
+    masquerade_all: bool,
+    node_ips: Vec<IpAddr>,
+}
+
+impl<'a> Env<'a> {
+    fn new(spec: &NodeForwardingPlanSpec, facts: &'a HostFacts, family: IpFamily) -> Self {
+        // Validation rejects a bit above 31; fall back to kube-proxy's default rather than panic.
+        let mark = 1u32
+            .checked_shl(u32::from(spec.cluster.masquerade_bit))
+            .unwrap_or(1 << 14);
+        let local_cidr = spec
+            .cluster
+            .local_traffic_cidrs
+            .iter()
+            .filter_map(|cidr| cidr.parse::<IpNet>().ok())
+            .find(|net| IpFamily::of(&net.addr()) == family)
+            .map(|net| net.trunc().to_string());
+        Self {
+            facts,
+            family,
+            mark: format!("{mark:#x}"),
+            local_cidr,
+            masquerade_all: spec.cluster.masquerade_all,
+            node_ips: parse_ips_of(&spec.node_ips, family).collect(),
+        }
+    }
+}
+
+fn parse_ips_of(ips: &[String], family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
+    ips.iter()
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .filter(move |ip| IpFamily::of(ip) == family)
+}
+
+// === Top-level chains ===
+
+#[derive(Default)]
+struct NatTop {
+    services: Vec<String>,
+    nodeports: Vec<String>,
+    postrouting: Vec<String>,
+    mark_masq: Vec<String>,
+}
+
+/// Rules of the top-level chains, filled entry by entry, then finished with the fixed rules.
+#[derive(Default)]
+struct TopLevel {
+    filter_services: Vec<String>,
+    filter_external: Vec<String>,
+    filter_nodeports: Vec<String>,
+    filter_firewall: Vec<String>,
+    filter_forward: Vec<String>,
+    nat: NatTop,
+}
+
+impl TopLevel {
+    fn finish(&mut self, env: &Env<'_>) {
+        // The NodePort jump must be the last rule of SWYD-SERVICES: the service rules above it match
+        // exact destination IPs, and a NodePort on the same port number must not shadow them.
+        let last = comment("switchyard service nodeports; NOTE: this must be the last rule in this chain");
+        match &env.facts.node_port_ips {
+            None => {
+                // kube-proxy with localhost NodePorts disabled (we never enable them: route_localnet,
+                // CVE-2020-8558) excludes loopback explicitly; IPv6 never supports them.
+                let loopback = match env.family {
+                    IpFamily::IPv4 => "127.0.0.0/8",
+                    IpFamily::IPv6 => "::1/128",
+                };
+                self.nat.services.push(format!(
+                    "{last} -m addrtype --dst-type LOCAL ! -d {loopback} -j {}",
+                    names::NODEPORTS
+                ));
+            }
+            Some(ips) => {
+                for ip in ips
+                    .iter()
+                    .filter(|ip| IpFamily::of(ip) == env.family && !ip.is_loopback())
+                {
+                    self.nat
+                        .services
+                        .push(format!("{last} -d {ip} -j {}", names::NODEPORTS));
+                }
+            }
+        }
+
+        // Forwarded packets in state INVALID escape DNAT and are answered with RST (kubernetes#74839);
+        // dropping them is unnecessary when the conntrack is liberal.
+        if !env.facts.tcp_be_liberal {
+            self.filter_forward
+                .push("-m conntrack --ctstate INVALID -j DROP".into());
+        }
+        let mark = &env.mark;
+        // Accept what we marked, so NodePorts work when the FORWARD policy is DROP.
+        self.filter_forward.push(format!(
+            "{} -m mark --mark {mark}/{mark} -j ACCEPT",
+            comment("switchyard forwarding rules")
+        ));
+        self.filter_forward.push(format!(
+            "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            comment("switchyard forwarding conntrack rule")
+        ));
+
+        self.nat
+            .postrouting
+            .push(format!("-m mark ! --mark {mark}/{mark} -j RETURN"));
+        // Clear the mark so a packet that traverses the stack again is not masqueraded twice.
+        self.nat.postrouting.push(format!("-j MARK --xor-mark {mark}"));
+        let random_fully = if env.facts.random_fully {
+            " --random-fully"
+        } else {
+            ""
+        };
+        self.nat.postrouting.push(format!(
+            "{} -j MASQUERADE{random_fully}",
+            comment("switchyard service traffic requiring SNAT")
+        ));
+        self.nat.mark_masq.push(format!("-j MARK --or-mark {mark}"));
+    }
+}
+
+// === One entry ===
+
+/// kube-proxy's per-ServicePort block of `syncProxyRules`.
+fn render_entry(entry: &ServicePlan, env: &Env<'_>, top: &mut TopLevel) -> ServiceChains {
+    let name = entry.name.as_str();
+    let proto = entry.protocol.lower();
+    let port = entry.port;
+    let svc_chain = names::cluster_policy_chain(name, proto);
+    let svl_chain = names::local_policy_chain(name, proto);
+    let ext_chain = names::external_chain(name, proto);
+    let fw_chain = names::firewall_chain(name, proto);
+
+    let externally_accessible = entry.externally_accessible();
+    let internal_local = entry.internal_policy == TrafficPolicy::Local;
+    let external_local = entry.external_policy == TrafficPolicy::Local && externally_accessible;
+    let uses_cluster_endpoints = !internal_local || externally_accessible;
+    let uses_local_endpoints = internal_local || external_local;
+
+    // CategorizeEndpoints returns no cluster (local) endpoints when the policy does not use them.
+    let cluster_endpoints: Vec<&PlanEndpoint> = if uses_cluster_endpoints {
+        entry.cluster_endpoints().collect()
+    } else {
+        Vec::new()
+    };
+    let local_endpoints: Vec<&PlanEndpoint> = if uses_local_endpoints {
+        entry.local_endpoints().collect()
+    } else {
+        Vec::new()
+    };
+    let has_endpoints = entry.has_endpoints;
+
+    let uses_cluster_policy_chain = !cluster_endpoints.is_empty();
+    let uses_local_policy_chain = !local_endpoints.is_empty();
+
+    let (internal_chain, has_internal_endpoints) = if internal_local {
+        (&svl_chain, has_endpoints && !local_endpoints.is_empty())
+    } else {
+        (&svc_chain, has_endpoints)
+    };
+    let (external_policy_chain, has_external_endpoints) = if external_local {
+        (&svl_chain, has_endpoints && !local_endpoints.is_empty())
+    } else {
+        (&svc_chain, has_endpoints)
+    };
+    // Based on hasEndpoints, not hasExternalEndpoints: the short-circuit rules for pod and host traffic
+    // are needed even when no endpoint serves external traffic.
+    let uses_external_chain = has_endpoints && externally_accessible;
+    let uses_fw_chain =
+        has_endpoints && !entry.load_balancer_ips.is_empty() && !entry.source_ranges.is_empty();
+    let load_balancer_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
+
+    // What the filter table does with traffic the nat table could not send anywhere: REJECT when the
+    // service has no usable endpoint at all, DROP when only the policy's local set is empty.
+    let (verdict, verdict_comment) = if !has_endpoints {
+        ("REJECT", comment(&format!("{name} has no endpoints")))
+    } else {
+        ("DROP", comment(&format!("{name} has no local endpoints")))
+    };
+    let m_proto = format!("-m {proto} -p {proto}");
+
+    // --- Frontends, in the top-level chains (rewritten by every sync) ---
+
+    let cluster_ip_match = format!(
+        "{} {m_proto} -d {} --dport {port}",
+        comment(&format!("{name} cluster IP")),
+        entry.cluster_ip
+    );
+    if has_internal_endpoints {
+        top.nat
+            .services
+            .push(format!("{cluster_ip_match} -j {internal_chain}"));
+    } else {
+        top.filter_services.push(format!(
+            "{verdict_comment} {m_proto} -d {} --dport {port} -j {verdict}",
+            entry.cluster_ip
+        ));
+    }
+
+    let external_ip_comment = comment(&format!("{name} external IP"));
+    for ip in &entry.external_ips {
+        if has_endpoints {
+            top.nat.services.push(format!(
+                "{external_ip_comment} {m_proto} -d {ip} --dport {port} -j {ext_chain}"
+            ));
+        }
+        if !has_external_endpoints {
+            // REJECT (no endpoints at all) or DROP whatever the EXT chain did not short-circuit.
+            top.filter_external.push(format!(
+                "{verdict_comment} {m_proto} -d {ip} --dport {port} -j {verdict}"
+            ));
+        }
+    }
+
+    let lb_comment = comment(&format!("{name} loadbalancer IP"));
+    for ip in &entry.load_balancer_ips {
+        if has_endpoints {
+            top.nat.services.push(format!(
+                "{lb_comment} {m_proto} -d {ip} --dport {port} -j {load_balancer_chain}"
+            ));
+        }
+        if uses_fw_chain {
+            // Whatever the FW chain did not DNAT still has the LB IP as destination here.
+            let why = comment(&format!("{name} traffic not accepted by {fw_chain}"));
+            top.filter_firewall
+                .push(format!("{why} {m_proto} -d {ip} --dport {port} -j DROP"));
+        }
+    }
+    if !has_external_endpoints {
+        for ip in &entry.load_balancer_ips {
+            top.filter_external.push(format!(
+                "{verdict_comment} {m_proto} -d {ip} --dport {port} -j {verdict}"
+            ));
+        }
+    }
+
+    if let Some(node_port) = entry.node_port {
+        if has_endpoints {
+            // NodePorts are deliberately not subject to loadBalancerSourceRanges (kube-proxy cannot change
+            // that without breaking users, and we match it).
+            top.nat.nodeports.push(format!(
+                "{} {m_proto} --dport {node_port} -j {ext_chain}",
+                comment(name)
+            ));
+        }
+        if !has_external_endpoints {
+            top.filter_external.push(format!(
+                "{verdict_comment} -m addrtype --dst-type LOCAL {m_proto} --dport {node_port} -j {verdict}"
+            ));
+        }
+    }
+
+    if let Some(hc_port) = entry.health_check_node_port {
+        // Accepted whether or not there are local endpoints: the health-check server answers 503 then,
+        // which is what tells the load balancer to skip this node.
+        top.filter_nodeports.push(format!(
+            "{} -m tcp -p tcp --dport {hc_port} -j ACCEPT",
+            comment(&format!("{name} health check node port"))
+        ));
+    }
+
+    // --- The entry's own chains (rewritten only when the entry changed) ---
+
+    let mut svc_rules: Vec<String> = Vec::new();
+    let mut svl_rules: Vec<String> = Vec::new();
+
+    if has_internal_endpoints {
+        let masq = if env.masquerade_all {
+            Some(format!("{cluster_ip_match} -j {}", names::MARK_MASQ))
+        } else {
+            // Masquerade off-cluster traffic to the ClusterIP: it may have been routed here by a static
+            // route for the service range and could otherwise bounce off-node asymmetrically.
+            env.local_cidr
+                .as_ref()
+                .map(|cidr| format!("{cluster_ip_match} ! -s {cidr} -j {}", names::MARK_MASQ))
+        };
+        if let Some(rule) = masq {
+            // kube-proxy writes this into whichever chain internal traffic uses, SVL for iTP=Local.
+            if internal_local {
+                svl_rules.push(rule)
+            } else {
+                svc_rules.push(rule)
+            }
+        }
+    }
+
+    let mut chains: Vec<Chain> = Vec::new();
+
+    if uses_external_chain {
+        let mut ext = Chain::new(ext_chain.clone());
+        if !external_local {
+            // Endpoints may be on other nodes: masquerade so replies come back through this node.
+            ext.rules.push(format!(
+                "{} -j {}",
+                comment(&format!("masquerade traffic for {name} external destinations")),
+                names::MARK_MASQ
+            ));
+        } else {
+            if let Some(cidr) = &env.local_cidr {
+                // Pod → external destination behaves as if it went out to the load balancer and came
+                // back: neither traffic policy applies.
+                ext.rules.push(format!(
+                    "{} -s {cidr} -j {svc_chain}",
+                    comment(&format!("pod traffic for {name} external destinations"))
+                ));
+            }
+            // The host itself: the LB IP may be local, so it would be the source; masquerade and use
+            // every endpoint.
+            ext.rules.push(format!(
+                "{} -m addrtype --src-type LOCAL -j {}",
+                comment(&format!(
+                    "masquerade LOCAL traffic for {name} external destinations"
+                )),
+                names::MARK_MASQ
+            ));
+            ext.rules.push(format!(
+                "{} -m addrtype --src-type LOCAL -j {svc_chain}",
+                comment(&format!("route LOCAL traffic for {name} external destinations"))
+            ));
+        }
+        if has_external_endpoints {
+            ext.rules.push(format!("-j {external_policy_chain}"));
+        }
+        chains.push(ext);
+    }
+
+    if uses_fw_chain {
+        let mut fw = Chain::new(fw_chain.clone());
+        let mut allow_from_node = false;
+        for range in &entry.source_ranges {
+            let Ok(net) = range.parse::<IpNet>() else { continue };
+            fw.rules
+                .push(format!("{lb_comment} -s {} -j {ext_chain}", net.trunc()));
+            allow_from_node |= env.node_ips.iter().any(|ip| net.contains(ip));
+        }
+        if allow_from_node {
+            // A VIP-style LB IP is often local to the node, so node → VIP traffic loops back with the
+            // VIP as its source.
+            for ip in &entry.load_balancer_ips {
+                fw.rules.push(format!("{lb_comment} -s {ip} -j {ext_chain}"));
+            }
+        }
+        // A no-op marker: what falls off this chain is dropped by the SWYD-PROXY-FIREWALL rule above.
+        fw.rules.push(comment(&format!(
+            "other traffic to {name} will be dropped by {}",
+            names::PROXY_FIREWALL
+        )));
+        chains.push(fw);
+    }
+
+    let affinity = entry.affinity_timeout_seconds;
+    if uses_cluster_policy_chain {
+        write_service_to_endpoint_rules(&mut svc_rules, name, proto, &cluster_endpoints, affinity);
+        chains.push(Chain {
+            name: svc_chain.clone(),
+            rules: svc_rules,
+        });
+    }
+    if uses_local_policy_chain {
+        write_service_to_endpoint_rules(&mut svl_rules, name, proto, &local_endpoints, affinity);
+        chains.push(Chain {
+            name: svl_chain.clone(),
+            rules: svl_rules,
+        });
+    }
+
+    // One SEP chain per endpoint reachable through either policy chain.
+    let reachable = entry
+        .endpoints
+        .iter()
+        .filter(|ep| (ep.cluster && uses_cluster_endpoints) || (ep.local && uses_local_endpoints));
+    let mut seen = HashSet::new();
+    for ep in reachable {
+        let endpoint = names::join_host_port(&ep.ip, ep.port);
+        if !seen.insert(endpoint.clone()) {
+            continue;
+        }
+        let sep = names::endpoint_chain(name, proto, &endpoint);
+        let svc_comment = comment(name);
+        // Hairpin: a pod reaching itself through the service must be SNATed, or the reply would
+        // bypass conntrack's reverse DNAT.
+        let hairpin = format!("{svc_comment} -s {} -j {}", ep.ip, names::MARK_MASQ);
+        let recent = if affinity.is_some() {
+            format!(" -m recent --name {sep} --set")
+        } else {
+            String::new()
+        };
+        let dnat = format!("{svc_comment}{recent} {m_proto} -j DNAT --to-destination {endpoint}");
+        chains.push(Chain {
+            name: sep,
+            rules: vec![hairpin, dnat],
+        });
+    }
+
+    ServiceChains {
+        key: EntryKey::of(entry),
+        chains,
+    }
+}
+
+/// kube-proxy's `writeServiceToEndpointRules`: affinity checks first, then a uniform random pick where
+/// rule i of n matches with probability 1/(n-i) and the last rule always matches.
+fn write_service_to_endpoint_rules(
+    rules: &mut Vec<String>,
+    name: &str,
+    proto: &str,
+    endpoints: &[&PlanEndpoint],
+    affinity_seconds: Option<u32>,
+) {
+    let chains: Vec<(String, String)> = endpoints
+        .iter()
+        .map(|ep| {
+            let endpoint = names::join_host_port(&ep.ip, ep.port);
+            let sep = names::endpoint_chain(name, proto, &endpoint);
+            (comment(&format!("{name} -> {endpoint}")), sep)
+        })
+        .collect();
+    if let Some(seconds) = affinity_seconds {
+        for (ep_comment, sep) in &chains {
+            rules.push(format!(
+                "{ep_comment} -m recent --name {sep} --rcheck --seconds {seconds} --reap -j {sep}"
+            ));
+        }
+    }
+    let n = chains.len();
+    for (i, (ep_comment, sep)) in chains.iter().enumerate() {
+        if i + 1 < n {
+            rules.push(format!(
+                "{ep_comment} -m statistic --mode random --probability {} -j {sep}",
+                probability(n - i)
+            ));
+        } else {
+            rules.push(format!("{ep_comment} -j {sep}"));
+        }
+    }
+}
+
+/// kube-proxy's `computeProbability`: `1/n` formatted as Go's `%0.10f`.
+pub fn probability(n: usize) -> String {
+    format!("{:.10}", 1.0 / n as f64)
+}
+
+/// xt_comment keeps at most 255 bytes (XT_MAX_COMMENT_LEN 256 with the NUL).
+const MAX_COMMENT_BYTES: usize = 255;
+
+/// `-m comment --comment <text>`, quoted like kube-proxy when the text has spaces. The text is made
+/// safe for the restore format first: quotes, backslashes and control characters (a newline would end
+/// the rule and start another) become `_`, and it is cut to what xt_comment accepts, so no plan content
+/// can break or inject into the payload.
+fn comment(text: &str) -> String {
+    let mut clean: String = text
+        .chars()
+        .map(|c| {
+            if c == '"' || c == '\\' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    if clean.len() > MAX_COMMENT_BYTES {
+        let mut end = MAX_COMMENT_BYTES;
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        clean.truncate(end);
+    }
+    if clean.is_empty() || clean.contains(' ') {
+        format!("-m comment --comment \"{clean}\"")
+    } else {
+        format!("-m comment --comment {clean}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    #[test]
+    fn probabilities_are_formatted_like_go() {
+        assert_eq!(probability(2), "0.5000000000");
+        assert_eq!(probability(3), "0.3333333333");
+        assert_eq!(probability(4), "0.2500000000");
+        assert_eq!(probability(6), "0.1666666667");
+        assert_eq!(probability(7), "0.1428571429");
+    }
+
+    #[test]
+    fn comments_are_quoted_only_with_spaces_and_never_break_the_payload() {
+        assert_eq!(comment("ns1/svc1:p80"), "-m comment --comment ns1/svc1:p80");
+        assert_eq!(
+            comment("ns1/svc1:p80 cluster IP"),
+            "-m comment --comment \"ns1/svc1:p80 cluster IP\""
+        );
+        assert_eq!(comment("a\"b\nc\\d"), "-m comment --comment a_b_c_d");
+        let long = comment(&"x".repeat(400));
+        assert_eq!(long.len(), "-m comment --comment ".len() + MAX_COMMENT_BYTES);
+        let long_utf8 = comment(&"é".repeat(200));
+        assert!(long_utf8.len() <= "-m comment --comment ".len() + MAX_COMMENT_BYTES);
+    }
+
+    #[test]
+    fn masquerade_mark_follows_the_bit() {
+        let mut spec = plan("node-a", vec![]);
+        spec.cluster.masquerade_bit = 3;
+        let ruleset = render(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
+        let mark_masq = &ruleset.nat_chains()[3];
+        assert_eq!(mark_masq.name, names::MARK_MASQ);
+        assert_eq!(mark_masq.rules, vec!["-j MARK --or-mark 0x8".to_string()]);
+        spec.cluster.masquerade_bit = 40;
+        let ruleset = render(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
+        assert_eq!(
+            ruleset.nat_chains()[3].rules,
+            vec!["-j MARK --or-mark 0x4000".to_string()]
+        );
+    }
+
+    #[test]
+    fn skipped_and_other_family_entries_are_not_rendered() {
+        let spec = plan(
+            "node-a",
+            vec![
+                entry("ns1/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80)),
+                entry("ns1/b:p", "10.96.0.2", 80).with(ep("10.244.2.2", 80)),
+                entry("ns1/c:p", "fd00:10:96::3", 80).with(ep("fd00:10:244:2::3", 80)),
+            ],
+        );
+        let ruleset = render(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::from([1]));
+        let keys: Vec<&str> = ruleset.services().iter().map(|s| s.key.name.as_str()).collect();
+        assert_eq!(keys, ["ns1/a:p"]);
+        let v6 = render(&spec, &HostFacts::default(), IpFamily::IPv6, &HashSet::new());
+        let keys: Vec<&str> = v6.services().iter().map(|s| s.key.name.as_str()).collect();
+        assert_eq!(keys, ["ns1/c:p"]);
+        assert!(
+            v6.full_payload()
+                .contains("--to-destination [fd00:10:244:2::3]:80")
+        );
+        assert!(v6.full_payload().contains("! -d ::1/128"));
+    }
+
+    #[test]
+    fn node_port_addresses_resolve_like_kube_proxy() {
+        use switchyard_api::IpFamily::{IPv4, IPv6};
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let local = [
+            ip("127.0.0.1"),
+            ip("192.168.10.11"),
+            ip("10.0.0.5"),
+            ip("203.0.113.9"),
+            ip("fd00::11"),
+            ip("::1"),
+        ];
+        let mut spec = plan("node-a", vec![]);
+        spec.node_ips = vec!["192.168.10.11".into(), "fd00::11".into()];
+        type Case = (Vec<&'static str>, IpFamily, Option<Vec<IpAddr>>);
+        let cases: Vec<Case> = vec![
+            (vec![], IPv4, None),
+            (vec!["primary"], IPv4, Some(vec![ip("192.168.10.11")])),
+            (vec!["primary"], IPv6, Some(vec![ip("fd00::11")])),
+            (
+                vec!["10.0.0.0/8", "203.0.113.0/24"],
+                IPv4,
+                Some(vec![ip("10.0.0.5"), ip("203.0.113.9")]),
+            ),
+            // No CIDR of the family: every address, as kube-proxy's per-family default of ::/0.
+            (vec!["10.0.0.0/8"], IPv6, None),
+            (vec!["0.0.0.0/0"], IPv4, None),
+            // Loopback is never served.
+            (vec!["127.0.0.0/8"], IPv4, Some(vec![])),
+            (
+                vec!["primary", "10.0.0.0/8"],
+                IPv4,
+                Some(vec![ip("10.0.0.5"), ip("192.168.10.11")]),
+            ),
+            // A CIDR matching no local address serves NodePorts nowhere.
+            (vec!["172.16.0.0/12"], IPv4, Some(vec![])),
+        ];
+        for (addresses, family, want) in cases {
+            spec.cluster.node_port_addresses = addresses.iter().map(|s| s.to_string()).collect();
+            assert_eq!(
+                node_port_ips(&spec, family, &local),
+                want,
+                "{addresses:?} {family:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn jump_rules_match_kube_proxy_shape() {
+        let rules = jump_rules(IpFamily::IPv4);
+        assert_eq!(rules.len(), 12);
+        let first = &rules[0];
+        assert_eq!(
+            (first.table, first.chain, first.target()),
+            (Table::Filter, "INPUT", names::EXTERNAL_SERVICES)
+        );
+        assert_eq!(
+            first.args.join(" "),
+            "-m conntrack --ctstate NEW -m comment --comment switchyard externally-visible service portals \
+             -j SWYD-EXTERNAL-SERVICES"
+        );
+        assert!(rules.iter().all(|r| r.target().starts_with(names::PREFIX)));
+    }
+}
