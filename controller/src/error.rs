@@ -34,6 +34,48 @@ pub enum Error {
     /// The API crate failed (hashing, CRD generation).
     #[error(transparent)]
     Api(#[from] switchyard_api::Error),
+    /// Server-side apply of a plan object failed.
+    #[error("applying plan {name}: {source}")]
+    ApplyPlan {
+        /// The plan object.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting a plan object failed.
+    #[error("deleting plan {name}: {source}")]
+    DeletePlan {
+        /// The plan object.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading a Node failed.
+    #[error("reading node {name}: {source}")]
+    GetNode {
+        /// The node.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// This replica lost the leader lease while writing.
+    #[error("not the leader")]
+    NotLeader,
+    /// No Kubernetes client could be built (kubeconfig or in-cluster config).
+    #[error("connecting to the API server: {0}")]
+    Connect(String),
+    /// The metrics and health server failed.
+    #[error("serving {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -45,6 +87,12 @@ impl Error {
             Self::InvalidConfig { .. } => "invalid_config",
             Self::Serialize(_) => "serialize",
             Self::Api(_) => "api",
+            Self::ApplyPlan { .. } => "apply_plan",
+            Self::DeletePlan { .. } => "delete_plan",
+            Self::GetNode { .. } => "get_node",
+            Self::NotLeader => "not_leader",
+            Self::Connect(_) => "connect",
+            Self::Serve { .. } => "serve",
         }
     }
 }

@@ -11,9 +11,12 @@
 pub mod config;
 pub mod error;
 pub mod input;
+pub mod live;
 pub mod output;
 pub mod planner;
 pub mod synthetic;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use config::Config;
 pub use error::Error;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde_json::Value;
 use switchyard_api::{
-    NodeForwardingPlan,
+    NodeForwardingPlan, NodeForwardingPlanSpec,
     crd::printer_columns,
     names::{LABEL_MANAGED_BY, LABEL_NODE, LABEL_SHARD, MANAGED_BY, plan_object_name, shard_label},
 };
@@ -40,35 +40,53 @@ pub fn objects(plan: &NodePlan) -> Vec<NodeForwardingPlan> {
         .iter()
         .enumerate()
         .map(|(index, spec)| {
-            let index = index as u32;
-            let mut labels = BTreeMap::from([
-                (LABEL_NODE.to_string(), plan.node.clone()),
-                (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
-            ]);
-            if count > 1 {
-                labels.insert(LABEL_SHARD.to_string(), shard_label(index, count));
-            }
-            let owner_references = plan.node_uid.as_ref().map(|uid| {
-                vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Node".into(),
-                    name: plan.node.clone(),
-                    uid: uid.clone(),
-                    ..OwnerReference::default()
-                }]
-            });
-            NodeForwardingPlan {
-                metadata: ObjectMeta {
-                    name: Some(plan_object_name(&plan.node, index)),
-                    labels: Some(labels),
-                    owner_references,
-                    ..ObjectMeta::default()
-                },
-                spec: spec.clone(),
-                status: None,
-            }
+            object(
+                &plan.node,
+                plan.node_uid.as_deref(),
+                index as u32,
+                count,
+                spec.clone(),
+            )
         })
         .collect()
+}
+
+/// Shard `index` of `count` of a node's plan as an object: name, labels and the ownerReference to its Node
+/// (`controller: true`, so the API server's garbage collector removes plans with their Node).
+pub fn object(
+    node: &str,
+    node_uid: Option<&str>,
+    index: u32,
+    count: u32,
+    spec: NodeForwardingPlanSpec,
+) -> NodeForwardingPlan {
+    let mut labels = BTreeMap::from([
+        (LABEL_NODE.to_string(), node.to_string()),
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+    ]);
+    if count > 1 {
+        labels.insert(LABEL_SHARD.to_string(), shard_label(index, count));
+    }
+    let owner_references = node_uid.map(|uid| {
+        vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: node.to_string(),
+            uid: uid.to_string(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]
+    });
+    NodeForwardingPlan {
+        metadata: ObjectMeta {
+            name: Some(plan_object_name(node, index)),
+            labels: Some(labels),
+            owner_references,
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    }
 }
 
 /// Renders plans in the chosen format.

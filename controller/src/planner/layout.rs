@@ -245,27 +245,57 @@ impl Layout {
         self.count
     }
 
-    /// Builds the objects' specs.
-    pub fn materialize(&self, node: &NodeInfo, config: &Config, slots: &[Slot]) -> NodePlan {
+    /// Revisions of the objects, primary first.
+    pub fn revisions(&self) -> &[String] {
+        &self.revisions
+    }
+
+    /// Builds only the wanted shards' specs, as (index, spec).
+    pub fn materialize_shards(
+        &self,
+        node: &NodeInfo,
+        config: &Config,
+        slots: &[Slot],
+        wanted: &std::collections::BTreeSet<u32>,
+    ) -> Vec<(u32, NodeForwardingPlanSpec)> {
         let header = header(node, config);
-        let mut objects: Vec<NodeForwardingPlanSpec> = (0..self.count)
-            .map(|index| {
-                let (members, summary) = if index == 0 {
-                    (self.revisions[1..].to_vec(), self.totals())
-                } else {
-                    (Vec::new(), self.shard_summary(index))
-                };
-                let mut spec = shard_header(&header, index, self.count, members, summary);
-                spec.revision = self.revisions[index as usize].clone();
-                spec
-            })
+        let mut objects: Vec<(u32, NodeForwardingPlanSpec)> = wanted
+            .iter()
+            .filter(|&&index| index < self.count)
+            .map(|&index| (index, self.shard_spec(&header, index)))
             .collect();
+        let mut position = vec![None; self.count as usize];
+        for (at, (index, _)) in objects.iter().enumerate() {
+            position[*index as usize] = Some(at);
+        }
         for slot in slots {
-            if let Some(planned) = slot.for_node(node) {
-                let shard = (slot.shard_hash % u64::from(self.count)) as usize;
-                objects[shard].services.push(planned.entry.clone());
+            let shard = (slot.shard_hash % u64::from(self.count)) as usize;
+            if let (Some(at), Some(planned)) = (position[shard], slot.for_node(node)) {
+                objects[at].1.services.push(planned.entry.clone());
             }
         }
+        objects
+    }
+
+    fn shard_spec(&self, header: &NodeForwardingPlanSpec, index: u32) -> NodeForwardingPlanSpec {
+        let (members, summary) = if index == 0 {
+            (self.revisions[1..].to_vec(), self.totals())
+        } else {
+            (Vec::new(), self.shard_summary(index))
+        };
+        let mut spec = shard_header(header, index, self.count, members, summary);
+        spec.revision = self.revisions[index as usize].clone();
+        spec
+    }
+
+    /// Builds the objects' specs.
+    pub fn materialize(&self, node: &NodeInfo, config: &Config, slots: &[Slot]) -> NodePlan {
+        let all = (0..self.count).collect();
+        let objects = self
+            .materialize_shards(node, config, slots, &all)
+            .into_iter()
+            .map(|(_, spec)| spec)
+            .collect();
         NodePlan {
             node: node.name.clone(),
             node_uid: node.uid.clone(),

@@ -19,7 +19,7 @@
 
 mod diagnostics;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 mod layout;
 mod nodes;
 mod services;
@@ -41,6 +41,7 @@ use k8s_openapi::api::{
 };
 pub use layout::NodePlan;
 pub use nodes::NodeInfo;
+pub(crate) use nodes::node_info;
 pub use slices::EndpointInfo;
 use switchyard_api::{
     PlanEndpoint, ServicePlan,
@@ -239,6 +240,27 @@ impl Planner {
     /// How many objects the node's plan is split into.
     pub fn shard_count(&self, node: &str) -> Option<u32> {
         self.layouts.get(node).map(Layout::count)
+    }
+
+    /// Revisions of the node's plan objects, primary first.
+    pub fn shard_revisions(&self, node: &str) -> Option<&[String]> {
+        self.layouts.get(node).map(Layout::revisions)
+    }
+
+    /// Only the given shards of one node's plan, as (index, spec).
+    pub fn node_shards(
+        &self,
+        node: &str,
+        wanted: &BTreeSet<u32>,
+    ) -> Option<Vec<(u32, switchyard_api::NodeForwardingPlanSpec)>> {
+        let info = self.nodes.get(node)?;
+        let layout = self.layouts.get(node)?;
+        Some(layout.materialize_shards(info, &self.config, &self.slots, wanted))
+    }
+
+    /// The planner's view of a node (name, zone, IPs, pod CIDRs, backend, UID).
+    pub fn node_info(&self, node: &str) -> Option<&NodeInfo> {
+        self.nodes.get(node)
     }
 
     /// The plan objects of one node (one, or several shards), fully materialised.

@@ -1,0 +1,276 @@
+//! The controller's Prometheus metrics and its HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
+//!
+//! ```text
+//! engine / writer ─► Metrics (counters, gauges, histograms) ─► GET /metrics (OpenMetrics text)
+//! run loop heartbeat ─► /healthz        first planning after initial sync ─► /readyz
+//! ```
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+/// Label of per-kind counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `Service`, `EndpointSlice` or `Node`.
+    pub kind: String,
+}
+
+/// Label of the planning histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// `full` or `incremental`.
+    pub mode: String,
+}
+
+/// Every metric the controller exports (prefix `switchyard_controller_`).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Plan objects written.
+    pub plans_written: Counter,
+    /// Plan objects found already up to date when a node was reconciled.
+    pub plans_unchanged: Counter,
+    /// Plan writes that failed.
+    pub write_failures: Counter,
+    /// Bytes of plan objects written.
+    pub bytes_written: Counter,
+    /// Plan objects deleted (orphans, shards no longer needed).
+    pub plans_deleted: Counter,
+    /// Plans restored after someone else edited or deleted them.
+    pub plans_restored: Counter,
+    /// Writes that waited for the write budget.
+    pub throttled_writes: Counter,
+    /// Input objects the planner skipped as invalid.
+    pub skipped_objects: Family<KindLabel, Counter>,
+    /// Planning run durations.
+    pub planning_duration: Family<ModeLabel, Histogram>,
+    /// EndpointSlice change trigger time → plan written.
+    pub network_programming: Histogram,
+    /// Nodes waiting for a write.
+    pub queue_depth: Gauge,
+    /// 1 while this replica holds the lease.
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("switchyard_controller");
+        let m = Self {
+            registry: Registry::default(),
+            plans_written: Counter::default(),
+            plans_unchanged: Counter::default(),
+            write_failures: Counter::default(),
+            bytes_written: Counter::default(),
+            plans_deleted: Counter::default(),
+            plans_restored: Counter::default(),
+            throttled_writes: Counter::default(),
+            skipped_objects: Family::default(),
+            planning_duration: Family::new_with_constructor(|| {
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.0005, 2.0, 16,
+                ))
+            }),
+            network_programming: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.01, 2.0, 14,
+            )),
+            queue_depth: Gauge::default(),
+            leader: Gauge::default(),
+        };
+        registry.register(
+            "plans_written",
+            "Plan objects written (server-side apply)",
+            m.plans_written.clone(),
+        );
+        registry.register(
+            "plans_unchanged",
+            "Plan objects already up to date, not written",
+            m.plans_unchanged.clone(),
+        );
+        registry.register(
+            "plan_write_failures",
+            "Plan writes that failed",
+            m.write_failures.clone(),
+        );
+        registry.register(
+            "plan_bytes_written",
+            "Bytes of plan objects written",
+            m.bytes_written.clone(),
+        );
+        registry.register("plans_deleted", "Plan objects deleted", m.plans_deleted.clone());
+        registry.register(
+            "plans_restored",
+            "Plans restored after an outside edit or delete",
+            m.plans_restored.clone(),
+        );
+        registry.register(
+            "throttled_writes",
+            "Plan writes that waited for the write budget",
+            m.throttled_writes.clone(),
+        );
+        registry.register(
+            "skipped_objects",
+            "Input objects the planner skipped as invalid",
+            m.skipped_objects.clone(),
+        );
+        registry.register(
+            "planning_duration_seconds",
+            "Duration of planning runs",
+            m.planning_duration.clone(),
+        );
+        registry.register(
+            "network_programming_duration_seconds",
+            "From the EndpointSlice last-change-trigger-time to the plan write",
+            m.network_programming.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Nodes waiting for a plan write",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            m.leader.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The OpenMetrics text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Liveness and readiness, shared with the HTTP server.
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+    heartbeat: AtomicU64,
+}
+
+/// The run loop must beat at least this often to count as alive.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Health {
+    /// The run loop is alive.
+    pub fn beat(&self) {
+        self.heartbeat.store(unix_now(), Ordering::Relaxed);
+    }
+
+    /// The initial sync and first planning are done.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// The initial sync and first planning are done.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    fn alive(&self) -> bool {
+        unix_now().saturating_sub(self.heartbeat.load(Ordering::Relaxed)) < HEARTBEAT_TIMEOUT.as_secs()
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// The HTTP router.
+pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/metrics", get(serve_metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(AppState { metrics, health })
+}
+
+async fn serve_metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.health.alive() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "run loop stalled\n")
+    }
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.health.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "initial sync not done\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_prefix() {
+        let metrics = Metrics::default();
+        metrics.plans_written.inc();
+        metrics
+            .skipped_objects
+            .get_or_create(&KindLabel {
+                kind: "Service".into(),
+            })
+            .inc();
+        let text = metrics.render();
+        assert!(
+            text.contains("switchyard_controller_plans_written_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_controller_skipped_objects_total{kind=\"Service\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("switchyard_controller_network_programming_duration_seconds"));
+    }
+
+    #[test]
+    fn health_follows_heartbeat_and_readiness() {
+        let health = Health::default();
+        assert!(!health.alive());
+        health.beat();
+        assert!(health.alive());
+        assert!(!health.ready.load(Ordering::Relaxed));
+        health.set_ready();
+        assert!(health.ready.load(Ordering::Relaxed));
+    }
+}

@@ -1,0 +1,309 @@
+//! The run loop: watches in, plans out, only while leading.
+//!
+//! ```text
+//! watch channel ─► engine.observe ──► every minPlanInterval while dirty: engine.plan ─► writer notified
+//! writer task (leader only): engine.next_pending ─► reconcile ─► Action (requeue after backoff on error)
+//! orphan sweep (leader only, periodic) ─► GET node 404 ─► delete its plans
+//! shutdown ─► stop writing, release the lease
+//! ```
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{Api, Client, api::ListParams};
+use tokio::sync::{Notify, mpsc, watch};
+
+use super::{
+    budget::WriteBudget,
+    engine::{Engine, SuspectEmpty},
+    leader::{self, Timing},
+    metrics::{Health, KindLabel, Metrics, ModeLabel, router},
+    reconcile::{Action, Context, error_policy, reconcile, sweep_orphans},
+    watch as watches,
+};
+use crate::{Config, Error};
+
+/// How the live controller runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The validated configuration.
+    pub config: Config,
+    /// Elect a leader through a Lease (two replicas); otherwise this process always writes.
+    pub leader_elect: bool,
+    /// Namespace of the Lease.
+    pub lease_namespace: String,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// This replica's identity in the Lease.
+    pub identity: String,
+    /// Lease timing.
+    pub timing: Timing,
+    /// Where to serve /metrics, /healthz and /readyz.
+    pub metrics_bind: Option<SocketAddr>,
+    /// How often plans of deleted nodes are looked for.
+    pub orphan_sweep_period: Duration,
+}
+
+impl Options {
+    /// Defaults for a configuration.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            leader_elect: false,
+            lease_namespace: "switchyard-system".into(),
+            lease_name: "switchyard-controller".into(),
+            identity: default_identity(),
+            timing: Timing::default(),
+            metrics_bind: None,
+            orphan_sweep_period: Duration::from_secs(60),
+        }
+    }
+}
+
+fn default_identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| format!("switchyard-controller-{}", std::process::id()))
+}
+
+/// Handles a running controller exposes (for tests and embedding).
+pub struct Running {
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Health.
+    pub health: Arc<Health>,
+    /// Leadership.
+    pub leader: watch::Receiver<bool>,
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    options: Options,
+    shutdown: impl std::future::Future<Output = ()>,
+    started: Option<tokio::sync::oneshot::Sender<Running>>,
+) -> Result<(), Error> {
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+    health.beat();
+    if let Some(addr) = options.metrics_bind {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Serve {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let app = router(Arc::clone(&metrics), Arc::clone(&health));
+        tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::error!(%error, "metrics server stopped");
+            }
+        });
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    }
+
+    let engine = Arc::new(Mutex::new(Engine::new(options.config.clone())));
+    let (tx, mut rx) = mpsc::channel(4096);
+    watches::start(&client, tx);
+
+    let (leader_tx, leader_rx) = watch::channel(!options.leader_elect);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let election = options.leader_elect.then(|| {
+        let api: Api<Lease> = Api::namespaced(client.clone(), &options.lease_namespace);
+        tokio::spawn(leader::run(
+            api,
+            options.lease_name.clone(),
+            options.identity.clone(),
+            options.timing,
+            leader_tx,
+            stop_rx.clone(),
+        ))
+    });
+    if let Some(started) = started {
+        let _ = started.send(Running {
+            metrics: Arc::clone(&metrics),
+            health: Arc::clone(&health),
+            leader: leader_rx.clone(),
+        });
+    }
+
+    let config = &options.config;
+    let ctx = Arc::new(Context::new(
+        Arc::clone(&engine),
+        client.clone(),
+        WriteBudget::new(config.write_qps, config.write_burst),
+        Arc::clone(&metrics),
+        leader_rx.clone(),
+    ));
+    let wake = Arc::new(Notify::new());
+    let writer = tokio::spawn(write_loop(Arc::clone(&ctx), Arc::clone(&wake), stop_rx.clone()));
+
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweep = tokio::time::interval(options.orphan_sweep_period);
+    let mut last_plan: Option<tokio::time::Instant> = None;
+    let mut leader_seen = *leader_rx.borrow();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            Some(input) = rx.recv() => {
+                if let Ok(mut engine) = engine.lock() {
+                    engine.observe(input);
+                    for name in engine.take_restored() {
+                        tracing::info!(plan = %name, "plan changed or deleted by someone else; restoring it");
+                        metrics.plans_restored.inc();
+                    }
+                    metrics.queue_depth.set(engine.queue_depth() as i64);
+                }
+                wake.notify_one();
+            }
+            _ = tick.tick() => {
+                health.beat();
+                confirm_suspect_relists(&client, &engine).await;
+                let due = last_plan.is_none_or(|t| t.elapsed() >= config.min_plan_interval);
+                let ready = engine.lock().is_ok_and(|e| e.synced() && e.dirty());
+                if due && ready {
+                    plan_once(&engine, &metrics);
+                    last_plan = Some(tokio::time::Instant::now());
+                    health.set_ready();
+                    wake.notify_one();
+                }
+                let leading = *leader_rx.borrow();
+                metrics.leader.set(i64::from(leading));
+                if leading && !leader_seen {
+                    tracing::info!("leading: writing plans");
+                    wake.notify_one();
+                }
+                leader_seen = leading;
+            }
+            _ = sweep.tick() => {
+                if *leader_rx.borrow()
+                    && let Err(error) = sweep_orphans(&ctx).await {
+                        tracing::warn!(%error, "orphan sweep failed; will retry");
+                    }
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    wake.notify_one();
+    let _ = writer.await;
+    if let Some(election) = election {
+        let _ = election.await;
+    }
+    Ok(())
+}
+
+fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics) {
+    let Ok(mut engine) = engine.lock() else { return };
+    let start = std::time::Instant::now();
+    match engine.plan() {
+        Ok(outcome) => {
+            let mode = if outcome.full { "full" } else { "incremental" };
+            metrics
+                .planning_duration
+                .get_or_create(&ModeLabel { mode: mode.into() })
+                .observe(start.elapsed().as_secs_f64());
+            for warning in &outcome.diagnostics.warnings {
+                tracing::warn!(kind = warning.kind, object = %warning.object, reason = %warning.reason, "skipped invalid input");
+                metrics
+                    .skipped_objects
+                    .get_or_create(&KindLabel {
+                        kind: warning.kind.to_string(),
+                    })
+                    .inc();
+            }
+            tracing::info!(mode, services = outcome.services, changed = outcome.changed.len(), elapsed = ?start.elapsed(), "planned");
+            metrics.queue_depth.set(engine.queue_depth() as i64);
+        }
+        Err(error) => tracing::error!(%error, "planning failed"),
+    }
+}
+
+/// A relist that suddenly returned nothing is confirmed with an independent list before it may empty
+/// any plan.
+async fn confirm_suspect_relists(client: &Client, engine: &Arc<Mutex<Engine>>) {
+    let suspects = engine.lock().map(|e| e.suspects()).unwrap_or_default();
+    for suspect in suspects {
+        let params = ListParams::default().limit(1);
+        let empty = match suspect {
+            SuspectEmpty::Services => Api::<Service>::all(client.clone())
+                .list(&params)
+                .await
+                .map(|l| l.items.is_empty()),
+            SuspectEmpty::Slices => Api::<EndpointSlice>::all(client.clone())
+                .list(&params)
+                .await
+                .map(|l| l.items.is_empty()),
+        };
+        match empty {
+            Ok(true) => {
+                tracing::warn!(
+                    ?suspect,
+                    "an empty relist was confirmed; plans will be emptied accordingly"
+                );
+                if let Ok(mut engine) = engine.lock() {
+                    engine.confirm_empty(suspect);
+                }
+            }
+            Ok(false) => {
+                tracing::warn!(
+                    ?suspect,
+                    "a relist returned nothing but a fresh list does not; keeping the last known objects"
+                );
+                if let Ok(mut engine) = engine.lock() {
+                    engine.dismiss_suspect(suspect);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(?suspect, %error, "confirming an empty relist failed; keeping the last known objects")
+            }
+        }
+    }
+}
+
+async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
+    let mut leader = ctx.leader.clone();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if !*leader.borrow() {
+            tokio::select! {
+                _ = leader.changed() => continue,
+                _ = stop.changed() => continue,
+            }
+        }
+        let next = ctx.engine.lock().ok().and_then(|mut e| e.next_pending());
+        let Some((node, trigger)) = next else {
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        };
+        let node = Arc::new(node);
+        let action = match reconcile(Arc::clone(&node), trigger, Arc::clone(&ctx)).await {
+            Ok(action) => action,
+            Err(error) => error_policy(Arc::clone(&node), &error, Arc::clone(&ctx)),
+        };
+        if let Ok(engine) = ctx.engine.lock() {
+            ctx.metrics.queue_depth.set(engine.queue_depth() as i64);
+        }
+        if let Action::Requeue(delay) = action {
+            let ctx = Arc::clone(&ctx);
+            let wake = Arc::clone(&wake);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut engine) = ctx.engine.lock() {
+                    engine.requeue(&node, trigger);
+                }
+                wake.notify_one();
+            });
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Watches feeding the engine: one kube-runtime watcher per kind, retried with kube's default backoff,
+//! forwarded into one channel so the engine sees a single ordered stream of changes.
+
+use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{
+    Api, Client, Resource,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde::de::DeserializeOwned;
+use switchyard_api::{
+    NodeForwardingPlan,
+    names::{LABEL_MANAGED_BY, MANAGED_BY},
+};
+use tokio::sync::mpsc;
+
+use super::engine::Input;
+
+fn spawn<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(watcher::Event<K>) -> Input,
+    tx: mpsc::Sender<Input>,
+) where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let kind = std::any::type_name::<K>().rsplit("::").next().unwrap_or("object");
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => {
+                    if tx.send(wrap(event)).await.is_err() {
+                        break;
+                    }
+                }
+                // The stream retries on its own (with backoff); a failure is only worth a line.
+                Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
+            }
+        }
+    });
+}
+
+/// Starts the four watches.
+pub fn start(client: &Client, tx: mpsc::Sender<Input>) {
+    spawn(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+        Input::Service,
+        tx.clone(),
+    );
+    spawn(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default(),
+        Input::Slice,
+        tx.clone(),
+    );
+    spawn(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        Input::Node,
+        tx.clone(),
+    );
+    let ours = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    spawn(
+        Api::<NodeForwardingPlan>::all(client.clone()),
+        ours,
+        Input::Plan,
+        tx,
+    );
+}

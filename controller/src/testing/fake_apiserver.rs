@@ -1,0 +1,695 @@
+//! A fake Kubernetes API server at the HTTP level, for tests and scale simulations (feature `testing`).
+//!
+//! ```text
+//! kube::Client ─► tower-test mock service ─► FakeApiServer::serve (routes by method + path)
+//!     LIST  → items + resourceVersion         WATCH → an open stream of ADDED/MODIFIED/DELETED events
+//!     GET / POST / PUT (optimistic concurrency) / PATCH (server-side apply, main or status) / DELETE
+//!     every request is recorded; failures can be injected per method and path
+//! ```
+//!
+//! It is state-based, not a script: tests assert on the requests it received and the objects it holds,
+//! so a refactor that issues the same writes in another order does not break them. Server-side apply is
+//! modelled as "the patch's spec (or status) replaces the stored one"; field ownership is not tracked.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::Frame;
+use kube::client::Body;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+/// A response body that is either complete or an open watch stream.
+pub struct FakeBody {
+    inner: FakeBodyInner,
+}
+
+enum FakeBodyInner {
+    Full(Option<Bytes>),
+    Stream(mpsc::UnboundedReceiver<Bytes>),
+}
+
+impl http_body::Body for FakeBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.inner {
+            FakeBodyInner::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            FakeBodyInner::Stream(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+}
+
+/// One request as the server saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// HTTP method.
+    pub method: Method,
+    /// Path without the query.
+    pub path: String,
+    /// Query string (may be empty).
+    pub query: String,
+    /// Content type of the body, if any.
+    pub content_type: Option<String>,
+    /// JSON body, if any.
+    pub body: Option<Value>,
+}
+
+impl Recorded {
+    /// True for writes (anything but GET).
+    pub fn is_write(&self) -> bool {
+        self.method != Method::GET
+    }
+}
+
+/// A resource collection the server knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// core/v1 Services.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlices.
+    EndpointSlice,
+    /// core/v1 Nodes.
+    Node,
+    /// switchyard.io/v1alpha1 NodeForwardingPlans.
+    Plan,
+    /// coordination.k8s.io/v1 Leases.
+    Lease,
+}
+
+impl Kind {
+    fn api_version(self) -> &'static str {
+        match self {
+            Self::Service | Self::Node => "v1",
+            Self::EndpointSlice => "discovery.k8s.io/v1",
+            Self::Plan => "switchyard.io/v1alpha1",
+            Self::Lease => "coordination.k8s.io/v1",
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::Node => "Node",
+            Self::Plan => "NodeForwardingPlan",
+            Self::Lease => "Lease",
+        }
+    }
+}
+
+/// Where a request points: the collection, optional namespace, optional name, optional subresource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    kind: Kind,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // /api/v1/..., /apis/<group>/<version>/...
+    let rest = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => rest,
+        ["apis", _group, _version, rest @ ..] => rest,
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        rest => (None, rest),
+    };
+    let (resource, name, subresource) = match rest {
+        [resource] => (*resource, None, None),
+        [resource, name] => (*resource, Some(name.to_string()), None),
+        [resource, name, sub] => (*resource, Some(name.to_string()), Some(sub.to_string())),
+        _ => return None,
+    };
+    let kind = match resource {
+        "services" => Kind::Service,
+        "endpointslices" => Kind::EndpointSlice,
+        "nodes" => Kind::Node,
+        "nodeforwardingplans" => Kind::Plan,
+        "leases" => Kind::Lease,
+        _ => return None,
+    };
+    Some(Target {
+        kind,
+        namespace,
+        name,
+        subresource,
+    })
+}
+
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `k=v,k2=v2` equality selectors against a map (labels or a flattened field view).
+fn selector_matches(selector: &str, lookup: impl Fn(&str) -> Option<String>) -> bool {
+    selector
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .all(|term| match term.split_once("!=") {
+            Some((k, v)) => lookup(k).as_deref() != Some(v),
+            None => match term.split_once('=') {
+                Some((k, v)) => lookup(k.trim_end_matches('=')).as_deref() == Some(v.trim_start_matches('=')),
+                None => lookup(term).is_some(),
+            },
+        })
+}
+
+struct Watcher {
+    kind: Kind,
+    labels: Option<String>,
+    fields: Option<String>,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+/// An injected failure.
+#[derive(Debug, Clone)]
+struct Failure {
+    method: Method,
+    path_contains: String,
+    status: u16,
+    remaining: usize,
+}
+
+#[derive(Default)]
+struct State {
+    objects: BTreeMap<Kind, BTreeMap<String, Value>>,
+    resource_version: u64,
+    watchers: Vec<Watcher>,
+    log: Vec<Recorded>,
+    failures: Vec<Failure>,
+}
+
+impl State {
+    fn key(target: &Target, name: &str) -> String {
+        match &target.namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.to_string(),
+        }
+    }
+
+    fn bump(&mut self) -> String {
+        self.resource_version += 1;
+        self.resource_version.to_string()
+    }
+
+    fn notify(&mut self, kind: Kind, event: &str, object: &Value) {
+        let line = format!("{}\n", json!({"type": event, "object": object}));
+        self.watchers.retain(|w| {
+            if w.kind != kind || !matches_selectors(object, w.labels.as_deref(), w.fields.as_deref()) {
+                return !w.tx.is_closed();
+            }
+            w.tx.send(Bytes::from(line.clone())).is_ok()
+        });
+    }
+
+    fn upsert(&mut self, kind: Kind, key: String, mut object: Value) -> (Value, bool) {
+        let rv = self.bump();
+        let existing = self.objects.get(&kind).and_then(|m| m.get(&key)).cloned();
+        let created = existing.is_none();
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), json!(rv));
+            let uid = existing
+                .as_ref()
+                .and_then(|e| e.pointer("/metadata/uid").cloned())
+                .or_else(|| meta.get("uid").cloned())
+                .unwrap_or_else(|| json!(format!("uid-{}-{rv}", kind.kind().to_lowercase())));
+            meta.insert("uid".into(), uid);
+            let created_at = existing
+                .as_ref()
+                .and_then(|e| e.pointer("/metadata/creationTimestamp").cloned())
+                .unwrap_or_else(|| json!("2026-11-29T00:00:00Z"));
+            meta.insert("creationTimestamp".into(), created_at);
+        }
+        if let Some(map) = object.as_object_mut() {
+            map.insert("apiVersion".into(), json!(kind.api_version()));
+            map.insert("kind".into(), json!(kind.kind()));
+        }
+        self.objects.entry(kind).or_default().insert(key, object.clone());
+        self.notify(kind, if created { "ADDED" } else { "MODIFIED" }, &object);
+        (object, created)
+    }
+}
+
+fn matches_selectors(object: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
+    let label_ok = labels.is_none_or(|sel| {
+        selector_matches(sel, |k| {
+            object
+                .pointer("/metadata/labels")?
+                .get(k)?
+                .as_str()
+                .map(str::to_string)
+        })
+    });
+    let field_ok = fields.is_none_or(|sel| {
+        selector_matches(sel, |k| {
+            let pointer = format!("/{}", k.replace('.', "/"));
+            object
+                .pointer(&pointer)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+    });
+    label_ok && field_ok
+}
+
+fn full(status: StatusCode, body: &Value) -> Response<FakeBody> {
+    let mut response = Response::new(FakeBody {
+        inner: FakeBodyInner::Full(Some(Bytes::from(body.to_string()))),
+    });
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn status_error(code: StatusCode, reason: &str, message: &str) -> Response<FakeBody> {
+    full(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+/// The fake server. Cheap to clone; all clones share state.
+#[derive(Clone, Default)]
+pub struct FakeApiServer {
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeApiServer {
+    /// An empty server.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A `kube::Client` talking to this server through a tower-test mock service. Needs a Tokio runtime.
+    pub fn client(&self) -> kube::Client {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<FakeBody>>();
+        let server = self.clone();
+        tokio::spawn(async move {
+            while let Some((request, respond)) = handle.next_request().await {
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let response = server.serve(request).await;
+                    respond.send_response(response);
+                });
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// Adds or replaces an object (as if someone else wrote it); watchers see it.
+    pub fn put(&self, kind: Kind, object: impl serde::Serialize) {
+        let Ok(object) = serde_json::to_value(object) else {
+            return;
+        };
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let key = match object.pointer("/metadata/namespace").and_then(Value::as_str) {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name,
+        };
+        if let Ok(mut state) = self.state.lock() {
+            state.upsert(kind, key, object);
+        }
+    }
+
+    /// Deletes an object (as if someone else did); watchers see it.
+    pub fn remove(&self, kind: Kind, key: &str) {
+        if let Ok(mut state) = self.state.lock()
+            && let Some(object) = state.objects.get_mut(&kind).and_then(|m| m.remove(key))
+        {
+            state.bump();
+            state.notify(kind, "DELETED", &object);
+        }
+    }
+
+    /// One stored object.
+    pub fn get(&self, kind: Kind, key: &str) -> Option<Value> {
+        self.state.lock().ok()?.objects.get(&kind)?.get(key).cloned()
+    }
+
+    /// Keys of every stored object of a kind.
+    pub fn keys(&self, kind: Kind) -> Vec<String> {
+        self.state
+            .lock()
+            .map(|s| {
+                s.objects
+                    .get(&kind)
+                    .map(|m| m.keys().cloned().collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().map(|s| s.log.clone()).unwrap_or_default()
+    }
+
+    /// Forgets the recorded requests.
+    pub fn clear_requests(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.log.clear();
+        }
+    }
+
+    /// Makes the next `times` requests with this method whose path contains `path_contains` fail.
+    pub fn fail(&self, method: Method, path_contains: &str, status: u16, times: usize) {
+        if let Ok(mut state) = self.state.lock() {
+            state.failures.push(Failure {
+                method,
+                path_contains: path_contains.to_string(),
+                status,
+                remaining: times,
+            });
+        }
+    }
+
+    /// Ends every open watch stream (as an API server restart would).
+    pub fn close_watches(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.watchers.clear();
+        }
+    }
+
+    async fn serve(&self, request: Request<Body>) -> Response<FakeBody> {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect_bytes().await.unwrap_or_default();
+        let body: Option<Value> = if bytes.is_empty() {
+            None
+        } else {
+            serde_json::from_slice(&bytes).ok()
+        };
+        let path = parts.uri.path().to_string();
+        let query = parts.uri.query().unwrap_or_default().to_string();
+        let content_type = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let Ok(mut state) = self.state.lock() else {
+            return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "poisoned");
+        };
+        state.log.push(Recorded {
+            method: parts.method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            content_type,
+            body: body.clone(),
+        });
+        if let Some(failure) = state
+            .failures
+            .iter_mut()
+            .find(|f| f.remaining > 0 && f.method == parts.method && path.contains(&f.path_contains))
+        {
+            failure.remaining -= 1;
+            let code = StatusCode::from_u16(failure.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return status_error(code, "Injected", "injected failure");
+        }
+        let Some(target) = parse_path(&path) else {
+            return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("no route for {path}"));
+        };
+        match (parts.method.clone(), target.name.clone()) {
+            (Method::GET, None) => Self::list_or_watch(&mut state, &target, &query),
+            (Method::GET, Some(name)) => {
+                let key = State::key(&target, &name);
+                match state.objects.get(&target.kind).and_then(|m| m.get(&key)) {
+                    Some(object) => full(StatusCode::OK, object),
+                    None => status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found")),
+                }
+            }
+            (Method::POST, None) => {
+                let Some(object) = body else {
+                    return status_error(StatusCode::BAD_REQUEST, "BadRequest", "no body");
+                };
+                let name = object
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let key = State::key(&target, &name);
+                if state
+                    .objects
+                    .get(&target.kind)
+                    .is_some_and(|m| m.contains_key(&key))
+                {
+                    return status_error(
+                        StatusCode::CONFLICT,
+                        "AlreadyExists",
+                        &format!("{name} already exists"),
+                    );
+                }
+                let (object, _) = state.upsert(target.kind, key, object);
+                full(StatusCode::CREATED, &object)
+            }
+            (Method::PUT, Some(name)) => {
+                let Some(object) = body else {
+                    return status_error(StatusCode::BAD_REQUEST, "BadRequest", "no body");
+                };
+                let key = State::key(&target, &name);
+                let current = state.objects.get(&target.kind).and_then(|m| m.get(&key)).cloned();
+                let Some(current) = current else {
+                    return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found"));
+                };
+                let want = object
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                let have = current
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str);
+                if want.is_some() && want != have {
+                    return status_error(StatusCode::CONFLICT, "Conflict", "the object has been modified");
+                }
+                let (object, _) = state.upsert(target.kind, key, object);
+                full(StatusCode::OK, &object)
+            }
+            (Method::PATCH, Some(name)) => {
+                let Some(patch) = body else {
+                    return status_error(StatusCode::BAD_REQUEST, "BadRequest", "no body");
+                };
+                let key = State::key(&target, &name);
+                let current = state.objects.get(&target.kind).and_then(|m| m.get(&key)).cloned();
+                let status_only = target.subresource.as_deref() == Some("status");
+                let merged = match (current, status_only) {
+                    (None, true) => {
+                        return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found"));
+                    }
+                    (None, false) => {
+                        let mut object = patch;
+                        if let Some(map) = object.as_object_mut() {
+                            map.remove("status");
+                        }
+                        object
+                    }
+                    (Some(mut current), status_only) => {
+                        if status_only {
+                            current["status"] = patch.get("status").cloned().unwrap_or(Value::Null);
+                        } else {
+                            if let Some(spec) = patch.get("spec") {
+                                current["spec"] = spec.clone();
+                            }
+                            for field in ["labels", "annotations", "ownerReferences"] {
+                                if let Some(value) = patch.pointer(&format!("/metadata/{field}")) {
+                                    current["metadata"][field] = value.clone();
+                                }
+                            }
+                        }
+                        current
+                    }
+                };
+                let (object, _) = state.upsert(target.kind, key, merged);
+                full(StatusCode::OK, &object)
+            }
+            (Method::DELETE, Some(name)) => {
+                let key = State::key(&target, &name);
+                match state.objects.get_mut(&target.kind).and_then(|m| m.remove(&key)) {
+                    Some(object) => {
+                        state.bump();
+                        state.notify(target.kind, "DELETED", &object);
+                        full(StatusCode::OK, &object)
+                    }
+                    None => status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found")),
+                }
+            }
+            _ => status_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "not supported",
+            ),
+        }
+    }
+
+    fn list_or_watch(state: &mut State, target: &Target, query: &str) -> Response<FakeBody> {
+        let labels = query_param(query, "labelSelector");
+        let fields = query_param(query, "fieldSelector");
+        if query_param(query, "watch").as_deref() == Some("true")
+            || query_param(query, "watch").as_deref() == Some("1")
+        {
+            let (tx, rx) = mpsc::unbounded_channel();
+            state.watchers.push(Watcher {
+                kind: target.kind,
+                labels,
+                fields,
+                tx,
+            });
+            let mut response = Response::new(FakeBody {
+                inner: FakeBodyInner::Stream(rx),
+            });
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
+        let items: Vec<Value> = state
+            .objects
+            .get(&target.kind)
+            .map(|m| {
+                m.iter()
+                    .filter(|(key, _)| {
+                        target
+                            .namespace
+                            .as_ref()
+                            .is_none_or(|ns| key.starts_with(&format!("{ns}/")))
+                    })
+                    .map(|(_, v)| v)
+                    .filter(|v| matches_selectors(v, labels.as_deref(), fields.as_deref()))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        full(
+            StatusCode::OK,
+            &json!({
+                "apiVersion": target.kind.api_version(),
+                "kind": format!("{}List", target.kind.kind()),
+                "metadata": {"resourceVersion": state.resource_version.to_string()},
+                "items": items,
+            }),
+        )
+    }
+}
+
+/// Waits until `check` holds, polling every 10 ms, for at most `timeout`. Returns whether it held.
+pub async fn eventually(timeout: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::{Api, api::ListParams};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn lists_gets_and_watches() {
+        let server = FakeApiServer::new();
+        server.put(
+            Kind::Node,
+            json!({"metadata": {"name": "a", "labels": {"zone": "z1"}}}),
+        );
+        let client = server.client();
+        let nodes: Api<Node> = Api::all(client);
+        let list = nodes
+            .list(&ListParams::default().labels("zone=z1"))
+            .await
+            .unwrap();
+        assert_eq!(list.items.len(), 1);
+        assert!(nodes.get("a").await.is_ok());
+        assert!(matches!(nodes.get("b").await, Err(kube::Error::Api(e)) if e.code == 404));
+
+        let mut stream = nodes
+            .watch(&kube::api::WatchParams::default(), "0")
+            .await
+            .unwrap()
+            .boxed();
+        server.put(Kind::Node, json!({"metadata": {"name": "b"}}));
+        let event = stream.next().await.unwrap().unwrap();
+        assert!(matches!(event, kube::api::WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("b")));
+    }
+
+    #[tokio::test]
+    async fn injected_failures_and_conflicts() {
+        let server = FakeApiServer::new();
+        server.put(Kind::Node, json!({"metadata": {"name": "a"}}));
+        server.fail(Method::GET, "/nodes/a", 500, 1);
+        let nodes: Api<Node> = Api::all(server.client());
+        assert!(matches!(nodes.get("a").await, Err(kube::Error::Api(e)) if e.code == 500));
+        let mut node = nodes.get("a").await.unwrap();
+        node.metadata.resource_version = Some("999".into());
+        assert!(
+            matches!(nodes.replace("a", &Default::default(), &node).await, Err(kube::Error::Api(e)) if e.code == 409)
+        );
+        assert_eq!(server.requests().len(), 3);
+    }
+
+    #[test]
+    fn paths_and_selectors() {
+        let t = parse_path("/apis/coordination.k8s.io/v1/namespaces/sys/leases/ctl").unwrap();
+        assert_eq!(
+            (t.kind, t.namespace.as_deref(), t.name.as_deref()),
+            (Kind::Lease, Some("sys"), Some("ctl"))
+        );
+        let t = parse_path("/apis/switchyard.io/v1alpha1/nodeforwardingplans/node-a/status").unwrap();
+        assert_eq!(t.subresource.as_deref(), Some("status"));
+        assert_eq!(percent_decode("a%3Db%2Cc"), "a=b,c");
+        let object = json!({"metadata": {"name": "n", "labels": {"x": "1"}}});
+        assert!(matches_selectors(&object, Some("x=1"), Some("metadata.name=n")));
+        assert!(!matches_selectors(&object, Some("x=2"), None));
+    }
+}

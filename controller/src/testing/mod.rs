@@ -1,0 +1,3 @@
+//! Test support shared with other crates' tests and the scale simulation (feature `testing`).
+
+pub mod fake_apiserver;
