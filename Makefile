@@ -3,6 +3,10 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CLUSTER ?= examples/cluster.yaml
 CONFIG ?= examples/controller-config.yaml
+CONTAINER_ENGINE ?= docker
+IMAGE_REGISTRY ?= ghcr.io/switchyard
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 .PHONY: help build test unit lint fmt generate verify-generated demo bench e2e image clean
 
@@ -33,16 +37,25 @@ verify-generated: generate ## Fail when the committed CRD YAML differs from the 
 demo: ## Plan the example cluster and show it as `kubectl get nfp` would
 	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
 
-bench: ## Benchmarks (release build); prints a summary table
+bench: ## Benchmarks (release build); each prints a summary table (SWITCHYARD_BENCH_SMOKE=1 for tiny sizes)
 	$(CARGO) bench -p switchyard-controller --bench planner
+	$(CARGO) bench -p switchyard-controller --bench churn
 
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests
 
-image: ## Container images (needs a container engine)
-	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then \
-	  echo "building images"; \
-	else echo "image: no container engine is running here (docker info failed); skipping"; fi
+image: ## Container images switchyard-controller and switchyard-agent (skipped without a running engine)
+	@if ! $(CONTAINER_ENGINE) info >/dev/null 2>&1; then \
+	  echo "image: no container engine is running here ($(CONTAINER_ENGINE) info failed); skipping"; \
+	  exit 0; \
+	fi; \
+	set -e; \
+	for component in controller agent; do \
+	  echo "building $(IMAGE_REGISTRY)/switchyard-$$component:$(IMAGE_TAG)"; \
+	  $(CONTAINER_ENGINE) build -f Dockerfile.$$component \
+	    --build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$(IMAGE_REVISION) \
+	    -t $(IMAGE_REGISTRY)/switchyard-$$component:$(IMAGE_TAG) . ; \
+	done
 
 clean: ## Remove build output
 	$(CARGO) clean

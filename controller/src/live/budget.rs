@@ -38,6 +38,11 @@ impl TokenBucket {
     }
 }
 
+/// Tokio's clock (so paused-time simulations see the budget refill in virtual time).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// The shared budget.
 #[derive(Debug)]
 pub struct WriteBudget {
@@ -57,7 +62,7 @@ impl WriteBudget {
         let mut throttled = false;
         loop {
             let wait = match self.bucket.lock() {
-                Ok(mut bucket) => bucket.take(Instant::now()),
+                Ok(mut bucket) => bucket.take(now()),
                 Err(_) => Ok(()),
             };
             match wait {

@@ -1,0 +1,179 @@
+//! Write fan-out: churn simulated through the live controller's real write path against the fake API
+//! server, which counts requests and bytes. Virtual time (Tokio's paused clock) makes minutes of churn
+//! run in seconds; planning still costs real CPU.
+//!
+//! Scenarios: a rolling update of a 50-pod Deployment (one pod replaced every 2 s, each step two slice
+//! updates: the new pod becomes ready, the old one terminates) and scaling one Service 0 → 100 → 0 (one
+//! pod per second each way). Each runs with coalescing (minPlanInterval 1 s) and without (50 ms).
+//!
+//! `cargo bench -p switchyard-controller --bench churn` (SWITCHYARD_BENCH_SMOKE=1 for a tiny run).
+
+use std::time::Duration;
+
+use http::Method;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
+use switchyard_controller::{
+    Config,
+    live::run::{Options, run},
+    synthetic::{Shape, cluster, slice},
+    testing::fake_apiserver::{FakeApiServer, Kind},
+};
+
+struct Outcome {
+    changes: usize,
+    writes: usize,
+    bytes: usize,
+    minutes: f64,
+    lag: Duration,
+}
+
+fn endpoint(ip: String, node: String, ready: bool, terminating: bool) -> Endpoint {
+    Endpoint {
+        addresses: vec![ip],
+        conditions: Some(EndpointConditions { ready: Some(ready), serving: Some(ready || terminating), terminating: Some(terminating) }),
+        node_name: Some(node),
+        ..Default::default()
+    }
+}
+
+/// The slice of Service 0 holding the given endpoints.
+fn set_endpoints(server: &FakeApiServer, shape: &Shape, endpoints: Vec<Endpoint>) {
+    let mut s = slice(0, shape, 0);
+    s.endpoints = Some(endpoints);
+    server.put(Kind::EndpointSlice, s);
+}
+
+fn node(i: usize, shape: &Shape) -> String {
+    format!("node-{:04}", i % shape.nodes)
+}
+
+async fn scenario(shape: Shape, coalesce: bool, steps: impl Fn(&FakeApiServer, &Shape, usize) -> bool) -> Outcome {
+    let server = FakeApiServer::new();
+    let snapshot = cluster(&shape);
+    for n in &snapshot.nodes {
+        server.put(Kind::Node, n);
+    }
+    for s in &snapshot.services {
+        server.put(Kind::Service, s);
+    }
+    for s in &snapshot.slices {
+        server.put(Kind::EndpointSlice, s);
+    }
+    let config = Config {
+        min_plan_interval: if coalesce { Duration::from_secs(1) } else { Duration::from_millis(50) },
+        ..Config::default()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let client = server.client();
+    let controller = tokio::spawn(async move {
+        let _ = run(client, Options::new(config), async { let _ = stop_rx.await; }, None).await;
+    });
+    // Initial sync: every node gets its plan.
+    while server.keys(Kind::Plan).len() < shape.nodes {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    server.clear_requests();
+    let start = tokio::time::Instant::now();
+    let mut changes = 0;
+    let mut step = 0;
+    while steps(&server, &shape, step) {
+        changes += 1;
+        step += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let churn_end = tokio::time::Instant::now();
+    // Drain: wait until writes stop.
+    let mut last = 0;
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let writes = server.requests().iter().filter(|r| r.method == Method::PATCH).count();
+        if writes != last {
+            last = writes;
+            quiet_since = tokio::time::Instant::now();
+        } else if quiet_since.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+    }
+    let patches: Vec<_> = server.requests().into_iter().filter(|r| r.method == Method::PATCH).collect();
+    let bytes = patches.iter().map(|r| r.body.as_ref().map_or(0, |b| b.to_string().len())).sum();
+    let _ = stop_tx.send(());
+    let _ = controller.await;
+    Outcome {
+        changes,
+        writes: patches.len(),
+        bytes,
+        minutes: (churn_end - start).as_secs_f64() / 60.0,
+        lag: quiet_since.saturating_duration_since(churn_end),
+    }
+}
+
+/// Rolling update of 50 pods: every 2 s (four 0.5 s ticks) one new pod turns ready and one old pod
+/// starts terminating, then is removed.
+fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
+    const PODS: usize = 50;
+    let replaced = step / 2;
+    if replaced > PODS {
+        return false;
+    }
+    let eps = (0..PODS)
+        .map(|i| {
+            if i < replaced {
+                endpoint(format!("10.200.1.{i}"), node(i * 7 + 1, shape), true, false)
+            } else {
+                // Odd steps: the next old pod is terminating while its successor starts.
+                let terminating = i == replaced && step % 2 == 1;
+                endpoint(format!("10.200.0.{i}"), node(i * 7, shape), !terminating, terminating)
+            }
+        })
+        .collect();
+    set_endpoints(server, shape, eps);
+    true
+}
+
+/// Scale 0 → 100 → 0, one pod per 0.5 s tick.
+fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
+    let count = if step <= 100 { step } else if step <= 200 { 200 - step } else { return false };
+    let eps = (0..count).map(|i| endpoint(format!("10.201.{}.{}", i / 250, i % 250), node(i, shape), true, false)).collect();
+    set_endpoints(server, shape, eps);
+    true
+}
+
+fn main() {
+    let smoke = std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some();
+    let shapes: Vec<Shape> = if smoke {
+        vec![Shape::new(5, 50, 3)]
+    } else {
+        vec![Shape::new(10, 1_000, 5), Shape::new(100, 1_000, 5), Shape::new(100, 10_000, 5)]
+    };
+    println!("write fan-out (fake API server; write budget {} QPS, burst {}; virtual time)", Config::default().write_qps, Config::default().write_burst);
+    println!(
+        "{:>6} {:>7} {:>10} {:>9} | {:>8} {:>8} {:>11} {:>12} {:>14} {:>10}",
+        "nodes", "svcs", "scenario", "coalesce", "changes", "writes", "writes/min", "MiB/min", "bytes/change", "drain"
+    );
+    for shape in shapes {
+        for (name, steps) in [("rolling-50", rolling as fn(&FakeApiServer, &Shape, usize) -> bool), ("scale-100", scale)] {
+            for coalesce in [true, false] {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build() else {
+                    eprintln!("no runtime");
+                    return;
+                };
+                let outcome = runtime.block_on(scenario(shape, coalesce, steps));
+                println!(
+                    "{:>6} {:>7} {:>10} {:>9} | {:>8} {:>8} {:>11.0} {:>12.1} {:>14.0} {:>9.0}s",
+                    shape.nodes,
+                    shape.services,
+                    name,
+                    if coalesce { "1s" } else { "off" },
+                    outcome.changes,
+                    outcome.writes,
+                    outcome.writes as f64 / outcome.minutes,
+                    outcome.bytes as f64 / outcome.minutes / 1_048_576.0,
+                    outcome.bytes as f64 / outcome.changes.max(1) as f64,
+                    outcome.lag.as_secs_f64()
+                );
+            }
+        }
+    }
+}
