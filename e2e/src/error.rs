@@ -117,9 +117,6 @@ pub enum LabError {
     /// No free lab id could be found.
     #[error("could not allocate a lab id: {0}")]
     AllocateId(String),
-    /// The planner is not wired into the lab yet.
-    #[error("the planner is not wired into the lab yet (Lab::write_plans)")]
-    PlannerNotWired,
     /// The planner given to `Lab::write_plans_with` failed for a node.
     #[error("planning node {node}: {reason}")]
     Planner {

@@ -320,15 +320,34 @@ impl Lab {
         self.state.plans_dir()
     }
 
-    /// The planner hook: writes one plan file per lab node into `dir` and returns their paths.
-    ///
-    /// Not wired yet. Wiring: for each of [`Lab::nodes`], run the offline planner
-    /// (`switchyard_controller`) on [`Lab::description`] for that node and write `<dir>/<node>.yaml`;
-    /// agents are then started with `spawn_in(&Place::node(n), ["switchyard-agent", "run",
-    /// "--plan-file", …])`.
-    pub fn write_plans(&self, dir: &Path) -> Result<Vec<PathBuf>> {
-        let _ = dir;
-        Err(LabError::PlannerNotWired)
+    /// Runs the offline planner (the same code path as `switchyard-controller plan`) on `description`
+    /// and writes `<dir>/<node>.yaml` for every lab node. Call it again with a changed description to
+    /// change what the agents apply.
+    pub fn write_plans(
+        &self,
+        dir: &Path,
+        description: &ClusterDescription,
+        config: &switchyard_controller::Config,
+    ) -> Result<Vec<PathBuf>> {
+        use switchyard_controller::{
+            output::{Format, render},
+            planner::{Planner, Snapshot},
+        };
+        let snapshot = Snapshot {
+            services: description.services.clone(),
+            slices: description.endpoint_slices.clone(),
+            nodes: description.nodes.clone(),
+        };
+        let planner = Planner::build(&snapshot, config).map_err(|e| LabError::Planner {
+            node: "*".into(),
+            reason: e.to_string(),
+        })?;
+        self.write_plans_with(dir, |_, node| {
+            let plan = planner
+                .node_plan(&node.name)
+                .ok_or_else(|| "node is not in the description".to_string())?;
+            render(&[plan], Format::Yaml).map_err(|e| e.to_string())
+        })
     }
 
     /// Writes `<dir>/<node>.yaml` for every lab node with the text `plan(description, node)` returns

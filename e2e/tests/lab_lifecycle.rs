@@ -160,7 +160,15 @@ fn supervised_and_one_shot_commands_run_inside_the_namespace() {
     let error = quitter.wait_for_output("never", TIMEOUT).unwrap_err();
     assert!(matches!(error, LabError::ExitedEarly { .. }), "{error}");
     let plans = lab.plans_dir().unwrap();
-    assert!(matches!(lab.write_plans(&plans), Err(LabError::PlannerNotWired)));
+    let config = switchyard_controller::Config::parse("clusterCIDRs: [10.244.0.0/16]\n").unwrap();
+    let planned = lab.write_plans(&plans, lab.description(), &config).unwrap();
+    assert_eq!(planned.len(), 3);
+    let first: switchyard_api::NodeForwardingPlan =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(&planned[0]).unwrap())
+            .unwrap()
+            .remove(0);
+    assert_eq!(first.spec.node_name, "node-a");
+    assert!(switchyard_api::validate::validate(&first.spec).is_clean());
     let written = lab
         .write_plans_with(&plans, |description, node| {
             Ok(format!("node: {} of {}\n", node.name, description.nodes.len()))
