@@ -1,0 +1,316 @@
+//! Cluster e2e for the live controller: runs when `KUBECONFIG` points at a real API server (a bare
+//! kube-apiserver + etcd is enough: no kubelet, scheduler or controller-manager is needed, the test
+//! creates Nodes, Services and EndpointSlices itself). Without `KUBECONFIG` it prints a skip line.
+//!
+//! It applies `crds/`, runs the controller (in process, the same `run` the binary calls), and checks the
+//! plans through the API and `kubectl get nfp`; then edits a slice, hand-edits and deletes a plan, deletes
+//! a Node, and checks again. Everything it creates carries a random suffix and is deleted at the end.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{path::PathBuf, time::Duration};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{Namespace, Node, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use switchyard_api::NodeForwardingPlan;
+use switchyard_controller::{
+    Config,
+    live::run::{Options, run},
+    planner::{Planner, Snapshot},
+};
+
+fn repo(path: &str) -> PathBuf {
+    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    p.pop();
+    p.push(path);
+    p
+}
+
+async fn client_or_skip(test: &str) -> Option<Client> {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        eprintln!("skip {test}: set KUBECONFIG to run the cluster e2e suite against a real API server");
+        return None;
+    }
+    Some(Client::try_default().await.expect("a client from KUBECONFIG"))
+}
+
+/// Polls `check` every 200 ms until it returns Some, for at most `timeout`.
+async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub async fn apply_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let text = std::fs::read_to_string(repo("crds/nodeforwardingplans.switchyard.io.yaml")).unwrap();
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
+    let params = PatchParams::apply("switchyard-e2e").force();
+    crds.patch("nodeforwardingplans.switchyard.io", &params, &Patch::Apply(&crd))
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(30), "the CRD to be established", || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get("nodeforwardingplans.switchyard.io").await.ok()?;
+            let established = crd
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        }
+    })
+    .await;
+}
+
+fn suffix() -> String {
+    format!(
+        "{:06x}",
+        std::process::id()
+            ^ (std::time::SystemTime::now()
+                .elapsed()
+                .map_or(0, |d| d.subsec_nanos()))
+    )
+}
+
+#[tokio::test]
+async fn controller_keeps_plans_current_in_a_real_cluster() {
+    let Some(client) = client_or_skip("controller_keeps_plans_current_in_a_real_cluster").await else {
+        return;
+    };
+    apply_crd(&client).await;
+    let id = suffix();
+    let ns = format!("swyd-e2e-{id}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
+    let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
+    let node_names: Vec<String> = ["a", "b", "c"].iter().map(|n| format!("swyd-{id}-{n}")).collect();
+    for (i, name) in node_names.iter().enumerate() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": if i < 2 { "zone-a" } else { "zone-b" }}},
+            "spec": {"podCIDR": format!("10.244.{}.0/24", i + 1), "podCIDRs": [format!("10.244.{}.0/24", i + 1)]},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": format!("192.168.10.{}", 11 + i)}]}});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}], "selector": {"app": "web"}},
+    }))
+    .unwrap();
+    let svc = services.create(&PostParams::default(), &svc).await.unwrap();
+    let slice = |ips: &[&str]| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": ips.iter().enumerate().map(|(i, ip)| json!({
+                "addresses": [ip], "nodeName": node_names[i % 3], "conditions": {"ready": true}
+            })).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    };
+    slices
+        .create(&PostParams::default(), &slice(&["10.244.1.5", "10.244.2.5"]))
+        .await
+        .unwrap();
+
+    let config = Config {
+        min_plan_interval: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut options = Options::new(config.clone());
+    options.orphan_sweep_period = Duration::from_secs(1);
+    let controller = tokio::spawn(run(
+        client.clone(),
+        options,
+        async {
+            let _ = stop_rx.await;
+        },
+        None,
+    ));
+
+    // Plans appear for our nodes, with the Service's ClusterIP and both endpoints.
+    let cluster_ip = svc.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap();
+    for node in &node_names {
+        let plans = plans.clone();
+        let node = node.clone();
+        let ip = cluster_ip.clone();
+        wait_for(Duration::from_secs(30), "the plan", || {
+            let plans = plans.clone();
+            let node = node.clone();
+            let ip = ip.clone();
+            async move {
+                let plan = plans.get_opt(&node).await.ok()??;
+                plan.spec
+                    .services
+                    .iter()
+                    .any(|s| s.cluster_ip == ip && s.endpoints.len() == 2)
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    // The live plan equals the offline planner's for the same objects (our namespace and nodes only).
+    let snapshot = Snapshot {
+        services: services.list(&ListParams::default()).await.unwrap().items,
+        slices: slices.list(&ListParams::default()).await.unwrap().items,
+        nodes: futures::future::join_all(node_names.iter().map(|n| nodes.get(n)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect(),
+    };
+    let offline = Planner::build(&snapshot, &config).unwrap();
+    let live = plans.get(&node_names[0]).await.unwrap();
+    let ours: Vec<_> = live
+        .spec
+        .services
+        .iter()
+        .filter(|s| s.name.starts_with(&format!("{ns}/")))
+        .cloned()
+        .collect();
+    let want = offline
+        .node_plan(&node_names[0])
+        .unwrap()
+        .objects
+        .remove(0)
+        .services;
+    assert_eq!(ours, want);
+
+    // `kubectl get nfp` shows the audit columns.
+    if let Ok(out) = std::process::Command::new("kubectl")
+        .args(["get", "nfp", &node_names[0]])
+        .output()
+    {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("DESIRED") && text.contains("OBSERVED") && text.contains(&node_names[0]),
+            "{text}"
+        );
+    }
+
+    // An endpoint change reaches every node's plan.
+    slices
+        .replace("web-1", &PostParams::default(), &{
+            let mut s = slice(&["10.244.1.5", "10.244.2.5", "10.244.3.5"]);
+            s.metadata.resource_version = slices.get("web-1").await.unwrap().metadata.resource_version;
+            s
+        })
+        .await
+        .unwrap();
+    for node in &node_names {
+        let plans = plans.clone();
+        let node = node.clone();
+        let ns = ns.clone();
+        wait_for(Duration::from_secs(30), "the endpoint change", || {
+            let plans = plans.clone();
+            let node = node.clone();
+            let ns = ns.clone();
+            async move {
+                let plan = plans.get_opt(&node).await.ok()??;
+                plan.spec
+                    .services
+                    .iter()
+                    .any(|s| s.name.starts_with(&ns) && s.endpoints.len() == 3)
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
+    // A hand edit is reverted; a deleted plan is recreated.
+    let before = plans.get(&node_names[1]).await.unwrap().spec;
+    let edit = json!({"spec": {"cluster": {"masqueradeAll": true}}});
+    plans
+        .patch(&node_names[1], &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    let plans2 = plans.clone();
+    let name = node_names[1].clone();
+    wait_for(Duration::from_secs(30), "the hand edit to be reverted", || {
+        let plans = plans2.clone();
+        let name = name.clone();
+        let before = before.clone();
+        async move { (plans.get(&name).await.ok()?.spec == before).then_some(()) }
+    })
+    .await;
+    plans
+        .delete(&node_names[2], &DeleteParams::default())
+        .await
+        .unwrap();
+    let plans3 = plans.clone();
+    let name = node_names[2].clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the deleted plan to be recreated",
+        || {
+            let plans = plans3.clone();
+            let name = name.clone();
+            async move { plans.get_opt(&name).await.ok()?.map(|_| ()) }
+        },
+    )
+    .await;
+
+    // Deleting a Node deletes its plan.
+    nodes
+        .delete(&node_names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    let plans4 = plans.clone();
+    let name = node_names[0].clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the plan of the deleted node to go",
+        || {
+            let plans = plans4.clone();
+            let name = name.clone();
+            async move { plans.get_opt(&name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+
+    let _ = stop_tx.send(());
+    let _ = controller.await;
+    for node in &node_names {
+        let _ = nodes.delete(node, &DeleteParams::default()).await;
+        let _ = plans.delete(node, &DeleteParams::default()).await;
+    }
+    let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+}
