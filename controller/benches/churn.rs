@@ -30,7 +30,11 @@ struct Outcome {
 fn endpoint(ip: String, node: String, ready: bool, terminating: bool) -> Endpoint {
     Endpoint {
         addresses: vec![ip],
-        conditions: Some(EndpointConditions { ready: Some(ready), serving: Some(ready || terminating), terminating: Some(terminating) }),
+        conditions: Some(EndpointConditions {
+            ready: Some(ready),
+            serving: Some(ready || terminating),
+            terminating: Some(terminating),
+        }),
         node_name: Some(node),
         ..Default::default()
     }
@@ -47,7 +51,11 @@ fn node(i: usize, shape: &Shape) -> String {
     format!("node-{:04}", i % shape.nodes)
 }
 
-async fn scenario(shape: Shape, coalesce: bool, steps: impl Fn(&FakeApiServer, &Shape, usize) -> bool) -> Outcome {
+async fn scenario(
+    shape: Shape,
+    coalesce: bool,
+    steps: impl Fn(&FakeApiServer, &Shape, usize) -> bool,
+) -> Outcome {
     let server = FakeApiServer::new();
     let snapshot = cluster(&shape);
     for n in &snapshot.nodes {
@@ -60,13 +68,25 @@ async fn scenario(shape: Shape, coalesce: bool, steps: impl Fn(&FakeApiServer, &
         server.put(Kind::EndpointSlice, s);
     }
     let config = Config {
-        min_plan_interval: if coalesce { Duration::from_secs(1) } else { Duration::from_millis(50) },
+        min_plan_interval: if coalesce {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(50)
+        },
         ..Config::default()
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let client = server.client();
     let controller = tokio::spawn(async move {
-        let _ = run(client, Options::new(config), async { let _ = stop_rx.await; }, None).await;
+        let _ = run(
+            client,
+            Options::new(config),
+            async {
+                let _ = stop_rx.await;
+            },
+            None,
+        )
+        .await;
     });
     // Initial sync: every node gets its plan.
     while server.keys(Kind::Plan).len() < shape.nodes {
@@ -88,7 +108,11 @@ async fn scenario(shape: Shape, coalesce: bool, steps: impl Fn(&FakeApiServer, &
     let mut quiet_since = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let writes = server.requests().iter().filter(|r| r.method == Method::PATCH).count();
+        let writes = server
+            .requests()
+            .iter()
+            .filter(|r| r.method == Method::PATCH)
+            .count();
         if writes != last {
             last = writes;
             quiet_since = tokio::time::Instant::now();
@@ -96,8 +120,15 @@ async fn scenario(shape: Shape, coalesce: bool, steps: impl Fn(&FakeApiServer, &
             break;
         }
     }
-    let patches: Vec<_> = server.requests().into_iter().filter(|r| r.method == Method::PATCH).collect();
-    let bytes = patches.iter().map(|r| r.body.as_ref().map_or(0, |b| b.to_string().len())).sum();
+    let patches: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == Method::PATCH)
+        .collect();
+    let bytes = patches
+        .iter()
+        .map(|r| r.body.as_ref().map_or(0, |b| b.to_string().len()))
+        .sum();
     let _ = stop_tx.send(());
     let _ = controller.await;
     Outcome {
@@ -124,7 +155,12 @@ fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
             } else {
                 // Odd steps: the next old pod is terminating while its successor starts.
                 let terminating = i == replaced && step % 2 == 1;
-                endpoint(format!("10.200.0.{i}"), node(i * 7, shape), !terminating, terminating)
+                endpoint(
+                    format!("10.200.0.{i}"),
+                    node(i * 7, shape),
+                    !terminating,
+                    terminating,
+                )
             }
         })
         .collect();
@@ -134,8 +170,23 @@ fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
 
 /// Scale 0 → 100 → 0, one pod per 0.5 s tick.
 fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
-    let count = if step <= 100 { step } else if step <= 200 { 200 - step } else { return false };
-    let eps = (0..count).map(|i| endpoint(format!("10.201.{}.{}", i / 250, i % 250), node(i, shape), true, false)).collect();
+    let count = if step <= 100 {
+        step
+    } else if step <= 200 {
+        200 - step
+    } else {
+        return false;
+    };
+    let eps = (0..count)
+        .map(|i| {
+            endpoint(
+                format!("10.201.{}.{}", i / 250, i % 250),
+                node(i, shape),
+                true,
+                false,
+            )
+        })
+        .collect();
     set_endpoints(server, shape, eps);
     true
 }
@@ -145,17 +196,41 @@ fn main() {
     let shapes: Vec<Shape> = if smoke {
         vec![Shape::new(5, 50, 3)]
     } else {
-        vec![Shape::new(10, 1_000, 5), Shape::new(100, 1_000, 5), Shape::new(100, 10_000, 5)]
+        vec![
+            Shape::new(10, 1_000, 5),
+            Shape::new(100, 1_000, 5),
+            Shape::new(100, 10_000, 5),
+        ]
     };
-    println!("write fan-out (fake API server; write budget {} QPS, burst {}; virtual time)", Config::default().write_qps, Config::default().write_burst);
+    println!(
+        "write fan-out (fake API server; write budget {} QPS, burst {}; virtual time)",
+        Config::default().write_qps,
+        Config::default().write_burst
+    );
     println!(
         "{:>6} {:>7} {:>10} {:>9} | {:>8} {:>8} {:>11} {:>12} {:>14} {:>10}",
-        "nodes", "svcs", "scenario", "coalesce", "changes", "writes", "writes/min", "MiB/min", "bytes/change", "drain"
+        "nodes",
+        "svcs",
+        "scenario",
+        "coalesce",
+        "changes",
+        "writes",
+        "writes/min",
+        "MiB/min",
+        "bytes/change",
+        "drain"
     );
     for shape in shapes {
-        for (name, steps) in [("rolling-50", rolling as fn(&FakeApiServer, &Shape, usize) -> bool), ("scale-100", scale)] {
+        for (name, steps) in [
+            ("rolling-50", rolling as fn(&FakeApiServer, &Shape, usize) -> bool),
+            ("scale-100", scale),
+        ] {
             for coalesce in [true, false] {
-                let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build() else {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .start_paused(true)
+                    .build()
+                else {
                     eprintln!("no runtime");
                     return;
                 };

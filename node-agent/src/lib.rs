@@ -12,6 +12,7 @@
 //! [`iptables`] holds the pure render for the iptables backend, its restore payloads and a rule-level
 //! packet tracer. The kernel and API-server edges live in their own modules.
 
+pub mod command;
 pub mod error;
 pub mod iptables;
 

@@ -101,23 +101,32 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
         }
     }
 
-    let external_ips: Vec<IpAddr> = spec
-        .external_ips
-        .iter()
-        .flatten()
-        .filter_map(|text| {
-            let ip = parse_ip_sloppy(text);
-            if ip.is_none() {
-                diag.warn(
-                    "Service",
-                    &object,
-                    format!("externalIP {text:?} is not an IP address; ignored"),
-                );
-            }
-            ip
-        })
-        .collect();
-    let lb_ips: Vec<IpAddr> = service
+    let mut parsed = |texts: Vec<&str>, what: &str, parse: fn(&str) -> Option<IpNet>| -> Vec<IpNet> {
+        texts
+            .into_iter()
+            .filter_map(|text| {
+                let value = parse(text);
+                if value.is_none() {
+                    diag.warn(
+                        "Service",
+                        &object,
+                        format!("{what} {text:?} is not valid; ignored"),
+                    );
+                }
+                value
+            })
+            .collect()
+    };
+    let as_host = |text: &str| parse_ip_sloppy(text).map(IpNet::from);
+    let external_ips: Vec<IpAddr> = parsed(
+        spec.external_ips.iter().flatten().map(String::as_str).collect(),
+        "externalIP",
+        as_host,
+    )
+    .iter()
+    .map(IpNet::addr)
+    .collect();
+    let ingress: Vec<&str> = service
         .status
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
@@ -127,34 +136,20 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
         // ipMode Proxy (KEP-1860) means the load balancer proxies: no VIP rules on nodes.
         .filter(|ing| ing.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
         .filter_map(|ing| ing.ip.as_deref().filter(|ip| !ip.is_empty()))
-        .filter_map(|text| {
-            let ip = parse_ip_sloppy(text);
-            if ip.is_none() {
-                diag.warn(
-                    "Service",
-                    &object,
-                    format!("load balancer ingress IP {text:?} is not an IP address; ignored"),
-                );
-            }
-            ip
-        })
         .collect();
-    let source_ranges: Vec<IpNet> = spec
-        .load_balancer_source_ranges
+    let lb_ips: Vec<IpAddr> = parsed(ingress, "load balancer ingress IP", as_host)
         .iter()
-        .flatten()
-        .filter_map(|text| {
-            let net = parse_cidr_sloppy(text);
-            if net.is_none() {
-                diag.warn(
-                    "Service",
-                    &object,
-                    format!("loadBalancerSourceRange {text:?} is not a CIDR; ignored"),
-                );
-            }
-            net
-        })
+        .map(IpNet::addr)
         .collect();
+    let source_ranges: Vec<IpNet> = parsed(
+        spec.load_balancer_source_ranges
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect(),
+        "loadBalancerSourceRange",
+        parse_cidr_sloppy,
+    );
 
     let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         let configured = spec

@@ -31,11 +31,17 @@
 //! - No large-cluster mode: per-endpoint comments are always written.
 //! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).
 
+pub mod exec;
+pub mod fake;
+pub mod kernel;
+pub mod mode;
 pub mod names;
 pub mod payload;
 pub mod render;
+pub mod save;
+pub mod stream;
 pub mod tracer;
 
 pub use payload::{Chain, EntryKey, Ruleset, RulesetDigest, ServiceChains, Table};
-pub use render::{HostFacts, JumpRule, jump_rules, node_port_ips, probability, render};
+pub use render::{HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_selected};
 pub use tracer::{Branch, Packet, Trace, Tracer, Verdict};

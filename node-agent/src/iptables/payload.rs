@@ -301,6 +301,19 @@ impl Ruleset {
     }
 }
 
+/// Writes `-A <chain> <rule>` for every rule of `chain` (the restore format of [`Ruleset::full_payload`]).
+pub fn write_rules(out: &mut dyn std::io::Write, chain: &Chain) -> std::io::Result<()> {
+    for rule in &chain.rules {
+        writeln!(out, "-A {} {rule}", chain.name)?;
+    }
+    Ok(())
+}
+
+/// Writes the declaration `:<name> - [0:0]`, which with `--noflush` creates or flushes the chain.
+pub fn write_declaration(out: &mut dyn std::io::Write, name: &str) -> std::io::Result<()> {
+    writeln!(out, ":{name} - [0:0]")
+}
+
 /// Writes one table: sorted declarations (live chains and stale ones), rules chain by chain in the
 /// given order, then the deletions, then COMMIT.
 fn write_table(out: &mut String, table: Table, chains: &[&Chain], stale: &[&str]) {

@@ -153,15 +153,49 @@ pub fn render(
     family: IpFamily,
     skip: &HashSet<usize>,
 ) -> Ruleset {
+    let mut services = Vec::new();
+    let mut ruleset = render_each(spec, facts, family, skip, &mut |group| services.push(group));
+    ruleset.services = services;
+    ruleset
+}
+
+/// [`render`] for edges that stream: each entry's chain group is handed to `each` as soon as it is
+/// rendered, in plan order, and not kept; the returned [`Ruleset`] holds only the top-level chains
+/// (complete, since they need every entry). A 10,000-service ruleset is never held whole this way.
+pub fn render_each(
+    spec: &NodeForwardingPlanSpec,
+    facts: &HostFacts,
+    family: IpFamily,
+    skip: &HashSet<usize>,
+    each: &mut dyn FnMut(ServiceChains),
+) -> Ruleset {
+    render_selected(spec, facts, family, skip, &|_, _| true, &mut |_, group| each(group))
+}
+
+/// [`render_each`] that renders the chain group only of the entries `wanted(index, entry)` selects;
+/// the others contribute their top-level rules alone (frontends, verdicts), which is all a partial
+/// sync needs from an entry the edge knows is unchanged. `each` gets the plan index with each group.
+/// At 10,000 services this is what keeps a one-service partial sync in milliseconds: building the
+/// 160,000 per-service rules is most of a full render's time.
+pub fn render_selected(
+    spec: &NodeForwardingPlanSpec,
+    facts: &HostFacts,
+    family: IpFamily,
+    skip: &HashSet<usize>,
+    wanted: &dyn Fn(usize, &ServicePlan) -> bool,
+    each: &mut dyn FnMut(usize, ServiceChains),
+) -> Ruleset {
     let env = Env::new(spec, facts, family);
     let mut top = TopLevel::default();
-    let services: Vec<ServiceChains> = spec
-        .services
-        .iter()
-        .enumerate()
-        .filter(|(index, entry)| entry.family == family && !skip.contains(index))
-        .map(|(_, entry)| render_entry(entry, &env, &mut top))
-        .collect();
+    for (index, entry) in spec.services.iter().enumerate() {
+        if entry.family != family || skip.contains(&index) {
+            continue;
+        }
+        let want = wanted(index, entry);
+        if let Some(group) = render_entry(entry, &env, &mut top, want) {
+            each(index, group);
+        }
+    }
     top.finish(&env);
     let TopLevel {
         filter_services,
@@ -194,7 +228,7 @@ pub fn render(
         family,
         filter,
         nat,
-        services,
+        services: Vec::new(),
     }
 }
 
@@ -331,7 +365,8 @@ impl TopLevel {
 // === One entry ===
 
 /// kube-proxy's per-ServicePort block of `syncProxyRules`.
-fn render_entry(entry: &ServicePlan, env: &Env<'_>, top: &mut TopLevel) -> ServiceChains {
+/// Adds the entry's top-level rules to `top`; returns its own chains when `group` asks for them.
+fn render_entry(entry: &ServicePlan, env: &Env<'_>, top: &mut TopLevel, group: bool) -> Option<ServiceChains> {
     let name = entry.name.as_str();
     let proto = entry.protocol.lower();
     let port = entry.port;
@@ -470,6 +505,10 @@ fn render_entry(entry: &ServicePlan, env: &Env<'_>, top: &mut TopLevel) -> Servi
 
     // --- The entry's own chains (rewritten only when the entry changed) ---
 
+    if !group {
+        return None;
+    }
+
     let mut svc_rules: Vec<String> = Vec::new();
     let mut svl_rules: Vec<String> = Vec::new();
 
@@ -601,10 +640,10 @@ fn render_entry(entry: &ServicePlan, env: &Env<'_>, top: &mut TopLevel) -> Servi
         });
     }
 
-    ServiceChains {
+    Some(ServiceChains {
         key: EntryKey::of(entry),
         chains,
-    }
+    })
 }
 
 /// kube-proxy's `writeServiceToEndpointRules`: affinity checks first, then a uniform random pick where

@@ -211,6 +211,138 @@ impl Tracer {
         Ok(tracer)
     }
 
+    /// The built-in chains only, without our jump rules: a fresh network namespace's kernel (the state
+    /// the fake iptables edge starts from).
+    pub fn empty(family: IpFamily, local_addrs: &[IpAddr]) -> Self {
+        let mut tables = BTreeMap::new();
+        for (table, built_ins) in [
+            (Table::Filter, &FILTER_BUILT_INS[..]),
+            (Table::Nat, &NAT_BUILT_INS[..]),
+        ] {
+            let chains: BTreeMap<String, Vec<Rule>> = built_ins
+                .iter()
+                .map(|name| (name.to_string(), Vec::new()))
+                .collect();
+            tables.insert(table, chains);
+        }
+        Self {
+            family,
+            local_addrs: local_addrs.to_vec(),
+            tables,
+        }
+    }
+
+    /// The family this model is for.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// `iptables -t <table> -I <chain> <position+1> <args>`: checks the rule like the kernel (known
+    /// matches, an existing target chain) and inserts it at `position` (0 = first).
+    pub fn insert_rule(
+        &mut self,
+        table: Table,
+        chain: &str,
+        position: usize,
+        args: &[String],
+    ) -> Result<(), Error> {
+        let fail = |reason: String| Error::SimulatedRestore { line: 0, reason };
+        let rule = Rule::parse(args, quote_args(args)).map_err(fail)?;
+        let chains = self
+            .tables
+            .get_mut(&table)
+            .ok_or_else(|| fail(format!("no table {table}")))?;
+        if let Target::Chain(target) = &rule.target
+            && !chains.contains_key(target)
+        {
+            return Err(fail(format!("target chain {target} does not exist")));
+        }
+        let rules = chains
+            .get_mut(chain)
+            .ok_or_else(|| fail(format!("chain {chain} does not exist")))?;
+        rules.insert(position.min(rules.len()), rule);
+        Ok(())
+    }
+
+    /// `iptables -t <table> -C <chain> <args>`: true when a rule with exactly these arguments exists.
+    pub fn has_rule(&self, table: Table, chain: &str, args: &[String]) -> bool {
+        let raw = quote_args(args);
+        self.rules_of(table, chain)
+            .is_some_and(|rules| rules.iter().any(|r| r.raw == raw))
+    }
+
+    /// `iptables -t <table> -D <chain> <args>`: deletes the first such rule; false when there is none.
+    pub fn delete_rule(&mut self, table: Table, chain: &str, args: &[String]) -> bool {
+        let raw = quote_args(args);
+        let Some(rules) = self.tables.get_mut(&table).and_then(|t| t.get_mut(chain)) else {
+            return false;
+        };
+        match rules.iter().position(|r| r.raw == raw) {
+            Some(index) => {
+                rules.remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `iptables -t <table> -F <chain>`, as a firewall reload or an administrator might: false when
+    /// the chain does not exist.
+    pub fn flush_chain(&mut self, table: Table, chain: &str) -> bool {
+        match self.tables.get_mut(&table).and_then(|t| t.get_mut(chain)) {
+            Some(rules) => {
+                rules.clear();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes a user chain and every rule jumping to it (`iptables -F` of the referrers' rules plus
+    /// `-X`, as a firewall manager wiping foreign chains does); false when it does not exist.
+    pub fn remove_chain(&mut self, table: Table, chain: &str) -> bool {
+        let Some(chains) = self.tables.get_mut(&table) else {
+            return false;
+        };
+        if is_built_in(table, chain) || chains.remove(chain).is_none() {
+            return false;
+        }
+        for rules in chains.values_mut() {
+            rules.retain(|r| !matches!(&r.target, Target::Chain(t) if t == chain));
+        }
+        true
+    }
+
+    /// Names of the chains of `table`, built-in ones included.
+    pub fn chain_names(&self, table: Table) -> Vec<String> {
+        self.tables
+            .get(&table)
+            .map(|chains| chains.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// One table in `iptables-save` format (built-in chains with policy `ACCEPT`).
+    pub fn save(&self, table: Table) -> String {
+        let mut out = format!("*{table}\n");
+        let Some(chains) = self.tables.get(&table) else {
+            return out + "COMMIT\n";
+        };
+        for name in chains.keys() {
+            let policy = if is_built_in(table, name) { "ACCEPT" } else { "-" };
+            out.push_str(&format!(":{name} {policy} [0:0]\n"));
+        }
+        for (name, rules) in chains {
+            for rule in rules {
+                out.push_str(&format!("-A {name} {}\n", rule.raw));
+            }
+        }
+        out + "COMMIT\n"
+    }
+
+    fn rules_of(&self, table: Table, chain: &str) -> Option<&Vec<Rule>> {
+        self.tables.get(&table).and_then(|t| t.get(chain))
+    }
+
     /// [`Tracer::new`] with `ruleset`'s full payload restored.
     pub fn from_ruleset(ruleset: &Ruleset, local_addrs: &[IpAddr]) -> Result<Self, Error> {
         let mut tracer = Self::new(ruleset.family(), local_addrs)?;

@@ -103,11 +103,7 @@ fn bad_objects_are_skipped_with_one_warning_each() {
                     Some(vec!["nope".into(), "203.0.113.9".into()]);
             })],
             slices: vec![],
-            warning: (
-                "Service",
-                "ns1/bad",
-                "externalIP \"nope\" is not an IP address; ignored",
-            ),
+            warning: ("Service", "ns1/bad", "externalIP \"nope\" is not valid; ignored"),
             planned: &["ns1/bad"],
         },
         Case {
@@ -122,7 +118,7 @@ fn bad_objects_are_skipped_with_one_warning_each() {
             warning: (
                 "Service",
                 "ns1/bad",
-                "loadBalancerSourceRange \"10.0.0.0/40\" is not a CIDR; ignored",
+                "loadBalancerSourceRange \"10.0.0.0/40\" is not valid; ignored",
             ),
             planned: &["ns1/bad"],
         },
