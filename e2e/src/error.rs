@@ -46,6 +46,14 @@ pub enum LabError {
         /// The lab id.
         lab: String,
     },
+    /// A node's agent did not apply its plan (or exited).
+    #[error("agent on {node}: {detail}")]
+    Agent {
+        /// The node.
+        node: String,
+        /// What was seen.
+        detail: String,
+    },
     /// A command could not be started.
     #[error("starting `{command}`: {source}")]
     Spawn {

@@ -315,6 +315,11 @@ impl Lab {
         command::output(Command::new(IP).args(["netns", "exec", netns]).args(argv), None)
     }
 
+    /// The options the lab was brought up with.
+    pub fn options(&self) -> &LabOptions {
+        &self.options
+    }
+
     /// Where plans for this lab's agents are written (under the state directory).
     pub fn plans_dir(&self) -> Result<PathBuf> {
         self.state.plans_dir()

@@ -18,8 +18,11 @@
 //! behind their node (Calico-style), so all pod traffic crosses the node's netfilter, as on a real node.
 //! Building a lab needs root and iproute2 ([`preflight`]).
 
+pub mod checks;
 pub mod cluster;
 pub mod command;
+pub mod demo;
+pub mod deployed;
 pub mod error;
 pub mod lab;
 pub mod layout;
@@ -40,6 +43,7 @@ mod supervisor;
 pub mod teardown;
 
 pub use cluster::ClusterDescription;
+pub use deployed::Deployed;
 pub use error::{LabError, Result};
 pub use lab::Lab;
 pub use layout::{LabClient, LabNode, LabPod, Layout};

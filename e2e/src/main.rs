@@ -7,6 +7,7 @@
 //! cleanup [--all]              remove leftovers of crashed runs (--all: every lab, live or kept)
 //! serve …                      the backend run inside each pod namespace
 //! probe …                      one or more probes, JSON on stdout (exit 0 when every probe was answered)
+//! demo [--cluster F] [--keep]  Switchyard on the example cluster: plans, agents, `kubectl get nfp`, traffic
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
@@ -76,6 +77,19 @@ enum Cmd {
         #[arg(long)]
         udp: Vec<u16>,
     },
+    /// Run Switchyard on a cluster description in a lab: plans, one agent per node, the `kubectl get nfp`
+    /// table and traffic checks (the example cluster's by default).
+    Demo {
+        /// The cluster description.
+        #[arg(long, default_value = "examples/cluster.yaml")]
+        cluster: PathBuf,
+        /// The controller configuration.
+        #[arg(long, default_value = "examples/controller-config.yaml")]
+        config: PathBuf,
+        /// Leave the lab up at the end.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Probe a destination and print the result as JSON.
     Probe {
         /// tcp or udp.
@@ -134,6 +148,34 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             loop {
                 std::thread::park();
             }
+        }
+        Cmd::Demo {
+            cluster,
+            config,
+            keep,
+        } => {
+            if !switchyard_e2e::preflight::is_root() {
+                eprintln!(
+                    "switchyard-lab demo: the lab builds network namespaces and needs root; run `sudo make demo`"
+                );
+                return Ok(ExitCode::from(2));
+            }
+            install_teardown_on_signal()?;
+            let options = LabOptions {
+                state_dir: cli.state_dir,
+                ..LabOptions::default()
+            };
+            let demo = switchyard_e2e::demo::DemoOptions {
+                cluster,
+                config: Some(config),
+                keep,
+            };
+            let failed = switchyard_e2e::demo::run(&demo, options)?;
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Cmd::Down { id } => {
             teardown::down(&cli.state_dir, &id)?;

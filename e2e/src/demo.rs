@@ -1,0 +1,229 @@
+//! `make demo`: Switchyard on the example cluster in the lab, shown the way an operator would see it.
+//!
+//! ```text
+//! examples/cluster.yaml ─► lab (3 nodes, pods, client) ─► plans ─► one agent per node
+//!   ─► `kubectl get nfp` table (desired vs observed revision, Applied, rules)
+//!   ─► traffic checks on real packets ─► report ─► teardown (or --keep)
+//! ```
+
+use std::path::Path;
+
+use ipnet::Ipv4Net;
+
+use crate::{
+    ClusterDescription, Deployed, LabOptions, Place,
+    checks::{self, Check, Expect, answered, answered_from, spread, sticky},
+    error::Result,
+};
+
+/// The checks for `examples/cluster.yaml` (pod names and addresses are that file's).
+pub fn example_checks() -> Vec<Check> {
+    let client = "192.168.10.200";
+    let pod_a = Place::pod("apache-6d4cf56db6-a1"); // on node-a
+    let pod_c = Place::pod("nginx-pod-3"); // on node-c
+    vec![
+        Check::tcp(
+            "ClusterIP from a pod, spread over both backends",
+            pod_c.clone(),
+            "10.96.0.80:80",
+            30,
+            spread(&["apache-6d4cf56db6-a1", "apache-6d4cf56db6-b2"]),
+        ),
+        Check::tcp(
+            "ClusterIP keeps the pod's source address",
+            pod_c.clone(),
+            "10.96.0.80:80",
+            5,
+            answered_from(&["apache"], "10.244.3.30"),
+        ),
+        Check::tcp(
+            "ClusterIP from a node (masqueraded)",
+            Place::node("node-c"),
+            "10.96.0.80:80",
+            5,
+            answered_from(&["apache"], "192.168.10.13"),
+        ),
+        Check::tcp(
+            "NodePort 32701 -> 8008 via node-a (seed: nginx-gateway-svc)",
+            Place::Client,
+            "192.168.10.11:32701",
+            5,
+            answered(&["nginx-gateway"]),
+        ),
+        Check::tcp(
+            "NodePort 32701 -> 8008 via node-b",
+            Place::Client,
+            "192.168.10.12:32701",
+            5,
+            answered(&["nginx-gateway"]),
+        ),
+        Check::tcp(
+            "NodePort 32701 -> 8008 via node-c",
+            Place::Client,
+            "192.168.10.13:32701",
+            5,
+            answered(&["nginx-gateway"]),
+        ),
+        Check::tcp(
+            "NodePort 31131 -> 10.254.20.8:8080 (seed: heketi)",
+            Place::Client,
+            "192.168.10.13:31131",
+            3,
+            answered(&["heketi"]),
+        ),
+        Check::tcp(
+            "ClusterIP 10.96.125.27:8080 -> heketi",
+            pod_a.clone(),
+            "10.96.125.27:8080",
+            3,
+            answered(&["heketi"]),
+        ),
+        Check::tcp(
+            "ClientIP affinity: 10.97.97.97 sticks to one pod",
+            pod_c.clone(),
+            "10.97.97.97:80",
+            20,
+            sticky(&["nginx-pod"]),
+        ),
+        Check::tcp(
+            "eTP=Local NodePort: local endpoint, client IP kept",
+            Place::Client,
+            "192.168.10.11:30080",
+            5,
+            answered_from(&["web-1"], client),
+        ),
+        Check::tcp(
+            "eTP=Local NodePort on a node without endpoints drops",
+            Place::Client,
+            "192.168.10.13:30080",
+            2,
+            Expect::Dropped,
+        ),
+        Check::tcp(
+            "LoadBalancer IP 203.0.113.10 via node-a (source range allows the client)",
+            Place::Client,
+            "203.0.113.10:80",
+            5,
+            answered_from(&["web-1"], client),
+        ),
+        Check::udp(
+            "iTP=Local DNS over UDP: the node's own pod",
+            pod_a.clone(),
+            "10.96.0.53:53",
+            5,
+            answered(&["node-local-dns-a"]),
+        ),
+        Check::tcp(
+            "iTP=Local DNS over TCP: the node's own pod",
+            pod_a.clone(),
+            "10.96.0.53:53",
+            5,
+            answered(&["node-local-dns-a"]),
+        ),
+        Check::udp(
+            "iTP=Local on a node without a local pod drops",
+            pod_c.clone(),
+            "10.96.0.53:53",
+            2,
+            Expect::Dropped,
+        ),
+        Check::tcp(
+            "Zone hints: zone-b's node uses zone-b's endpoint",
+            pod_c.clone(),
+            "10.96.0.60:80",
+            10,
+            answered(&["catalog-c"]),
+        ),
+        Check::tcp(
+            "Zone hints: zone-a's node uses zone-a's endpoint",
+            pod_a.clone(),
+            "10.96.0.60:80",
+            10,
+            answered(&["catalog-a"]),
+        ),
+        Check::tcp(
+            "Terminating fallback: only the serving terminating pod",
+            pod_c.clone(),
+            "10.96.0.70:80",
+            5,
+            answered(&["checkout-old-1"]),
+        ),
+        Check::tcp(
+            "externalIP 203.0.113.20:8080",
+            Place::Client,
+            "203.0.113.20:8080",
+            3,
+            answered(&["legacy-api"]),
+        ),
+        Check::tcp(
+            "No endpoints: refused at once, not a timeout",
+            pod_a,
+            "10.96.0.99:80",
+            3,
+            Expect::Refused,
+        ),
+    ]
+}
+
+/// Options of the demo.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// The cluster description.
+    pub cluster: std::path::PathBuf,
+    /// The controller configuration.
+    pub config: Option<std::path::PathBuf>,
+    /// Leave the lab up at the end.
+    pub keep: bool,
+}
+
+/// Runs the demo; returns how many checks failed.
+pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
+    let description = ClusterDescription::from_file(&options.cluster)?;
+    let config = load_config(options.config.as_deref())?;
+    println!(
+        "== Bringing up the lab: {} nodes, their pods and an external client (network namespaces)",
+        description.nodes.len()
+    );
+    let deployed = Deployed::up(description, config, lab_options)?;
+    println!("{}", deployed.lab.summary());
+    // The client reaches service IPs through node-a, as through a router or a BGP-announced VIP.
+    for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+        if let Ok(net) = cidr.parse::<Ipv4Net>() {
+            deployed.lab.client_route_via(net, "node-a")?;
+        }
+    }
+    println!("\n== kubectl get nodeforwardingplans (status written by each node's agent)\n");
+    print!("{}", deployed.table(false)?);
+    println!("\n== Traffic checks (real packets through each node's iptables rules)\n");
+    let mut failed = 0;
+    for check in example_checks() {
+        let outcome = checks::run(&deployed.lab, &check)?;
+        if !outcome.passed() {
+            failed += 1;
+        }
+        println!("{outcome}");
+    }
+    let total = example_checks().len();
+    println!("\n{} passed, {failed} failed", total - failed);
+    let rules = deployed.exec_in_node("node-a", &["iptables-save", "-t", "nat"])?;
+    let count = String::from_utf8_lossy(&rules.stdout)
+        .lines()
+        .filter(|l| l.starts_with("-A SWYD-"))
+        .count();
+    println!("node-a holds {count} nat rules in SWYD-* chains (`iptables-save -t nat` inside its namespace)");
+    if options.keep {
+        let id = deployed.keep()?;
+        println!(
+            "\nThe lab stays up: `ip netns list | grep {id}`; remove it with `switchyard-lab down {id}`."
+        );
+    }
+    Ok(failed)
+}
+
+fn load_config(path: Option<&Path>) -> Result<switchyard_controller::Config> {
+    match path {
+        None => Ok(switchyard_controller::Config::default()),
+        Some(path) => switchyard_controller::Config::load(path)
+            .map_err(|e| crate::LabError::ParseDescription(e.to_string())),
+    }
+}
