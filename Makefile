@@ -8,7 +8,7 @@ IMAGE_REGISTRY ?= ghcr.io/switchyard
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: help build test unit lint fmt generate verify-generated demo bench e2e image clean
+.PHONY: help build test unit lint fmt generate verify-generated demo plan bench e2e image clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -34,7 +34,12 @@ generate: ## Regenerate the CRD YAML from the Rust types (crds/ and config/crd/)
 verify-generated: generate ## Fail when the committed CRD YAML differs from the types
 	@git diff --exit-code -- crds config/crd || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
 
-demo: ## Plan the example cluster and show it as `kubectl get nfp` would
+demo: ## The example cluster in the network-namespace lab: plans, agents, `kubectl get nfp`, traffic checks (root; DEMO_FLAGS=--keep leaves it up)
+	@./e2e/demo-deps.sh
+	$(CARGO) build -q --bins
+	./target/debug/switchyard-lab demo --cluster $(CLUSTER) --config $(CONFIG) $(DEMO_FLAGS)
+
+plan: ## Plan the example cluster offline and print the `kubectl get nfp` table
 	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
 
 bench: ## Benchmarks (release build); each prints a summary table (SWITCHYARD_BENCH_SMOKE=1 for tiny sizes)

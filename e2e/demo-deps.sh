@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what the network-namespace lab needs on a fresh Debian machine (root only).
+set -euo pipefail
+if [ "$(id -u)" != 0 ]; then
+  echo "make demo builds network namespaces, veth pairs and iptables rules: it needs root (try: sudo make demo)" >&2
+  exit 2
+fi
+declare -A tools=([ip]=iproute2 [iptables-restore]=iptables [conntrack]=conntrack [nft]=nftables)
+missing=()
+for tool in "${!tools[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${tools[$tool]}")
+done
+if ((${#missing[@]})); then
+  echo "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
