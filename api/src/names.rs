@@ -33,6 +33,10 @@ pub mod k8s {
     pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 }
 
+/// Plan annotation: the earliest EndpointSlice `last-change-trigger-time` among the changes this write
+/// carries, so the agent can measure network programming latency end to end.
+pub const ANNOTATION_TRIGGER_TIME: &str = "switchyard.io/last-change-trigger-time";
+
 /// IPVS schedulers the agent knows (`mh` only where the kernel has it).
 pub const IPVS_SCHEDULERS: &[&str] = &["rr", "wrr", "lc", "wlc", "dh", "sh", "sed", "nq", "mh"];
 

@@ -22,7 +22,8 @@ use kube::runtime::watcher;
 use switchyard_api::{
     NodeForwardingPlan,
     names::{
-        LABEL_NODE, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME, k8s::LABEL_SERVICE_NAME, plan_object_name,
+        ANNOTATION_TRIGGER_TIME, LABEL_NODE, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
+        k8s::LABEL_SERVICE_NAME, plan_object_name,
     },
     revision,
 };
@@ -415,7 +416,17 @@ impl Engine {
         shards.sort_by_key(|(index, _)| if *index == 0 { u32::MAX } else { *index });
         let apply = shards
             .into_iter()
-            .map(|(index, spec)| object(node, info.uid.as_deref(), index, count, spec))
+            .map(|(index, spec)| {
+                let mut object = object(node, info.uid.as_deref(), index, count, spec);
+                if let Some(trigger) = trigger {
+                    object
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(ANNOTATION_TRIGGER_TIME.to_string(), trigger.to_string());
+                }
+                object
+            })
             .collect();
         let delete: Vec<String> = self
             .observed
