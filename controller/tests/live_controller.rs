@@ -224,8 +224,27 @@ async fn one_endpoint_change_writes_exactly_the_affected_shards() {
 
     server.clear_requests();
     let changed = 7;
-    server.put(Kind::EndpointSlice, slice(changed, &shape, 1));
+    let mut updated = slice(changed, &shape, 1);
+    let trigger = "2026-11-29T10:00:00Z";
+    updated.metadata.annotations = Some(
+        [(
+            "endpoints.kubernetes.io/last-change-trigger-time".to_string(),
+            trigger.to_string(),
+        )]
+        .into(),
+    );
+    server.put(Kind::EndpointSlice, updated);
     settle(&ctl, Duration::from_millis(500)).await;
+    // Every write carries the change's trigger time, for end-to-end network programming latency.
+    for write in ctl.plan_writes() {
+        let annotation = &write.body.as_ref().unwrap()["metadata"]["annotations"]["switchyard.io/last-change-trigger-time"];
+        assert_eq!(annotation, trigger, "{}", write.path);
+    }
+    let metrics = ctl.running.metrics.render();
+    assert!(
+        metrics.contains("switchyard_controller_network_programming_duration_seconds_count 3"),
+        "{metrics}"
+    );
     let writes = names(&ctl.plan_writes());
     // Per node: the shard holding the Service, then the primary (which lists shard revisions).
     let offline = Planner::build(&cluster(&shape), &config(budget)).unwrap();
