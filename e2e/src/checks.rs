@@ -146,21 +146,20 @@ pub fn judge(expect: &Expect, count: usize, tally: &ProbeTally) -> Option<String
             if let Some(pod) = tally.answered.keys().find(|p| !matches(p, pods)) {
                 return Some(format!("{pod} answered, want one of {pods:?}"));
             }
-            if *all {
-                if let Some(missing) = pods
+            if *all
+                && let Some(missing) = pods
                     .iter()
                     .find(|w| !tally.answered.keys().any(|p| p.starts_with(w.as_str())))
-                {
-                    return Some(format!("{missing} never answered: {:?}", tally.answered));
-                }
+            {
+                return Some(format!("{missing} never answered: {:?}", tally.answered));
             }
-            if let Some(source) = source {
-                if tally.seen_sources.keys().any(|s| s != source) {
-                    return Some(format!(
-                        "backends saw sources {:?}, want only {source}",
-                        tally.seen_sources
-                    ));
-                }
+            if let Some(source) = source
+                && tally.seen_sources.keys().any(|s| s != source)
+            {
+                return Some(format!(
+                    "backends saw sources {:?}, want only {source}",
+                    tally.seen_sources
+                ));
             }
             None
         }

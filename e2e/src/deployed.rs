@@ -191,13 +191,13 @@ impl Deployed {
                 if applied {
                     break;
                 }
-                if let Some(agent) = self.agents.get(node) {
-                    if !agent.is_running() {
-                        return Err(LabError::Agent {
-                            node: node.clone(),
-                            detail: format!("exited; stderr:\n{}", agent.stderr()),
-                        });
-                    }
+                if let Some(agent) = self.agents.get(node)
+                    && !agent.is_running()
+                {
+                    return Err(LabError::Agent {
+                        node: node.clone(),
+                        detail: format!("exited; stderr:\n{}", agent.stderr()),
+                    });
                 }
                 if Instant::now() > deadline {
                     let detail = format!(

@@ -1,11 +1,15 @@
-//! The iptables backend's pure half: plan → rules → `iptables-restore` text, and a tracer to check it.
+//! The iptables backend: plan → rules → `iptables-restore` text (pure), the kernel edge, and the
+//! [`crate::sync::Dataplane`] that ties them together.
 //!
 //! ```text
-//! NodeForwardingPlanSpec ─┐                         ┌─► full_payload()    ─┐
-//! HostFacts ──────────────┼─► render() ─► Ruleset ──┤                      ├─► apply edge: iptables-restore
-//! family, skipped entries ┘       │                 └─► partial_payload() ─┘   --noflush (+ jump_rules()
-//!                                 │                                            ensured on full syncs)
-//!                                 └─► Tracer::from_ruleset() ─► trace(packet) ─► verdicts, masquerade
+//! NodeForwardingPlanSpec ─┐                         ┌─► full_payload() / partial_payload()   (render, tests)
+//! HostFacts ──────────────┼─► render() ─► Ruleset ──┤
+//! family, skipped entries ┘                         └─► Tracer::from_ruleset() ─► trace(packet)
+//!
+//! dataplane::IptablesDataplane ─► stream::PayloadJob (render_selected, streamed) ─► kernel::Iptables
+//!        ▲ check_drift / cleanup ◄── save::SavedTable ◄── iptables-save            ├─ exec::ExecIptables
+//!        │                                                                         └─ fake::FakeIptables
+//!        └─ mode: iptables-nft or iptables-legacy, as the host uses it
 //! ```
 //!
 //! # Ownership contract
@@ -31,6 +35,7 @@
 //! - No large-cluster mode: per-endpoint comments are always written.
 //! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).
 
+pub mod dataplane;
 pub mod exec;
 pub mod fake;
 pub mod kernel;
@@ -43,5 +48,7 @@ pub mod stream;
 pub mod tracer;
 
 pub use payload::{Chain, EntryKey, Ruleset, RulesetDigest, ServiceChains, Table};
-pub use render::{HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_selected};
+pub use render::{
+    HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_selected,
+};
 pub use tracer::{Branch, Packet, Trace, Tracer, Verdict};

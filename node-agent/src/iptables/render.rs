@@ -169,7 +169,9 @@ pub fn render_each(
     skip: &HashSet<usize>,
     each: &mut dyn FnMut(ServiceChains),
 ) -> Ruleset {
-    render_selected(spec, facts, family, skip, &|_, _| true, &mut |_, group| each(group))
+    render_selected(spec, facts, family, skip, &|_, _| true, &mut |_, group| {
+        each(group)
+    })
 }
 
 /// [`render_each`] that renders the chain group only of the entries `wanted(index, entry)` selects;
@@ -366,7 +368,12 @@ impl TopLevel {
 
 /// kube-proxy's per-ServicePort block of `syncProxyRules`.
 /// Adds the entry's top-level rules to `top`; returns its own chains when `group` asks for them.
-fn render_entry(entry: &ServicePlan, env: &Env<'_>, top: &mut TopLevel, group: bool) -> Option<ServiceChains> {
+fn render_entry(
+    entry: &ServicePlan,
+    env: &Env<'_>,
+    top: &mut TopLevel,
+    group: bool,
+) -> Option<ServiceChains> {
     let name = entry.name.as_str();
     let proto = entry.protocol.lower();
     let port = entry.port;

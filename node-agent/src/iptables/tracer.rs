@@ -21,9 +21,9 @@
 //! reached `MASQUERADE`.
 //!
 //! Restores are checked the way the kernel checks them, so tests catch broken payloads: a rule may
-//! only be appended to an existing chain, every jump target must exist when the table commits, a
-//! chain can only be deleted when it is empty and unreferenced, and chain names fit in 28 characters.
-//! The parser understands exactly the matches and targets the render emits and rejects anything else.
+//! only be appended (`-A`) or inserted (`-I`) to an existing chain, every jump target must exist when
+//! the table commits, a chain can only be deleted when it is empty and unreferenced, and chain names
+//! fit in 28 characters. The parser understands exactly the matches and targets the render emits and rejects anything else.
 //! This is test and diagnosis tooling (the e2e lab uses it to predict what real packets do); it is not
 //! on the agent's apply path.
 
@@ -402,6 +402,22 @@ impl Tracer {
                     return Err(fail(format!("chain {chain} does not exist")));
                 };
                 rules.push(rule);
+            } else if let Some(rest) = line.strip_prefix("-I ") {
+                // `-I CHAIN [position] rule`: inserted like `iptables -I` (position 1 = first).
+                let (chain, raw) = rest.split_once(' ').unwrap_or((rest, ""));
+                let (position, raw) = match raw.split_once(' ') {
+                    Some((n, tail)) if n.parse::<usize>().is_ok() => (n.parse::<usize>().unwrap_or(1), tail),
+                    _ => (1, raw),
+                };
+                let tokens = tokenize(raw).map_err(fail)?;
+                let rule = Rule::parse(&tokens, raw.to_string()).map_err(fail)?;
+                let Some(rules) = chains.get_mut(chain) else {
+                    return Err(fail(format!("chain {chain} does not exist")));
+                };
+                if position == 0 || position > rules.len() + 1 {
+                    return Err(fail(format!("index of insertion {position} is too big")));
+                }
+                rules.insert(position - 1, rule);
             } else if let Some(chain) = line.strip_prefix("-X ") {
                 let chain = chain.trim();
                 if is_built_in(*table, chain) {
@@ -1142,6 +1158,24 @@ COMMIT
             let err = t.restore(payload).unwrap_err().to_string();
             assert!(err.contains(want), "{payload:?}: {err}");
             assert_eq!(t.dump(), before, "a failed table must leave the state alone");
+        }
+    }
+
+    #[test]
+    fn inserted_rules_go_where_iptables_puts_them() {
+        let mut t = tracer();
+        t.restore("*nat\n-I SWYD-SVC-A 1 -j RETURN\n-I SWYD-SVC-A -m comment --comment \"a b\" -j SWYD-SEP-2\n-I SWYD-SVC-A 3 -j SWYD-SEP-1\nCOMMIT\n")
+            .unwrap();
+        let dump = t.dump();
+        let svc: Vec<&str> = dump.lines().filter(|l| l.starts_with("-A SWYD-SVC-A ")).collect();
+        assert_eq!(svc[0], "-A SWYD-SVC-A -m comment --comment \"a b\" -j SWYD-SEP-2");
+        assert_eq!(svc[1], "-A SWYD-SVC-A -j RETURN");
+        assert_eq!(svc[2], "-A SWYD-SVC-A -j SWYD-SEP-1");
+        for bad in [
+            "*nat\n-I NOPE 1 -j RETURN\nCOMMIT\n",
+            "*nat\n-I SWYD-SEP-1 9 -j RETURN\nCOMMIT\n",
+        ] {
+            assert!(t.restore(bad).is_err(), "{bad}");
         }
     }
 

@@ -10,6 +10,9 @@ mod fixtures;
 #[cfg(test)]
 mod golden;
 #[cfg(test)]
+#[path = "../common/lab.rs"]
+mod lab;
+#[cfg(test)]
 mod packet_flow;
 #[cfg(test)]
 mod partial;

@@ -1,0 +1,566 @@
+//! The command line: `render`, `apply`, `run`, `cleanup`.
+//!
+//! ```text
+//! args ─► clap ─► Command ─┬─ render  ─► plan file ─► validate ─► render() per family ─► stdout (payloads, jump rules)
+//!                          ├─ apply   ─► plan file ─► Syncer (real iptables) one full sync ─► status YAML on stdout
+//!                          ├─ run     ─► plan file ─► run::run loop until SIGTERM/SIGINT (rules stay)
+//!                          └─ cleanup ─► every SWYD-* chain and jump rule removed (both families)
+//! exit: 0 ok · 1 the kernel refused / runtime failure · 2 bad flags, unreadable or invalid plan
+//! ```
+//!
+//! [`run_cli`] is the whole program, so another binary can embed the agent; `main.rs` only calls it.
+//! Logs go to stderr (text or JSON, filtered by `RUST_LOG`, default `info`); stdout carries only the
+//! command's output.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use switchyard_api::validate::validate;
+use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
+
+use crate::conntrack::CliConntrack;
+use crate::error::Error;
+use crate::host::{
+    FixedAddrs, HostFeatures, LocalAddrs, NetlinkAddrs, TCP_BE_LIBERAL_SYSCTL, parse_iptables_version,
+    read_tcp_be_liberal, supports_random_fully,
+};
+use crate::iptables::dataplane::{IptablesDataplane, families_of};
+use crate::iptables::exec::ExecIptables;
+use crate::iptables::mode::{IptablesMode, Variant};
+use crate::iptables::{HostFacts, jump_rules, node_port_ips, render};
+use crate::planfile::{read_plan_file, status_yaml};
+use crate::run::{RunConfig, run};
+use crate::sync::{Assembly, Dataplane, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, assemble};
+
+/// Exit status: the kernel refused the rules, or something failed at run time.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit status: bad flags, an unreadable or invalid plan.
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "switchyard-agent",
+    version,
+    about = "Programs this node's NodeForwardingPlan into the kernel and reports what it applied"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print exactly what would be programmed for a plan, touching nothing.
+    Render(RenderArgs),
+    /// Apply a plan once (a full sync) and print the resulting status.
+    Apply(ApplyArgs),
+    /// Apply a plan file, re-apply it when it changes, repair drift; until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Remove every rule and chain the agent owns (jump rules, then SWYD-* chains), both families.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Args, Debug)]
+struct RenderArgs {
+    /// Plan file: a NodeForwardingPlan object (YAML/JSON), multi-document YAML of shards, or a bare spec.
+    #[arg(long)]
+    plan: PathBuf,
+    /// Backend to render for.
+    #[arg(long, default_value = "iptables")]
+    backend: String,
+}
+
+#[derive(Args, Debug)]
+struct IptablesArgs {
+    /// Which iptables to use: detect what the host uses, nf_tables, or legacy x_tables.
+    #[arg(long, default_value = "auto", value_parser = parse_mode)]
+    iptables_mode: IptablesMode,
+}
+
+#[derive(Args, Debug)]
+struct ApplyArgs {
+    /// Plan file (see `render --plan`).
+    #[arg(long)]
+    plan: PathBuf,
+    /// Also write the status (YAML) to this file.
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    #[command(flatten)]
+    iptables: IptablesArgs,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Plan file to apply and watch.
+    #[arg(long)]
+    plan_file: PathBuf,
+    /// Where to write the status (YAML, replaced atomically) after every sync.
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    /// How often to compare the kernel with what was applied and repair drift.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    resync_period: Duration,
+    /// Rewrite everything at least this often.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    full_sync_period: Duration,
+    /// Coalesce plan changes closer together than this.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    min_sync_interval: Duration,
+    /// How often to look at the plan file.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    poll_interval: Duration,
+    #[command(flatten)]
+    iptables: IptablesArgs,
+}
+
+#[derive(Args, Debug)]
+struct CleanupArgs {
+    /// Which iptables to clean; `auto` cleans both nf_tables and legacy (whichever exist).
+    #[arg(long, default_value = "auto", value_parser = parse_mode)]
+    iptables_mode: IptablesMode,
+}
+
+fn parse_mode(value: &str) -> Result<IptablesMode, String> {
+    value.parse()
+}
+
+/// Parses `200ms`, `30s`, `5m`, `1h`, or a sum such as `1h30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration like 200ms, 30s, 5m or 1h");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "ms" => Duration::from_millis(1),
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            _ => return Err(bad()),
+        };
+        total += scale
+            .checked_mul(u32::try_from(number).map_err(|_| bad())?)
+            .ok_or_else(bad)?;
+        rest = &rest[unit..];
+    }
+    Ok(total)
+}
+
+/// The agent's whole command line. Returns the process exit status.
+pub fn run_cli<I>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = OsString>,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Render(args) => render_command(&args),
+        Command::Apply(args) => apply_command(&args),
+        Command::Run(args) => run_command(&args),
+        Command::Cleanup(args) => cleanup_command(&args),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second call (embedding binary, tests) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {error}");
+    ExitCode::from(code)
+}
+
+/// Reads the plan file and assembles its objects; usage errors come back as exit status 2.
+fn load_plan(
+    path: &std::path::Path,
+) -> Result<(Vec<Arc<NodeForwardingPlanSpec>>, Arc<NodeForwardingPlanSpec>), ExitCode> {
+    let objects = read_plan_file(path).map_err(|e| fail(EXIT_USAGE, &e))?;
+    match assemble(&objects) {
+        Assembly::Ready(spec) => Ok((objects, spec)),
+        Assembly::Incomplete(why) => Err(fail(EXIT_USAGE, &format!("{}: {why}", path.display()))),
+    }
+}
+
+/// Host features for the render: iptables version (for `--random-fully`) and the liberal-TCP sysctl.
+fn discover_features(version: Option<String>) -> HostFeatures {
+    let random_fully = version
+        .as_deref()
+        .and_then(parse_iptables_version)
+        .is_some_and(supports_random_fully);
+    HostFeatures {
+        random_fully,
+        tcp_be_liberal: read_tcp_be_liberal(std::path::Path::new(TCP_BE_LIBERAL_SYSCTL)),
+    }
+}
+
+// === render ===
+
+fn quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c))
+    {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+fn render_command(args: &RenderArgs) -> ExitCode {
+    match Backend::parse(&args.backend) {
+        Some(Backend::Iptables) => {}
+        Some(other) => return fail(EXIT_USAGE, &Error::UnsupportedBackend(other)),
+        None => {
+            return fail(
+                EXIT_USAGE,
+                &format!("unknown backend {:?} (iptables, ipvs or nftables)", args.backend),
+            );
+        }
+    }
+    let (_, spec) = match load_plan(&args.plan) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let report = validate(&spec);
+    if !report.plan.is_empty() {
+        for problem in &report.plan {
+            eprintln!("invalid plan: {problem}");
+        }
+        return ExitCode::from(EXIT_USAGE);
+    }
+    for problem in report.entries.iter().flat_map(|(_, p)| p) {
+        eprintln!("warning: skipping entry: {problem}");
+    }
+    let skip = report.bad_entries();
+    let version = crate::command::stdout_of(std::process::Command::new("iptables").arg("--version")).ok();
+    let features = discover_features(version.clone());
+    let local = if spec.cluster.node_port_addresses.is_empty() {
+        Vec::new()
+    } else {
+        NetlinkAddrs.local_addrs().unwrap_or_else(|e| {
+            eprintln!("warning: {e}; NodePort addresses resolved against no local address");
+            FixedAddrs::default().0
+        })
+    };
+    print!(
+        "{}",
+        render_text(&spec, &skip, features, &local, version.as_deref())
+    );
+    ExitCode::SUCCESS
+}
+
+/// What `render` prints: per family a header, the full restore payload, and the jump rules.
+pub fn render_text(
+    spec: &NodeForwardingPlanSpec,
+    skip: &HashSet<usize>,
+    features: HostFeatures,
+    local: &[std::net::IpAddr],
+    iptables_version: Option<&str>,
+) -> String {
+    let mut out = format!(
+        "# switchyard-agent render: node {}, revision {}, backend iptables\n# host: {}, random-fully={}, tcp-be-liberal={}\n",
+        spec.node_name,
+        spec.revision,
+        iptables_version.map_or("iptables version unknown", str::trim),
+        features.random_fully,
+        features.tcp_be_liberal,
+    );
+    for family in families_of(spec) {
+        let facts = HostFacts {
+            random_fully: features.random_fully,
+            tcp_be_liberal: features.tcp_be_liberal,
+            node_port_ips: node_port_ips(spec, family, local),
+        };
+        let ruleset = render(spec, &facts, family, skip);
+        let (restore, iptables) = match family {
+            IpFamily::IPv4 => ("iptables-restore", "iptables"),
+            IpFamily::IPv6 => ("ip6tables-restore", "ip6tables"),
+        };
+        let nodeports = match &facts.node_port_ips {
+            None => "every local address".to_string(),
+            Some(ips) => format!("{ips:?}"),
+        };
+        out.push_str(&format!(
+            "\n# === {family:?}: {restore} --noflush ({} entries, {} rules; NodePorts on {nodeports}) ===\n",
+            ruleset.services().len(),
+            ruleset.rule_count()
+        ));
+        out.push_str(&ruleset.full_payload());
+        out.push_str(&format!(
+            "# === {family:?}: jump rules, each ensured with {iptables} -C, else inserted at position 1 in this order ===\n"
+        ));
+        for jump in jump_rules(family) {
+            let args: Vec<String> = jump.args.iter().map(|a| quote(a)).collect();
+            out.push_str(&format!(
+                "{iptables} -t {} -I {} 1 {}\n",
+                jump.table,
+                jump.chain,
+                args.join(" ")
+            ));
+        }
+    }
+    out
+}
+
+// === apply / run / cleanup ===
+
+fn real_syncer(mode: IptablesMode, config: SyncConfig) -> Result<Syncer, Error> {
+    let iptables = ExecIptables::detect(mode)?;
+    let features = discover_features(iptables.version().ok());
+    tracing::info!(variant = %iptables.variant(), random_fully = features.random_fully, tcp_be_liberal = features.tcp_be_liberal, "using iptables");
+    let dataplane = IptablesDataplane::new(iptables, NetlinkAddrs, features);
+    Ok(Syncer::new(
+        Box::new(dataplane),
+        Arc::new(SystemClock),
+        config,
+        SyncMetrics::default(),
+    )
+    .with_conntrack(Box::new(CliConntrack::default())))
+}
+
+fn apply_command(args: &ApplyArgs) -> ExitCode {
+    let (objects, _) = match load_plan(&args.plan) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let mut syncer = match real_syncer(args.iptables.iptables_mode, SyncConfig::default()) {
+        Ok(syncer) => syncer,
+        Err(e) => return fail(EXIT_FAILED, &e),
+    };
+    let result = syncer.sync(&objects);
+    drop(objects);
+    let status = syncer.status();
+    match status_yaml(&status) {
+        Ok(yaml) => print!("{yaml}"),
+        Err(e) => eprintln!("error: {e}"),
+    }
+    if let Some(path) = &args.status_file
+        && let Err(e) = crate::planfile::write_status(path, &status)
+    {
+        eprintln!("error: {e}");
+    }
+    match result {
+        SyncResult::Applied { .. } => ExitCode::SUCCESS,
+        SyncResult::Rejected { message, .. } => fail(EXIT_USAGE, &message),
+        SyncResult::Failed { message } => fail(EXIT_FAILED, &message),
+    }
+}
+
+fn run_command(args: &RunArgs) -> ExitCode {
+    let config = SyncConfig {
+        full_sync_period: args.full_sync_period,
+        health_timeout: args.resync_period * 2,
+        ..SyncConfig::default()
+    };
+    let syncer = match real_syncer(args.iptables.iptables_mode, config) {
+        Ok(syncer) => syncer,
+        Err(e) => return fail(EXIT_FAILED, &e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(EXIT_FAILED, &Error::StartRuntime(e)),
+    };
+    let run_config = RunConfig {
+        plan_file: args.plan_file.clone(),
+        status_file: args.status_file.clone(),
+        resync_period: args.resync_period,
+        min_sync_interval: args.min_sync_interval,
+        poll_interval: args.poll_interval,
+    };
+    let result = runtime.block_on(async {
+        let shutdown = shutdown_signal()?;
+        run(run_config, syncer, shutdown).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(EXIT_FAILED, &e),
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(Error::StartRuntime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Error::StartRuntime)?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+    })
+}
+
+fn cleanup_command(args: &CleanupArgs) -> ExitCode {
+    let variants: Vec<Variant> = match args.iptables_mode {
+        IptablesMode::Nft => vec![Variant::Nft],
+        IptablesMode::Legacy => vec![Variant::Legacy],
+        IptablesMode::Auto => vec![Variant::Nft, Variant::Legacy],
+    };
+    let mut code = ExitCode::SUCCESS;
+    for variant in variants {
+        let iptables = match ExecIptables::with_variant(variant) {
+            Ok(iptables) => iptables,
+            Err(e) if args.iptables_mode == IptablesMode::Auto => {
+                tracing::info!(%variant, error = %e, "not cleaning this variant");
+                continue;
+            }
+            Err(e) => return fail(EXIT_FAILED, &e),
+        };
+        let mut dataplane = IptablesDataplane::new(iptables, FixedAddrs::default(), HostFeatures::default());
+        match dataplane.cleanup() {
+            Ok(done) => println!(
+                "iptables-{variant}: removed {} jump rules and {} chains",
+                done.jumps, done.objects
+            ),
+            Err(e) => {
+                eprintln!("error: iptables-{variant}: {e}");
+                code = ExitCode::from(EXIT_FAILED);
+            }
+        }
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    #[test]
+    fn durations_parse_like_go() {
+        let cases = [
+            ("200ms", Duration::from_millis(200)),
+            ("30s", Duration::from_secs(30)),
+            ("5m", Duration::from_secs(300)),
+            ("1h", Duration::from_secs(3600)),
+            ("1h30m", Duration::from_secs(5400)),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for bad in ["", "30", "s", "1d", "-1s", "1.5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bad_flags_and_unreadable_plans_exit_2() {
+        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            run_cli(args(&["switchyard-agent", "frobnicate"])),
+            ExitCode::from(EXIT_USAGE)
+        );
+        assert_eq!(
+            run_cli(args(&[
+                "switchyard-agent",
+                "run",
+                "--plan-file",
+                "x",
+                "--resync-period",
+                "soon"
+            ])),
+            ExitCode::from(EXIT_USAGE)
+        );
+        assert_eq!(
+            run_cli(args(&[
+                "switchyard-agent",
+                "apply",
+                "--plan",
+                "x",
+                "--iptables-mode",
+                "fast"
+            ])),
+            ExitCode::from(EXIT_USAGE)
+        );
+        assert_eq!(
+            run_cli(args(&[
+                "switchyard-agent",
+                "render",
+                "--plan",
+                "/nonexistent/plan.yaml"
+            ])),
+            ExitCode::from(EXIT_USAGE)
+        );
+    }
+
+    #[test]
+    fn render_prints_payloads_and_jump_rules_per_family() {
+        let mut spec = plan(
+            "node-a",
+            vec![
+                entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80)),
+                entry("ns/a:p", "fd00:10:96::1", 80).with(ep("fd00:10:244:2::1", 80)),
+            ],
+        );
+        spec.node_ips.push("fd00::11".into());
+        let features = HostFeatures {
+            random_fully: true,
+            tcp_be_liberal: false,
+        };
+        let text = render_text(
+            &spec,
+            &HashSet::new(),
+            features,
+            &[],
+            Some("iptables v1.8.9 (nf_tables)"),
+        );
+        assert!(
+            text.contains("# === IPv4: iptables-restore --noflush (1 entries"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# === IPv6: ip6tables-restore --noflush (1 entries"),
+            "{text}"
+        );
+        assert!(text.contains("--to-destination [fd00:10:244:2::1]:80"));
+        assert!(text.contains("MASQUERADE --random-fully"));
+        assert!(text.contains(
+            "iptables -t nat -I PREROUTING 1 -m comment --comment 'switchyard service portals' -j SWYD-SERVICES"
+        ), "{text}");
+        assert_eq!(text.matches("*nat").count(), 2);
+    }
+}

@@ -1,0 +1,137 @@
+//! An in-memory conntrack table for tests: flows are added by the test, listed and deleted by the code
+//! under test, and the deletions are recorded.
+//!
+//! ```text
+//! test ─► add(flow) ─► FakeConntrack (shared) ◄─ list_udp / delete ─ code under test
+//!                                            └─► flows(), deleted() for assertions
+//! ```
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use switchyard_api::IpFamily;
+
+use super::{Conntrack, Flow};
+use crate::error::Error;
+
+#[derive(Debug, Default)]
+struct State {
+    flows: Vec<Flow>,
+    deleted: Vec<Flow>,
+    lists: usize,
+    fail: bool,
+}
+
+/// The fake; clones share one table.
+#[derive(Debug, Clone, Default)]
+pub struct FakeConntrack {
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeConntrack {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a flow to the table.
+    pub fn add(&self, flow: Flow) {
+        self.lock().flows.push(flow);
+    }
+
+    /// The flows left.
+    pub fn flows(&self) -> Vec<Flow> {
+        self.lock().flows.clone()
+    }
+
+    /// The flows deleted so far, in order.
+    pub fn deleted(&self) -> Vec<Flow> {
+        self.lock().deleted.clone()
+    }
+
+    /// How many times the table was listed.
+    pub fn lists(&self) -> usize {
+        self.lock().lists
+    }
+
+    /// Makes every call fail (conntrack missing).
+    pub fn set_failing(&self, fail: bool) {
+        self.lock().fail = fail;
+    }
+}
+
+fn unavailable() -> Error {
+    Error::RunCommand {
+        command: "fake conntrack".into(),
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    }
+}
+
+impl Conntrack for FakeConntrack {
+    fn list_udp(&mut self, family: IpFamily) -> Result<Vec<Flow>, Error> {
+        let mut state = self.lock();
+        if state.fail {
+            return Err(unavailable());
+        }
+        state.lists += 1;
+        Ok(state
+            .flows
+            .iter()
+            .filter(|f| f.family() == family)
+            .copied()
+            .collect())
+    }
+
+    fn delete(&mut self, flow: &Flow) -> Result<bool, Error> {
+        let mut state = self.lock();
+        if state.fail {
+            return Err(unavailable());
+        }
+        match state.flows.iter().position(|f| f == flow) {
+            Some(index) => {
+                state.flows.remove(index);
+                state.deleted.push(*flow);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conntrack::Tuple;
+
+    fn flow(src: &str, dst: &str) -> Flow {
+        let (src, dst) = (src.parse().unwrap(), dst.parse().unwrap());
+        Flow {
+            original: Tuple {
+                src,
+                dst,
+                sport: 1,
+                dport: 53,
+            },
+            reply: Tuple {
+                src: dst,
+                dst: src,
+                sport: 53,
+                dport: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn lists_by_family_and_deletes_exact_flows() {
+        let mut fake = FakeConntrack::default();
+        let (v4, v6) = (flow("10.0.0.1", "10.96.0.10"), flow("fd00::1", "fd00::10"));
+        fake.add(v4);
+        fake.add(v6);
+        assert_eq!(fake.list_udp(IpFamily::IPv4).unwrap(), vec![v4]);
+        assert!(fake.delete(&v4).unwrap());
+        assert!(!fake.delete(&v4).unwrap());
+        assert_eq!(fake.flows(), vec![v6]);
+        assert_eq!(fake.deleted(), vec![v4]);
+        fake.set_failing(true);
+        assert!(fake.list_udp(IpFamily::IPv6).is_err());
+        assert_eq!(fake.lists(), 1);
+    }
+}

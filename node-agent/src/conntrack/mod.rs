@@ -1,0 +1,66 @@
+//! Stale UDP conntrack cleanup after endpoint changes (kube-proxy's `CleanStaleEntries`).
+//!
+//! ```text
+//! sync applied, some UDP entry's endpoints changed
+//!   └─► udp_targets(spec, family) ─► Targets { (service IP, port) → endpoint IPs, nodePort → endpoint IPs }
+//!       Conntrack::list_udp(family) ─► [Flow] ─► stale_flows(targets, flows) ─► Conntrack::delete(flow)
+//! ```
+//!
+//! UDP has no connection teardown: a client that keeps sending to a ClusterIP keeps its conntrack entry,
+//! and with it the DNAT to an endpoint that may be gone, for as long as it sends (kubernetes#19029,
+//! #125467). After a sync in which any UDP entry's endpoints changed, every UDP flow whose original
+//! destination is one of an entry's frontends (ClusterIP, LoadBalancer IP or externalIP with the port, or
+//! any address with the NodePort) and whose reply source is not one of that entry's endpoints is
+//! deleted, so the next packet is DNATed afresh. Traffic policy and topology are ignored; entries with
+//! no endpoints are skipped (their traffic is rejected anyway); TCP and SCTP are left alone.
+
+pub mod cli;
+pub mod fake;
+pub mod select;
+
+pub use cli::CliConntrack;
+pub use fake::FakeConntrack;
+pub use select::{Targets, stale_flows, udp_fingerprints, udp_targets};
+
+use std::net::IpAddr;
+
+use switchyard_api::IpFamily;
+
+use crate::error::Error;
+
+/// One direction of a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+}
+
+/// A UDP conntrack entry: the original direction and the expected reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Flow {
+    /// As the client sent it (destination = the service frontend).
+    pub original: Tuple,
+    /// As the reply comes back (source = the endpoint the flow was DNATed to).
+    pub reply: Tuple,
+}
+
+impl Flow {
+    /// The family of its addresses.
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.original.src)
+    }
+}
+
+/// The conntrack table, UDP entries only.
+pub trait Conntrack: Send {
+    /// Every UDP entry of `family`.
+    fn list_udp(&mut self, family: IpFamily) -> Result<Vec<Flow>, Error>;
+    /// Deletes exactly this entry; false when it was already gone.
+    fn delete(&mut self, flow: &Flow) -> Result<bool, Error>;
+}

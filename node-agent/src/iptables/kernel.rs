@@ -1,0 +1,234 @@
+//! The kernel edge of the iptables backend: the [`Iptables`] trait, implemented by
+//! [`super::exec::ExecIptables`] (the real binaries) and [`super::fake::FakeIptables`] (the tracer's
+//! model of the kernel).
+//!
+//! ```text
+//! IptablesDataplane ─► restore(family, input) ─► iptables-restore --noflush --wait  (stdin ◄─ input.write_to)
+//!                  ├─► save_lines(family, table) ◄─ iptables-save -t <table>        (streamed line by line)
+//!                  ├─► ensure_rule / delete_rule ─► iptables -C / -I <chain> 1 / -D
+//!                  └─► chain_exists ─► iptables -S <chain>
+//! ```
+//!
+//! The payload is a [`RestoreInput`] rather than a string so the edge can stream a 25 MB payload into
+//! the child's stdin while it is rendered, and write it again (only the lines around the failing one)
+//! to explain a failure.
+//!
+//! The dataplane inserts missing jump rules inside its full-sync restore (it learns which are missing
+//! from the `iptables-save` it reads anyway), so they appear atomically with the chains and cost no
+//! extra process; [`Iptables::ensure_jump`] is the one-rule form for tools and tests, and cleanup uses
+//! [`Iptables::delete_rule`].
+
+use std::io::{self, Write};
+
+use switchyard_api::IpFamily;
+
+use super::payload::Table;
+use super::render::JumpRule;
+use crate::error::Error;
+
+/// Text for `iptables-restore`, written on demand (possibly more than once; it must be deterministic).
+pub trait RestoreInput {
+    /// Writes the whole payload.
+    fn write_to(&mut self, out: &mut dyn Write) -> io::Result<()>;
+}
+
+impl RestoreInput for &str {
+    fn write_to(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        out.write_all(self.as_bytes())
+    }
+}
+
+impl RestoreInput for String {
+    fn write_to(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        out.write_all(self.as_bytes())
+    }
+}
+
+/// The iptables operations the agent needs, for one host (both families).
+///
+/// Every method acts on the tables of `family`: `iptables*` for IPv4, `ip6tables*` for IPv6.
+pub trait Iptables: Send {
+    /// One `iptables-restore --noflush --wait` with `input` on stdin. Atomic: on failure the kernel
+    /// keeps its previous rules, and the error carries the failing line and the lines around it.
+    fn restore(&mut self, family: IpFamily, input: &mut dyn RestoreInput) -> Result<(), Error>;
+
+    /// `iptables-save -t <table>`, handing each line to `each` as it is read.
+    fn save_lines(&mut self, family: IpFamily, table: Table, each: &mut dyn FnMut(&str))
+    -> Result<(), Error>;
+
+    /// `iptables -C` then, when missing, `iptables -I <chain> 1`: true when the rule was inserted.
+    fn ensure_rule(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, Error>;
+
+    /// `iptables -D <chain> <args>`: true when a rule was deleted, false when there was none.
+    fn delete_rule(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, Error>;
+
+    /// True when `chain` exists in `table`.
+    fn chain_exists(&mut self, family: IpFamily, table: Table, chain: &str) -> Result<bool, Error>;
+
+    /// `iptables-save -t <table>` as one string.
+    fn save(&mut self, family: IpFamily, table: Table) -> Result<String, Error> {
+        let mut text = String::new();
+        self.save_lines(family, table, &mut |line| {
+            text.push_str(line);
+            text.push('\n');
+        })?;
+        Ok(text)
+    }
+
+    /// Ensures one of our jump rules (see [`super::jump_rules`]): true when it had to be inserted.
+    fn ensure_jump(&mut self, rule: &JumpRule) -> Result<bool, Error> {
+        self.ensure_rule(rule.family, rule.table, rule.chain, &rule.args)
+    }
+
+    /// Deletes one of our jump rules: true when it was there.
+    fn delete_jump(&mut self, rule: &JumpRule) -> Result<bool, Error> {
+        self.delete_rule(rule.family, rule.table, rule.chain, &rule.args)
+    }
+}
+
+/// How many lines around a failing one an error shows (kube-proxy shows 3 on each side).
+pub const CONTEXT_LINES: usize = 3;
+
+/// The lines `line - CONTEXT_LINES ..= line + CONTEXT_LINES` of `input`, numbered, the failing one
+/// marked with `>`. Stops writing the input once past the window.
+pub fn context_lines(input: &mut dyn RestoreInput, line: usize) -> String {
+    let mut window = LineWindow::new(line.saturating_sub(CONTEXT_LINES).max(1), line + CONTEXT_LINES);
+    // The window ends the write early with an error once it has its lines; that is expected.
+    let _ = input.write_to(&mut window);
+    window.finish(line)
+}
+
+/// A writer that keeps only lines `first..=last` (1-based) and fails once past them.
+struct LineWindow {
+    first: usize,
+    last: usize,
+    number: usize,
+    current: Vec<u8>,
+    kept: Vec<(usize, String)>,
+}
+
+impl LineWindow {
+    fn new(first: usize, last: usize) -> Self {
+        Self {
+            first,
+            last,
+            number: 1,
+            current: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+
+    fn finish(mut self, marked: usize) -> String {
+        if !self.current.is_empty() && self.number <= self.last {
+            self.kept
+                .push((self.number, String::from_utf8_lossy(&self.current).into_owned()));
+        }
+        self.kept
+            .iter()
+            .map(|(n, text)| {
+                let mark = if *n == marked { '>' } else { ' ' };
+                format!("{mark}{n:>6} {text}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Write for LineWindow {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.number > self.last {
+            return Err(io::Error::other("past the window"));
+        }
+        for &byte in buf {
+            if self.number > self.last {
+                break;
+            }
+            if byte == b'\n' {
+                if self.number >= self.first {
+                    self.kept
+                        .push((self.number, String::from_utf8_lossy(&self.current).into_owned()));
+                }
+                self.current.clear();
+                self.number += 1;
+            } else if self.number >= self.first && self.number <= self.last {
+                self.current.push(byte);
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The failing line named in `iptables-restore`'s stderr: legacy prints `line N failed` (or `Error
+/// occurred at line: N`), nft prints `line N: <reason>`; the number follows the first `line` that has one.
+pub fn failing_line(stderr: &str) -> Option<usize> {
+    stderr.match_indices("line").find_map(|(at, word)| {
+        let digits: String = stderr[at + word.len()..]
+            .trim_start_matches([':', ' '])
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_lines_are_found_in_both_backends_messages() {
+        assert_eq!(failing_line("iptables-restore: line 12 failed"), Some(12));
+        assert_eq!(
+            failing_line(
+                "iptables-restore v1.8.9 (nf_tables): line 7: RULE_APPEND failed (No such file or directory)"
+            ),
+            Some(7)
+        );
+        assert_eq!(
+            failing_line(
+                "ip6tables-restore v1.8.9 (legacy): Couldn't load target `X':No such file\n\nError occurred at line: 3"
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            failing_line("Another app is currently holding the xtables lock"),
+            None
+        );
+        assert_eq!(failing_line("deadline exceeded"), None);
+    }
+
+    #[test]
+    fn context_shows_the_lines_around_the_failure() {
+        let text: String = (1..=20).map(|i| format!("line{i}\n")).collect();
+        let mut input = text.as_str();
+        let context = context_lines(&mut input, 10);
+        let lines: Vec<&str> = context.lines().collect();
+        assert_eq!(lines.len(), 7);
+        assert_eq!(lines[0], "      7 line7");
+        assert_eq!(lines[3], ">    10 line10");
+        assert_eq!(lines[6], "     13 line13");
+        let mut input = text.as_str();
+        assert_eq!(context_lines(&mut input, 1).lines().count(), 4);
+        let mut input = "only\nno newline at end";
+        assert_eq!(
+            context_lines(&mut input, 2),
+            "      1 only\n>     2 no newline at end"
+        );
+    }
+}

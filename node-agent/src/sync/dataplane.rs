@@ -1,0 +1,89 @@
+//! The backend-neutral kernel side of a sync: what the [`super::Syncer`] asks of iptables (today), IPVS
+//! or nftables (later).
+//!
+//! ```text
+//! Syncer ─► Dataplane::sync(SyncRequest { spec, skip, full }) ─► SyncOutcome { mode, rules, drift, ... }
+//!        ─► Dataplane::check_drift() ─► Some(Drift { reasons })   (the kernel differs from the model)
+//!        ─► Dataplane::cleanup() ─► Cleanup { removed objects }
+//! ```
+//!
+//! A backend owns its model of what it programmed; it decides whether a partial sync is possible (it
+//! must fall back to a full one when it has no model, or when its own check says the kernel cannot be
+//! trusted) and reports what it did. It never decides policy: the plan says everything.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use switchyard_api::{Backend, NodeForwardingPlanSpec, SyncMode};
+
+use crate::error::Error;
+
+/// One sync.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncRequest<'a> {
+    /// The validated plan (the primary's header with every shard's entries).
+    pub spec: &'a Arc<NodeForwardingPlanSpec>,
+    /// Indexes of entries that failed validation; they are not programmed.
+    pub skip: &'a HashSet<usize>,
+    /// Rewrite everything the backend owns (start, after a failure, drift, periodic).
+    pub full: bool,
+}
+
+/// What a sync did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Full or partial (a partial request may have been promoted).
+    pub mode: SyncMode,
+    /// Rules (or virtual plus real servers) now programmed.
+    pub rules: u64,
+    /// Entries whose objects were rewritten.
+    pub written: usize,
+    /// Stale objects deleted.
+    pub removed: usize,
+    /// Set when the backend found the kernel changed behind its back before a partial sync (e.g. the
+    /// canary chain was gone) and did a full sync instead: a drift repair.
+    pub drift: Option<String>,
+}
+
+/// How the kernel differs from the backend's model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    /// What differs (a few examples, not every chain).
+    pub reasons: Vec<String>,
+}
+
+impl std::fmt::Display for Drift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reasons.join("; "))
+    }
+}
+
+/// What a cleanup removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Rules removed from chains we do not own (our jump rules).
+    pub jumps: usize,
+    /// Our chains (or objects) removed.
+    pub objects: usize,
+}
+
+/// A kernel backend.
+pub trait Dataplane: Send {
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    /// Programs `request.spec`. On error the kernel keeps what it had (or as much of it as the backend
+    /// can guarantee) and the next sync must be full.
+    fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error>;
+
+    /// Compares the kernel with the model of the last successful sync; `None` when they agree or when
+    /// there is no model yet.
+    fn check_drift(&mut self) -> Result<Option<Drift>, Error>;
+
+    /// Removes everything the backend owns, whatever the model says (it also works on a fresh agent,
+    /// after a crash). Idempotent.
+    fn cleanup(&mut self) -> Result<Cleanup, Error>;
+
+    /// Forgets the model (the next sync is full and re-reads the kernel).
+    fn forget(&mut self);
+}

@@ -1,0 +1,170 @@
+//! Counters and gauges of the sync loop, shared with the (later) `/metrics` server.
+//!
+//! ```text
+//! Syncer ─► SyncMetrics (Arc'd atomics, Clone) ─► register(&mut Registry) ─► /metrics (issue 5)
+//! ```
+//!
+//! Names follow kube-proxy's where they mean the same (`sync_proxy_rules_duration_seconds` becomes
+//! `switchyard_agent_sync_duration_seconds{mode="full|partial"}`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use switchyard_api::SyncMode;
+
+/// `mode="full"` or `mode="partial"`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    /// `full` or `partial`.
+    pub mode: String,
+}
+
+impl ModeLabel {
+    /// The label of a sync mode.
+    pub fn of(mode: SyncMode) -> Self {
+        let mode = match mode {
+            SyncMode::Full => "full",
+            SyncMode::Partial => "partial",
+        };
+        Self { mode: mode.into() }
+    }
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Everything the sync loop counts. Clones share the same values.
+#[derive(Clone, Debug)]
+pub struct SyncMetrics {
+    /// Sync durations by mode.
+    pub sync_duration: Family<ModeLabel, Histogram>,
+    /// Successful syncs by mode.
+    pub syncs: Family<ModeLabel, Counter>,
+    /// Syncs the kernel refused (restore or jump-rule failures).
+    pub sync_failures: Counter,
+    /// Drift found and repaired.
+    pub drift_repairs: Counter,
+    /// Drift checks run.
+    pub drift_checks: Counter,
+    /// Plans rejected whole (invalid, unreadable) or not applied (incomplete shards).
+    pub rejected_plans: Counter,
+    /// Rules programmed after the last successful sync.
+    pub rules: Gauge,
+    /// Entries programmed.
+    pub services: Gauge,
+    /// Endpoints programmed.
+    pub endpoints: Gauge,
+    /// Entries skipped because they failed validation.
+    pub skipped_entries: Gauge,
+    /// Unix time of the last successful sync.
+    pub last_sync_timestamp_seconds: Gauge<f64, AtomicU64>,
+    /// Stale UDP conntrack entries deleted.
+    pub conntrack_deleted: Counter,
+    /// Conntrack cleanups that failed.
+    pub conntrack_failures: Counter,
+}
+
+impl Default for SyncMetrics {
+    fn default() -> Self {
+        Self {
+            sync_duration: Family::new_with_constructor(duration_histogram),
+            syncs: Family::default(),
+            sync_failures: Counter::default(),
+            drift_repairs: Counter::default(),
+            drift_checks: Counter::default(),
+            rejected_plans: Counter::default(),
+            rules: Gauge::default(),
+            services: Gauge::default(),
+            endpoints: Gauge::default(),
+            skipped_entries: Gauge::default(),
+            last_sync_timestamp_seconds: Gauge::default(),
+            conntrack_deleted: Counter::default(),
+            conntrack_failures: Counter::default(),
+        }
+    }
+}
+
+impl SyncMetrics {
+    /// Adds every metric to `registry` (prefix `switchyard_agent_` expected on the registry).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "sync_duration_seconds",
+            "Sync durations",
+            self.sync_duration.clone(),
+        );
+        registry.register("syncs", "Successful syncs", self.syncs.clone());
+        registry.register(
+            "sync_failures",
+            "Syncs the kernel refused",
+            self.sync_failures.clone(),
+        );
+        registry.register(
+            "drift_repairs",
+            "Drift found and repaired",
+            self.drift_repairs.clone(),
+        );
+        registry.register("drift_checks", "Drift checks run", self.drift_checks.clone());
+        registry.register("rejected_plans", "Plans not applied", self.rejected_plans.clone());
+        registry.register("rules", "Rules programmed", self.rules.clone());
+        registry.register("services", "Plan entries programmed", self.services.clone());
+        registry.register("endpoints", "Endpoints programmed", self.endpoints.clone());
+        registry.register(
+            "skipped_entries",
+            "Entries skipped as invalid",
+            self.skipped_entries.clone(),
+        );
+        registry.register(
+            "last_sync_timestamp_seconds",
+            "Unix time of the last successful sync",
+            self.last_sync_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "conntrack_deleted_entries",
+            "Stale UDP conntrack entries deleted",
+            self.conntrack_deleted.clone(),
+        );
+        registry.register(
+            "conntrack_cleanup_failures",
+            "Conntrack cleanups that failed",
+            self.conntrack_failures.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_encode_with_mode_labels() {
+        let metrics = SyncMetrics::default();
+        metrics
+            .sync_duration
+            .get_or_create(&ModeLabel::of(SyncMode::Full))
+            .observe(0.5);
+        metrics
+            .syncs
+            .get_or_create(&ModeLabel::of(SyncMode::Partial))
+            .inc();
+        metrics.rules.set(42);
+        let mut registry = Registry::with_prefix("switchyard_agent");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("switchyard_agent_sync_duration_seconds_count{mode=\"full\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_agent_syncs_total{mode=\"partial\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("switchyard_agent_rules 42"), "{text}");
+    }
+}

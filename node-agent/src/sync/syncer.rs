@@ -1,0 +1,587 @@
+//! The backend-neutral sync logic: which plan to apply, full or partial, what to do on failure, and
+//! the status that results.
+//!
+//! ```text
+//! plan objects ─► assemble ─► Incomplete ────────────────────► IncompleteShards (rules stay)
+//!                      │
+//!                      ▼ validate ─► plan problems ──────────► InvalidPlan (rules stay)
+//!                      │            entry problems ─► skip set, status.failures
+//!                      ▼
+//!     full? = start | after a failure | drift | full-sync period due      (else partial)
+//!                      ▼
+//!               Dataplane::sync ─► Ok ─► Applied, conntrack cleanup if UDP endpoints changed
+//!                               └► Err ─► ApplyFailed (rules stay), retry full after 1 s, 2 s, … 30 s
+//! check_drift ─► Dataplane::check_drift ─► drift ─► full sync of the applied plan, driftRepairs += 1
+//! resync_if_due ─► full-sync period over ─► full sync of the applied plan
+//! ```
+//!
+//! Time comes from a [`Clock`]; nothing here sleeps or spawns. The caller (the run loop, or `apply`)
+//! decides when to call [`Syncer::sync`] (a new plan, or [`Syncer::retry_due`]), [`Syncer::resync_if_due`]
+//! (often; it checks the full-sync period itself) and [`Syncer::check_drift`] (every resync period).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
+use switchyard_api::validate::validate;
+use switchyard_api::{
+    NodeForwardingPlanSpec, NodeForwardingPlanStatus, PlanCondition, ServiceFailure, SyncMode,
+};
+
+use super::backoff::Backoff;
+use super::clock::{Clock, rfc3339};
+use super::dataplane::{Cleanup, Dataplane, SyncRequest};
+use super::metrics::{ModeLabel, SyncMetrics};
+use super::plan_set::{Assembly, assemble};
+use super::status::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
+use crate::conntrack::{Conntrack, stale_flows, udp_fingerprints, udp_targets};
+use crate::error::Error;
+use crate::iptables::EntryKey;
+
+/// Timing of the sync loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncConfig {
+    /// A full sync at least this often (kube-proxy: 1 h).
+    pub full_sync_period: Duration,
+    /// First retry delay after a failed sync.
+    pub retry_min: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+    /// A failure older than this makes the proxy unhealthy (kube-proxy: 2 × syncPeriod).
+    pub health_timeout: Duration,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            full_sync_period: Duration::from_secs(3600),
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(30),
+            health_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What one call did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SyncResult {
+    /// The plan is programmed (possibly without some invalid entries).
+    Applied {
+        /// Full or partial.
+        mode: SyncMode,
+        /// Wall time the sync took.
+        duration: Duration,
+        /// Rules programmed.
+        rules: u64,
+        /// Entries skipped as invalid.
+        skipped: usize,
+        /// Set when this sync repaired drift.
+        drift: Option<String>,
+    },
+    /// The plan was not applied (invalid, unreadable, incomplete shards); the last good rules stay.
+    Rejected {
+        /// `InvalidPlan` or `IncompleteShards`.
+        reason: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// The kernel refused the rules; the last good rules stay and a full sync will be retried.
+    Failed {
+        /// The error, shortened.
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Last {
+    Never,
+    Applied,
+    Rejected { reason: &'static str, message: String },
+    Failed { message: String, since: Instant },
+}
+
+/// What the kernel holds: the last plan applied successfully.
+#[derive(Debug, Clone)]
+struct Applied {
+    spec: Arc<NodeForwardingPlanSpec>,
+    skip: HashSet<usize>,
+    entry_failures: Vec<ServiceFailure>,
+    services: u32,
+    endpoints: u32,
+    rules: u64,
+    udp: BTreeMap<EntryKey, u64>,
+    at: SystemTime,
+    duration: Duration,
+    mode: SyncMode,
+}
+
+/// The sync loop's state and decisions over one [`Dataplane`].
+pub struct Syncer {
+    dataplane: Box<dyn Dataplane>,
+    conntrack: Option<Box<dyn Conntrack>>,
+    clock: Arc<dyn Clock>,
+    config: SyncConfig,
+    metrics: SyncMetrics,
+    applied: Option<Applied>,
+    need_full: bool,
+    last_full: Option<Instant>,
+    backoff: Backoff,
+    retry_at: Option<Instant>,
+    last: Last,
+    conditions: Vec<PlanCondition>,
+    drift_repairs: u64,
+    extra_failures: Vec<ServiceFailure>,
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer")
+            .field("backend", &self.dataplane.backend())
+            .field("last", &self.last)
+            .field("need_full", &self.need_full)
+            .field("drift_repairs", &self.drift_repairs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Syncer {
+    /// A syncer that has applied nothing yet: its first sync is full.
+    pub fn new(
+        dataplane: Box<dyn Dataplane>,
+        clock: Arc<dyn Clock>,
+        config: SyncConfig,
+        metrics: SyncMetrics,
+    ) -> Self {
+        let backoff = Backoff::new(config.retry_min, config.retry_max);
+        Self {
+            dataplane,
+            conntrack: None,
+            clock,
+            config,
+            metrics,
+            applied: None,
+            need_full: true,
+            last_full: None,
+            backoff,
+            retry_at: None,
+            last: Last::Never,
+            conditions: Vec::new(),
+            drift_repairs: 0,
+            extra_failures: Vec::new(),
+        }
+    }
+
+    /// Cleans stale UDP conntrack entries through `conntrack` after syncs that change UDP endpoints.
+    pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
+        self.conntrack = Some(conntrack);
+        self
+    }
+
+    /// Applies a node's plan objects (one, or a sharded set).
+    pub fn sync(&mut self, objects: &[Arc<NodeForwardingPlanSpec>]) -> SyncResult {
+        match assemble(objects) {
+            Assembly::Incomplete(why) => {
+                self.reject(reasons::INCOMPLETE_SHARDS, format!("plan not applied: {why}"))
+            }
+            Assembly::Ready(spec) => self.apply(spec, None),
+        }
+    }
+
+    /// Records that the plan input could not be used at all (unreadable or unparseable file).
+    pub fn reject_input(&mut self, message: String) -> SyncResult {
+        self.reject(reasons::INVALID_PLAN, message)
+    }
+
+    /// Compares the kernel with what was applied; on a difference runs a full sync of the applied plan
+    /// and counts a drift repair. `None` when there was nothing to check or nothing differed.
+    pub fn check_drift(&mut self) -> Option<SyncResult> {
+        if self.need_full || matches!(self.last, Last::Failed { .. }) {
+            // A full sync is pending anyway.
+            return None;
+        }
+        let spec = Arc::clone(&self.applied.as_ref()?.spec);
+        self.metrics.drift_checks.inc();
+        match self.dataplane.check_drift() {
+            Ok(None) => None,
+            Ok(Some(drift)) => {
+                tracing::warn!(%drift, "kernel state drifted from the applied plan; repairing with a full sync");
+                Some(self.reapply(spec, Some(drift.to_string())))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "drift check failed");
+                None
+            }
+        }
+    }
+
+    /// Runs the periodic full sync when it is due: the applied plan again, rewritten whole (a newer plan
+    /// that was rejected stays rejected). `None` when not due, or when a retry is pending instead.
+    pub fn resync_if_due(&mut self) -> Option<SyncResult> {
+        if self.need_full || matches!(self.last, Last::Failed { .. }) || !self.full_sync_due() {
+            return None;
+        }
+        let spec = Arc::clone(&self.applied.as_ref()?.spec);
+        tracing::info!("periodic full sync");
+        Some(self.reapply(spec, None))
+    }
+
+    /// Applies the already applied plan again (drift repair, periodic full sync), keeping a rejection
+    /// of a newer plan visible.
+    fn reapply(&mut self, spec: Arc<NodeForwardingPlanSpec>, drift: Option<String>) -> SyncResult {
+        let before = self.last.clone();
+        self.need_full = true;
+        let result = self.apply(spec, drift);
+        if matches!(result, SyncResult::Applied { .. }) && matches!(before, Last::Rejected { .. }) {
+            self.last = before;
+            self.update_conditions();
+        }
+        result
+    }
+
+    /// A failed sync's retry is due.
+    pub fn retry_due(&self) -> bool {
+        self.retry_at.is_some_and(|at| self.clock.now() >= at)
+    }
+
+    /// When the failed sync will be retried.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
+
+    /// The periodic full sync is due.
+    pub fn full_sync_due(&self) -> bool {
+        self.applied.is_some()
+            && self
+                .last_full
+                .is_none_or(|at| self.clock.now() >= at + self.config.full_sync_period)
+    }
+
+    /// The proxy is healthy: something was applied and no failure has lasted longer than the health
+    /// timeout (kube-proxy's `/healthz` semantics).
+    pub fn healthy(&self) -> bool {
+        match &self.last {
+            Last::Failed { since, .. } => {
+                self.applied.is_some() && self.clock.now() < *since + self.config.health_timeout
+            }
+            _ => self.applied.is_some(),
+        }
+    }
+
+    /// The plan the kernel holds and the entries skipped from it.
+    pub fn applied(&self) -> Option<(&Arc<NodeForwardingPlanSpec>, &HashSet<usize>)> {
+        self.applied.as_ref().map(|a| (&a.spec, &a.skip))
+    }
+
+    /// Failures found outside the sync (health-check ports that could not be bound); listed in the
+    /// status after the entry failures.
+    pub fn set_extra_failures(&mut self, failures: Vec<ServiceFailure>) {
+        if failures != self.extra_failures {
+            self.extra_failures = failures;
+            self.update_conditions();
+        }
+    }
+
+    /// The metrics this syncer updates.
+    pub fn metrics(&self) -> &SyncMetrics {
+        &self.metrics
+    }
+
+    /// Removes everything the backend owns, and forgets what was applied.
+    pub fn cleanup(&mut self) -> Result<Cleanup, Error> {
+        self.applied = None;
+        self.need_full = true;
+        self.dataplane.cleanup()
+    }
+
+    /// The status to write into the plan.
+    pub fn status(&self) -> NodeForwardingPlanStatus {
+        let failures: Vec<ServiceFailure> = self
+            .applied
+            .iter()
+            .flat_map(|a| a.entry_failures.iter().cloned())
+            .chain(self.extra_failures.iter().cloned())
+            .collect();
+        let (failures, failures_total) = cap_failures(failures);
+        let applied = self.applied.as_ref();
+        NodeForwardingPlanStatus {
+            observed_revision: applied.map(|a| a.spec.revision.clone()),
+            backend: applied.map(|_| self.dataplane.backend()),
+            backend_reason: self.fallback_reason(),
+            conditions: self.conditions.clone(),
+            services: applied.map(|a| a.services),
+            endpoints: applied.map(|a| a.endpoints),
+            rules: applied.map(|a| a.rules),
+            last_sync_time: applied.map(|a| rfc3339(a.at)),
+            last_sync_duration_ms: applied.map(|a| a.duration.as_millis() as u64),
+            last_sync_mode: applied.map(|a| a.mode),
+            drift_repairs: self.drift_repairs,
+            failures,
+            failures_total,
+        }
+    }
+
+    // === decisions ===
+
+    fn reject(&mut self, reason: &'static str, message: String) -> SyncResult {
+        tracing::warn!(reason, %message, "plan not applied; the current rules stay");
+        self.metrics.rejected_plans.inc();
+        self.last = Last::Rejected {
+            reason,
+            message: message.clone(),
+        };
+        self.update_conditions();
+        SyncResult::Rejected { reason, message }
+    }
+
+    fn apply(&mut self, spec: Arc<NodeForwardingPlanSpec>, drift: Option<String>) -> SyncResult {
+        let report = validate(&spec);
+        if !report.plan.is_empty() {
+            let problems: Vec<String> = report.plan.iter().take(5).map(ToString::to_string).collect();
+            let more = report.plan.len().saturating_sub(problems.len());
+            let mut message = format!("plan {} rejected: {}", spec.revision, problems.join("; "));
+            if more > 0 {
+                message.push_str(&format!(" (and {more} more)"));
+            }
+            return self.reject(reasons::INVALID_PLAN, message);
+        }
+        let skip = report.bad_entries();
+        let entry_failures = entry_failures(&spec, &report);
+        for failure in &entry_failures {
+            tracing::warn!(entry = %failure.service, reason = %failure.reason, "skipping invalid entry");
+        }
+        let now = self.clock.now();
+        let full = self.need_full || self.applied.is_none() || self.full_sync_due() || drift.is_some();
+        let started = Instant::now();
+        let outcome = self.dataplane.sync(SyncRequest {
+            spec: &spec,
+            skip: &skip,
+            full,
+        });
+        let duration = started.elapsed();
+        match outcome {
+            Ok(outcome) => {
+                let drift = drift.or(outcome.drift);
+                if let Some(reason) = &drift {
+                    self.drift_repairs += 1;
+                    self.metrics.drift_repairs.inc();
+                    tracing::warn!(%reason, "repaired drift");
+                }
+                let udp = udp_fingerprints(&spec, &skip);
+                let udp_changed = self.applied.as_ref().map_or(!udp.is_empty(), |a| a.udp != udp);
+                if udp_changed {
+                    self.clean_conntrack(&spec, &skip);
+                }
+                let applied_entries = || {
+                    spec.services
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !skip.contains(i))
+                };
+                let services = applied_entries().count() as u32;
+                let endpoints = applied_entries().map(|(_, e)| e.endpoints.len() as u32).sum();
+                let mode = outcome.mode;
+                let label = ModeLabel::of(mode);
+                self.metrics
+                    .sync_duration
+                    .get_or_create(&label)
+                    .observe(duration.as_secs_f64());
+                self.metrics.syncs.get_or_create(&label).inc();
+                self.metrics.rules.set(outcome.rules as i64);
+                self.metrics.services.set(i64::from(services));
+                self.metrics.endpoints.set(i64::from(endpoints));
+                self.metrics.skipped_entries.set(skip.len() as i64);
+                let wall = self.clock.wall();
+                self.metrics.last_sync_timestamp_seconds.set(
+                    wall.duration_since(SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or_default(),
+                );
+                tracing::info!(
+                    revision = %spec.revision,
+                    mode = ?mode,
+                    rules = outcome.rules,
+                    written = outcome.written,
+                    removed = outcome.removed,
+                    skipped = skip.len(),
+                    duration_ms = duration.as_millis() as u64,
+                    "synced"
+                );
+                self.applied = Some(Applied {
+                    spec: Arc::clone(&spec),
+                    skip: skip.clone(),
+                    entry_failures,
+                    services,
+                    endpoints,
+                    rules: outcome.rules,
+                    udp,
+                    at: wall,
+                    duration,
+                    mode,
+                });
+                self.need_full = false;
+                self.retry_at = None;
+                self.backoff.reset();
+                if mode == SyncMode::Full {
+                    self.last_full = Some(now);
+                }
+                self.last = Last::Applied;
+                self.update_conditions();
+                SyncResult::Applied {
+                    mode,
+                    duration,
+                    rules: outcome.rules,
+                    skipped: skip.len(),
+                    drift,
+                }
+            }
+            Err(e) => {
+                if let Error::IptablesRestore { context, .. } = &e
+                    && !context.is_empty()
+                {
+                    tracing::error!(error = %e, "sync failed; the kernel keeps its previous rules. Payload around the failure:\n{context}");
+                } else {
+                    tracing::error!(error = %e, "sync failed; the kernel keeps its previous rules");
+                }
+                self.need_full = true;
+                let delay = self.backoff.next_delay();
+                self.retry_at = Some(now + delay);
+                self.metrics.sync_failures.inc();
+                let since = match &self.last {
+                    Last::Failed { since, .. } => *since,
+                    _ => now,
+                };
+                let message = short(&e.to_string(), MAX_REASON);
+                self.last = Last::Failed {
+                    message: message.clone(),
+                    since,
+                };
+                self.update_conditions();
+                tracing::info!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "will retry with a full sync"
+                );
+                SyncResult::Failed { message }
+            }
+        }
+    }
+
+    fn clean_conntrack(&mut self, spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) {
+        let Some(conntrack) = self.conntrack.as_mut() else {
+            return;
+        };
+        let mut deleted = 0u64;
+        for family in crate::conntrack::select::udp_families(spec, skip) {
+            let targets = udp_targets(spec, skip, family);
+            let flows = match conntrack.list_udp(family) {
+                Ok(flows) => flows,
+                Err(e) => {
+                    tracing::warn!(error = %e, ?family, "listing conntrack entries failed");
+                    self.metrics.conntrack_failures.inc();
+                    continue;
+                }
+            };
+            for flow in stale_flows(&targets, &flows) {
+                match conntrack.delete(&flow) {
+                    Ok(true) => deleted += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, ?flow, "deleting a stale conntrack entry failed");
+                        self.metrics.conntrack_failures.inc();
+                        break;
+                    }
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "deleted stale UDP conntrack entries");
+            self.metrics.conntrack_deleted.inc_by(deleted);
+        }
+    }
+
+    /// Why the backend in use is not the one the applied plan asks for.
+    fn fallback_reason(&self) -> Option<String> {
+        let wanted = self.applied.as_ref()?.spec.backend;
+        let used = self.dataplane.backend();
+        (wanted != used)
+            .then(|| format!("the plan asks for {wanted}; this agent implements only {used} so far"))
+    }
+
+    fn update_conditions(&mut self) {
+        let now = rfc3339(self.clock.wall());
+        let skipped = self.applied.as_ref().map_or(0, |a| a.entry_failures.len());
+        let failures = skipped + self.extra_failures.len();
+        let kept = match &self.applied {
+            Some(a) => format!("the rules of revision {} stay in place", a.spec.revision),
+            None => "no rules have been applied yet".to_string(),
+        };
+        let (applied, degraded) = match &self.last {
+            Last::Never => return,
+            Last::Applied => {
+                let revision = self
+                    .applied
+                    .as_ref()
+                    .map(|a| a.spec.revision.as_str())
+                    .unwrap_or_default();
+                let programmed = format!("revision {revision} is programmed");
+                if let (0, Some(fallback)) = (failures, self.fallback_reason()) {
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (cond::TRUE, reasons::BACKEND_FALLBACK, fallback),
+                    )
+                } else if failures == 0 {
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (cond::FALSE, reasons::HEALTHY, String::new()),
+                    )
+                } else if skipped == 0 {
+                    // Every entry is programmed; something outside the rules failed (a health-check port).
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (
+                            cond::TRUE,
+                            reasons::PARTIALLY_APPLIED,
+                            format!("{failures} health check ports failed (see failures)"),
+                        ),
+                    )
+                } else {
+                    let message = format!(
+                        "{programmed} without {skipped} invalid entries; {failures} failures (see failures)"
+                    );
+                    (
+                        (cond::TRUE, reasons::PARTIALLY_APPLIED, message.clone()),
+                        (cond::TRUE, reasons::PARTIALLY_APPLIED, message),
+                    )
+                }
+            }
+            Last::Rejected { reason, message } => (
+                (cond::FALSE, *reason, message.clone()),
+                (cond::TRUE, *reason, format!("{message}; {kept}")),
+            ),
+            Last::Failed { message, .. } => (
+                (cond::FALSE, reasons::APPLY_FAILED, message.clone()),
+                (
+                    cond::TRUE,
+                    reasons::APPLY_FAILED,
+                    format!("retrying with a full sync; {kept}"),
+                ),
+            ),
+        };
+        set_condition(
+            &mut self.conditions,
+            APPLIED,
+            applied.0,
+            applied.1,
+            &applied.2,
+            &now,
+        );
+        set_condition(
+            &mut self.conditions,
+            DEGRADED,
+            degraded.0,
+            degraded.1,
+            &degraded.2,
+            &now,
+        );
+    }
+}

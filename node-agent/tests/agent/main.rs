@@ -1,0 +1,16 @@
+//! Tests of the agent's sync loop through its public API: the syncer's decisions against the fake
+//! iptables edge (state-based: the fake holds what the kernel would), and the agent binary against the
+//! real kernel inside throwaway network namespaces (root; see `lab`).
+//!
+//! One test binary with modules, so the crate is linked once. The modules are `cfg(test)` so clippy
+//! treats their helpers as test code (unwrap allowed by clippy.toml).
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+#[path = "../common/lab.rs"]
+mod lab;
+#[cfg(test)]
+mod real_kernel;
+#[cfg(test)]
+mod syncer;

@@ -1,0 +1,342 @@
+//! The agent binary against the real kernel, each test in its own network namespace: apply, partial
+//! syncs and drift repairs of `run`, a payload the kernel rejects, stale UDP conntrack entries, cleanup.
+//! Root only (see `lab`); never touches the host's own namespace.
+
+use std::time::Duration;
+
+use switchyard_agent::iptables::names;
+use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, finish, plan};
+use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec, NodeForwardingPlanStatus, Protocol};
+
+use crate::lab::{Netns, lab_allowed, rules_in, wait_for, write_atomic};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn spec() -> NodeForwardingPlanSpec {
+    plan(
+        "node-a",
+        vec![
+            entry("ns1/web:http", "10.96.0.1", 80)
+                .node_port(30080)
+                .with(ep("10.244.2.5", 8080))
+                .with(ep("10.244.3.5", 8080)),
+            entry("ns1/api:https", "10.96.0.2", 443).with(ep("10.244.2.6", 8443)),
+            entry("kube-system/dns:dns", "10.96.0.10", 53)
+                .protocol(Protocol::UDP)
+                .with(ep("10.244.2.53", 53)),
+        ],
+    )
+}
+
+fn write_plan(netns: &Netns, spec: &NodeForwardingPlanSpec) -> String {
+    let path = netns.path("plan.yaml");
+    let object = NodeForwardingPlan::new(&spec.node_name, spec.clone());
+    write_atomic(&path, &serde_saphyr::to_string(&object).unwrap());
+    path.display().to_string()
+}
+
+fn read_status(path: &std::path::Path) -> Option<NodeForwardingPlanStatus> {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn apply_programs_our_chains_and_cleanup_removes_exactly_them() {
+    if !lab_allowed("apply_programs_our_chains_and_cleanup_removes_exactly_them") {
+        return;
+    }
+    let netns = Netns::new("apply");
+    // Someone else's rules in the same tables.
+    netns.sh("iptables -t nat -N FOREIGN && iptables -t nat -A FOREIGN -j RETURN && iptables -t nat -A PREROUTING -j FOREIGN");
+    let spec = spec();
+    let plan = write_plan(&netns, &spec);
+
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "apply failed: {}", stderr(&out));
+    let status: NodeForwardingPlanStatus =
+        serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(status.observed_revision.as_deref(), Some(spec.revision.as_str()));
+    assert_eq!(status.services, Some(3));
+
+    let save = netns.save();
+    assert!(save.contains(":SWYD-CANARY"), "{save}");
+    assert_eq!(
+        rules_in(&save, names::SERVICES),
+        3 + 1,
+        "3 frontends and the NodePort jump:\n{save}"
+    );
+    assert!(save.contains(&format!(
+        ":{}",
+        names::cluster_policy_chain("ns1/web:http", "tcp")
+    )));
+    assert!(
+        save.contains("-A PREROUTING -m comment --comment \"switchyard service portals\" -j SWYD-SERVICES"),
+        "{save}"
+    );
+    assert!(save.contains(
+        "-A POSTROUTING -m comment --comment \"switchyard postrouting rules\" -j SWYD-POSTROUTING"
+    ));
+    assert!(save.contains("-A FORWARD -m comment --comment \"switchyard forwarding rules\" -j SWYD-FORWARD"));
+    assert!(save.contains("--to-destination 10.244.3.5:8080"));
+    assert!(save.contains("-A PREROUTING -j FOREIGN"));
+
+    // Applying again (a restart) changes nothing and duplicates nothing.
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        netns
+            .save()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>(),
+        save.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>()
+    );
+
+    let out = netns.agent(&["cleanup"]);
+    assert!(out.status.success(), "cleanup failed: {}", stderr(&out));
+    let after = netns.save();
+    assert!(
+        !after.contains("SWYD-"),
+        "something of ours survived cleanup:\n{after}"
+    );
+    assert!(
+        after.contains("-A FOREIGN -j RETURN") && after.contains("-A PREROUTING -j FOREIGN"),
+        "{after}"
+    );
+    let out = netns.agent(&["cleanup"]);
+    assert!(
+        out.status.success(),
+        "a second cleanup must succeed: {}",
+        stderr(&out)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 0 jump rules and 0 chains"));
+}
+
+#[test]
+fn run_syncs_partially_repairs_drift_and_leaves_rules_on_sigterm() {
+    if !lab_allowed("run_syncs_partially_repairs_drift_and_leaves_rules_on_sigterm") {
+        return;
+    }
+    let netns = Netns::new("run");
+    let mut a = spec();
+    // An eTP=Local LoadBalancer with a local endpoint: its health-check port must answer 200.
+    a.services.push(
+        entry("ns2/lb:http", "10.96.0.20", 80)
+            .lb_ip("203.0.113.20")
+            .node_port(30020)
+            .etp_local()
+            .hc_node_port(32000)
+            .with(ep("10.244.1.20", 8080).local()),
+    );
+    finish(&mut a);
+    let plan = write_plan(&netns, &a);
+    let status_file = netns.path("status.yaml");
+    let mut agent = netns.spawn_agent(&[
+        "run",
+        "--plan-file",
+        &plan,
+        "--status-file",
+        &status_file.display().to_string(),
+        "--resync-period",
+        "500ms",
+        "--poll-interval",
+        "50ms",
+        "--min-sync-interval",
+        "0s",
+    ]);
+    let status = wait_for("the first sync", WAIT, || {
+        read_status(&status_file).filter(|s| s.observed_revision.as_deref() == Some(a.revision.as_str()))
+    });
+    assert_eq!(status.last_sync_mode, Some(switchyard_api::SyncMode::Full));
+    let first_save = netns.save();
+    let services_rules = rules_in(&first_save, names::SERVICES);
+    assert_eq!(
+        services_rules, 6,
+        "4 cluster IPs, 1 LB IP, the NodePort jump:\n{first_save}"
+    );
+    let health = wait_for("the health check server", WAIT, || {
+        let answer = netns.sh(
+            "bash -c 'exec 3<>/dev/tcp/127.0.0.1/32000 && printf \"GET /healthz HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3' 2>/dev/null || true",
+        );
+        (!answer.is_empty()).then_some(answer)
+    });
+    assert!(health.starts_with("HTTP/1.0 200 OK"), "{health}");
+    assert!(
+        health.ends_with(
+            r#"{"service":{"namespace":"ns2","name":"lb"},"localEndpoints":1,"serviceProxyHealthy":true}"#
+        ),
+        "{health}"
+    );
+
+    // An endpoint change: a partial sync.
+    let mut b = a.clone();
+    b.services
+        .iter_mut()
+        .find(|e| e.name == "ns1/api:https")
+        .unwrap()
+        .endpoints[0]
+        .ip = "10.244.2.7".into();
+    finish(&mut b);
+    write_plan(&netns, &b);
+    let status = wait_for("the partial sync", WAIT, || {
+        read_status(&status_file).filter(|s| s.observed_revision.as_deref() == Some(b.revision.as_str()))
+    });
+    assert_eq!(status.last_sync_mode, Some(switchyard_api::SyncMode::Partial));
+    let save = netns.save();
+    assert!(
+        save.contains("--to-destination 10.244.2.7:8443") && !save.contains("10.244.2.6"),
+        "{save}"
+    );
+
+    assert_eq!(
+        read_status(&status_file).unwrap().drift_repairs,
+        0,
+        "no drift yet"
+    );
+    // Someone flushes our dispatch chain: repaired, counted.
+    netns.sh(&format!("iptables -t nat -F {}", names::SERVICES));
+    wait_for("the flushed chain's repair", WAIT, || {
+        read_status(&status_file).filter(|s| s.drift_repairs >= 1)
+    });
+    assert_eq!(rules_in(&netns.save(), names::SERVICES), services_rules);
+
+    // Someone deletes a jump rule: repaired, counted.
+    netns.sh(
+        "iptables -t nat -D PREROUTING -m comment --comment 'switchyard service portals' -j SWYD-SERVICES",
+    );
+    wait_for("the jump rule's repair", WAIT, || {
+        read_status(&status_file).filter(|s| s.drift_repairs >= 2)
+    });
+    assert!(
+        netns
+            .save()
+            .contains("-A PREROUTING -m comment --comment \"switchyard service portals\" -j SWYD-SERVICES")
+    );
+
+    // SIGTERM: a clean exit, rules left in place.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let exit = wait_for("the agent to exit", WAIT, || agent.try_wait().unwrap());
+    let log = netns.agent_log();
+    assert!(exit.success(), "{exit}\n{log}");
+    assert!(log.contains("rules stay in place"), "{log}");
+    assert_eq!(
+        rules_in(&netns.save(), names::SERVICES),
+        services_rules,
+        "rules survive the agent"
+    );
+}
+
+#[test]
+fn a_payload_the_kernel_rejects_leaves_the_old_rules() {
+    if !lab_allowed("a_payload_the_kernel_rejects_leaves_the_old_rules") {
+        return;
+    }
+    let netns = Netns::new("reject");
+    let a = spec();
+    let plan = write_plan(&netns, &a);
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Another component's chain jumps into api's chain, so the kernel refuses to delete it.
+    let api = names::cluster_policy_chain("ns1/api:https", "tcp");
+    netns.sh(&format!(
+        "iptables -t nat -N HOLD && iptables -t nat -A HOLD -j {api}"
+    ));
+    let before = netns.save();
+
+    let mut b = a.clone();
+    b.services.retain(|e| e.name != "ns1/api:https");
+    b.services
+        .iter_mut()
+        .find(|e| e.name == "ns1/web:http")
+        .unwrap()
+        .endpoints
+        .pop();
+    finish(&mut b);
+    write_plan(&netns, &b);
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(
+        log.contains("-restore failed at line") && log.contains("CHAIN_DEL"),
+        "{log}"
+    );
+    let status: NodeForwardingPlanStatus =
+        serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert!(
+        status.conditions.iter().any(|c| c.reason == "ApplyFailed"),
+        "{status:?}"
+    );
+
+    let strip = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        strip(&netns.save()),
+        strip(&before),
+        "the kernel must keep the old rules"
+    );
+}
+
+#[test]
+fn stale_udp_conntrack_entries_are_deleted_after_an_endpoint_change() {
+    if !lab_allowed("stale_udp_conntrack_entries_are_deleted_after_an_endpoint_change") {
+        return;
+    }
+    let netns = Netns::new("conntrack");
+    let plan = write_plan(&netns, &spec());
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let insert = |reply: &str, sport: u16| {
+        netns.sh(&format!(
+            "conntrack -I -p udp -s 10.244.1.9 -d 10.96.0.10 --sport {sport} --dport 53 -r {reply} -q 10.244.1.9 \
+             --reply-port-src 53 --reply-port-dst {sport} -t 120 2>/dev/null"
+        ));
+    };
+    insert("10.244.3.53", 41000); // answered by an endpoint that is about to go
+    insert("10.244.2.53", 41001); // answered by the endpoint that stays
+
+    let mut b = spec();
+    b.services
+        .iter_mut()
+        .find(|e| e.name == "kube-system/dns:dns")
+        .unwrap()
+        .endpoints
+        .push(ep("10.244.2.54", 53));
+    finish(&mut b);
+    write_plan(&netns, &b);
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let left = netns.sh("conntrack -L -p udp 2>/dev/null");
+    assert!(!left.contains("sport=41000"), "the stale flow survived:\n{left}");
+    assert!(left.contains("sport=41001"), "the good flow was deleted:\n{left}");
+}
+
+#[test]
+fn render_prints_what_apply_programs() {
+    if !lab_allowed("render_prints_what_apply_programs") {
+        return;
+    }
+    let netns = Netns::new("render");
+    let plan = write_plan(&netns, &spec());
+    let out = netns.agent(&["render", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("# === IPv4: iptables-restore --noflush"), "{text}");
+    assert!(
+        !text.contains("IPv6"),
+        "an IPv4-only plan renders no IPv6:\n{text}"
+    );
+    assert!(!netns.save().contains("SWYD-"), "render touches nothing");
+    let out = netns.agent(&["render", "--plan", &plan, "--backend", "ipvs"]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,610 @@
+//! The syncer's decisions against the fake kernel: full at start, partial with exactly the changed
+//! chains, failures that keep the old rules, rejected plans, skipped entries, shards, drift repairs,
+//! restarts, conntrack cleanup, status conditions.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_agent::conntrack::{Flow, Tuple};
+use switchyard_agent::iptables::{Table, names};
+use switchyard_agent::sync::SyncResult;
+use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status};
+use switchyard_api::status::MAX_LISTED_FAILURES;
+use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
+use switchyard_api::{IpFamily, NodeForwardingPlanStatus, ShardInfo, SyncMode};
+
+use crate::fixtures::{Harness, base, declared, edit, fresh_state, ip};
+
+fn condition<'a>(status: &'a NodeForwardingPlanStatus, type_: &str) -> (&'a str, &'a str) {
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status:?}"));
+    (c.status.as_str(), c.reason.as_str())
+}
+
+fn transition(status: &NodeForwardingPlanStatus, type_: &str) -> String {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap()
+}
+
+fn mode(result: &SyncResult) -> SyncMode {
+    match result {
+        SyncResult::Applied { mode, .. } => *mode,
+        other => panic!("not applied: {other:?}"),
+    }
+}
+
+fn last_payload(h: &Harness) -> String {
+    h.iptables.restores().last().unwrap().1.clone()
+}
+
+#[test]
+fn the_first_sync_is_full_and_programs_chains_jump_rules_and_status() {
+    let mut h = Harness::new();
+    let spec = base();
+    assert_eq!(mode(&h.sync(&spec)), SyncMode::Full);
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(dump.contains(&format!(":{}", names::CANARY)));
+    assert!(
+        dump.contains("-A PREROUTING -m comment --comment \"switchyard service portals\" -j SWYD-SERVICES"),
+        "{dump}"
+    );
+    assert!(dump.contains("--to-destination 10.244.2.53:53"));
+    assert_eq!(
+        h.iptables.dump(IpFamily::IPv6).matches("SWYD-").count(),
+        0,
+        "no IPv6 in the plan"
+    );
+
+    let s = h.syncer.status();
+    assert_eq!(s.observed_revision.as_deref(), Some(spec.revision.as_str()));
+    assert_eq!(s.backend, Some(switchyard_api::Backend::Iptables));
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::SYNCED));
+    assert_eq!(condition(&s, DEGRADED), (status::FALSE, reasons::HEALTHY));
+    assert_eq!((s.services, s.endpoints), (Some(3), Some(5)));
+    assert!(s.rules.unwrap() > 20);
+    assert_eq!(s.last_sync_mode, Some(SyncMode::Full));
+    assert_eq!(s.last_sync_time.as_deref(), Some("2026-01-01T00:00:00Z"));
+    assert_eq!(s.drift_repairs, 0);
+    assert!(s.failures.is_empty() && s.failures_total.is_none());
+    assert!(h.syncer.healthy());
+}
+
+#[test]
+fn an_endpoint_change_is_a_partial_sync_of_exactly_that_service() {
+    let mut h = Harness::new();
+    let before = base();
+    h.sync(&before);
+    let saves = h.iptables.saves();
+    let after = edit(&before, "ns1/web:http", |e| {
+        e.endpoints[1].ip = "10.244.3.99".into()
+    });
+    let result = h.sync(&after);
+    assert_eq!(mode(&result), SyncMode::Partial);
+
+    let payload = last_payload(&h);
+    let web = |ep: &str| names::endpoint_chain("ns1/web:http", "tcp", ep);
+    let want: BTreeSet<String> = [
+        names::cluster_policy_chain("ns1/web:http", "tcp"),
+        names::external_chain("ns1/web:http", "tcp"),
+        web("10.244.2.5:8080"),
+        web("10.244.3.99:8080"),
+        web("10.244.3.5:8080"),
+    ]
+    .into_iter()
+    .collect();
+    let got: BTreeSet<String> = declared(&payload).into_iter().collect();
+    assert_eq!(got, want, "only web's chains (and its stale SEP):\n{payload}");
+    assert!(payload.contains(&format!("-X {}\n", web("10.244.3.5:8080"))));
+    assert!(
+        !payload.contains("*filter"),
+        "nothing changed in filter:\n{payload}"
+    );
+    assert_eq!(h.iptables.saves(), saves, "a partial sync needs no iptables-save");
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&after));
+    assert_eq!(h.syncer.status().last_sync_mode, Some(SyncMode::Partial));
+}
+
+#[test]
+fn removed_services_lose_their_chains_in_a_partial_sync() {
+    let mut h = Harness::new();
+    let before = base();
+    h.sync(&before);
+    let mut after = before.clone();
+    after.services.retain(|e| e.name != "ns1/api:https");
+    finish(&mut after);
+    assert_eq!(mode(&h.sync(&after)), SyncMode::Partial);
+    let gone = names::cluster_policy_chain("ns1/api:https", "tcp");
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(!dump.contains(&gone), "{dump}");
+    assert_eq!(dump, fresh_state(&after));
+    let payload = last_payload(&h);
+    assert!(payload.contains(&format!("-X {gone}\n")));
+    assert!(
+        payload.contains(":SWYD-SERVICES - [0:0]"),
+        "its frontend rule left SWYD-SERVICES"
+    );
+}
+
+#[test]
+fn a_restore_failure_keeps_the_old_rules_reports_and_retries_full_with_backoff() {
+    let mut h = Harness::new();
+    let a = base();
+    h.sync(&a);
+    let kept = h.iptables.dump(IpFamily::IPv4);
+    let b = edit(&a, "ns1/api:https", |e| e.endpoints[0].port = 9443);
+
+    h.iptables
+        .fail_next_restore(None, "RULE_APPEND failed (Invalid argument)");
+    let SyncResult::Failed { message } = h.sync(&b) else {
+        panic!()
+    };
+    assert!(message.contains("RULE_APPEND failed"), "{message}");
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), kept, "the old rules stay");
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::FALSE, reasons::APPLY_FAILED));
+    assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::APPLY_FAILED));
+    assert_eq!(s.observed_revision.as_deref(), Some(a.revision.as_str()));
+    assert!(s.conditions[0].message.contains("RULE_APPEND failed"));
+
+    // Retried after 1 s, then 2 s, then 4 s while it keeps failing.
+    for delay in [1, 2, 4] {
+        assert!(!h.syncer.retry_due());
+        h.clock.advance(Duration::from_millis(delay * 1000 - 1));
+        assert!(!h.syncer.retry_due(), "not before {delay}s");
+        h.clock.advance(Duration::from_millis(1));
+        assert!(h.syncer.retry_due(), "due after {delay}s");
+        if delay < 4 {
+            h.iptables.fail_next_restore(None, "still failing");
+            assert!(matches!(h.sync(&b), SyncResult::Failed { .. }));
+        }
+    }
+    assert!(h.syncer.healthy(), "7 s of failures is within the health timeout");
+    assert_eq!(mode(&h.sync(&b)), SyncMode::Full, "the retry is a full sync");
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&b));
+    assert!(!h.syncer.retry_due());
+    assert_eq!(
+        condition(&h.syncer.status(), APPLIED),
+        (status::TRUE, reasons::SYNCED)
+    );
+}
+
+#[test]
+fn a_long_failure_makes_the_proxy_unhealthy() {
+    let mut h = Harness::new();
+    h.sync(&base());
+    h.iptables.fail_next_restore(None, "nope");
+    h.sync(&edit(&base(), "ns1/api:https", |e| e.port = 444));
+    assert!(h.syncer.healthy());
+    h.clock.advance(Duration::from_secs(61));
+    assert!(!h.syncer.healthy());
+}
+
+#[test]
+fn an_invalid_plan_is_rejected_whole_and_the_last_good_rules_stay() {
+    let mut h = Harness::new();
+    let a = base();
+    h.sync(&a);
+    let kept = h.iptables.dump(IpFamily::IPv4);
+    let mut b = edit(&a, "ns1/api:https", |e| e.port = 444);
+    b.node_ips = vec!["not-an-ip".into()];
+    finish(&mut b);
+    let SyncResult::Rejected { reason, message } = h.sync(&b) else {
+        panic!()
+    };
+    assert_eq!(reason, reasons::INVALID_PLAN);
+    assert!(message.contains("spec.nodeIPs[0]"), "{message}");
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), kept);
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::FALSE, reasons::INVALID_PLAN));
+    assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::INVALID_PLAN));
+    assert_eq!(s.observed_revision.as_deref(), Some(a.revision.as_str()));
+    assert!(
+        !h.syncer.retry_due(),
+        "a rejected plan is not retried; a new one is awaited"
+    );
+
+    // The periodic full sync re-applies the last good plan and keeps the rejection visible.
+    h.clock.advance(Duration::from_secs(3600));
+    assert!(matches!(
+        h.syncer.resync_if_due(),
+        Some(SyncResult::Applied {
+            mode: SyncMode::Full,
+            ..
+        })
+    ));
+    assert_eq!(
+        condition(&h.syncer.status(), APPLIED),
+        (status::FALSE, reasons::INVALID_PLAN)
+    );
+}
+
+#[test]
+fn a_bad_entry_is_skipped_and_reported_while_the_rest_applies() {
+    let mut h = Harness::new();
+    let spec = edit(&base(), "ns1/api:https", |e| e.cluster_ip = "10.96.0.999".into());
+    assert_eq!(mode(&h.sync(&spec)), SyncMode::Full);
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(!dump.contains(&names::cluster_policy_chain("ns1/api:https", "tcp")));
+    assert!(dump.contains(&names::cluster_policy_chain("ns1/web:http", "tcp")));
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::PARTIALLY_APPLIED));
+    assert_eq!(
+        condition(&s, DEGRADED),
+        (status::TRUE, reasons::PARTIALLY_APPLIED)
+    );
+    assert_eq!(s.failures.len(), 1);
+    assert_eq!(s.failures[0].service, "ns1/api:https TCP IPv4");
+    assert!(
+        s.failures[0].reason.contains("clusterIP"),
+        "{}",
+        s.failures[0].reason
+    );
+    assert_eq!(s.failures_total, Some(1));
+    assert_eq!(s.services, Some(2));
+}
+
+#[test]
+fn failures_are_capped_but_counted() {
+    let mut h = Harness::new();
+    let mut spec = base();
+    for i in 0..15 {
+        let mut bad =
+            entry(&format!("bad/s{i:02}:p"), &format!("10.96.1.{i}"), 80).with(ep("10.244.2.1", 80));
+        bad.endpoints[0].port = 0;
+        spec.services.push(bad);
+    }
+    finish(&mut spec);
+    h.sync(&spec);
+    let s = h.syncer.status();
+    assert_eq!(s.failures.len(), MAX_LISTED_FAILURES);
+    assert_eq!(s.failures_total, Some(15));
+}
+
+#[test]
+fn an_incomplete_shard_set_is_not_applied() {
+    let mut h = Harness::new();
+    let mut shard = plan(
+        "node-a",
+        vec![entry("ns2/b:p", "10.96.0.20", 80).with(ep("10.244.2.20", 80))],
+    );
+    shard.shard = Some(ShardInfo {
+        index: 1,
+        count: 2,
+        members: vec![],
+    });
+    finish(&mut shard);
+    let mut primary = base();
+    primary.shard = Some(ShardInfo {
+        index: 0,
+        count: 2,
+        members: vec![shard.revision.clone()],
+    });
+    finish(&mut primary);
+
+    let SyncResult::Rejected { reason, message } = h.syncer.sync(&[Arc::new(primary.clone())]) else {
+        panic!()
+    };
+    assert_eq!(reason, reasons::INCOMPLETE_SHARDS);
+    assert!(message.contains("shard 1 of 2 is missing"), "{message}");
+    assert!(
+        !h.iptables.dump(IpFamily::IPv4).contains("SWYD-"),
+        "nothing applied"
+    );
+    assert_eq!(
+        condition(&h.syncer.status(), APPLIED),
+        (status::FALSE, reasons::INCOMPLETE_SHARDS)
+    );
+
+    let mut stale = shard.clone();
+    stale.revision = "0123456789ab".into();
+    let result = h.syncer.sync(&[Arc::new(primary.clone()), Arc::new(stale)]);
+    assert!(matches!(
+        result,
+        SyncResult::Rejected {
+            reason: reasons::INCOMPLETE_SHARDS,
+            ..
+        }
+    ));
+
+    let result = h.syncer.sync(&[Arc::new(shard), Arc::new(primary.clone())]);
+    assert_eq!(mode(&result), SyncMode::Full);
+    let s = h.syncer.status();
+    assert_eq!(s.observed_revision.as_deref(), Some(primary.revision.as_str()));
+    assert_eq!(s.services, Some(4));
+    assert!(
+        h.iptables
+            .dump(IpFamily::IPv4)
+            .contains("--to-destination 10.244.2.20:80")
+    );
+}
+
+#[test]
+fn a_flushed_chain_is_detected_and_repaired_as_drift() {
+    let mut h = Harness::new();
+    let spec = base();
+    h.sync(&spec);
+    assert_eq!(h.syncer.check_drift(), None, "no drift right after a sync");
+    let restores = h.iptables.restores().len();
+    assert_eq!(
+        h.iptables.restores().len(),
+        restores,
+        "a clean check restores nothing"
+    );
+
+    assert!(
+        h.iptables
+            .flush_chain(IpFamily::IPv4, Table::Nat, names::SERVICES)
+    );
+    let Some(SyncResult::Applied { mode, drift, .. }) = h.syncer.check_drift() else {
+        panic!()
+    };
+    assert_eq!(mode, SyncMode::Full);
+    assert!(drift.unwrap().contains("SWYD-SERVICES has 0 rules"));
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&spec));
+    assert_eq!(h.syncer.status().drift_repairs, 1);
+    assert_eq!(h.syncer.check_drift(), None);
+}
+
+#[test]
+fn a_deleted_jump_rule_is_detected_and_repaired_as_drift() {
+    let mut h = Harness::new();
+    let spec = base();
+    h.sync(&spec);
+    assert!(
+        h.iptables
+            .remove_jump(IpFamily::IPv4, Table::Nat, "PREROUTING", names::SERVICES)
+    );
+    let Some(SyncResult::Applied { drift, .. }) = h.syncer.check_drift() else {
+        panic!()
+    };
+    assert!(
+        drift
+            .unwrap()
+            .contains("jump PREROUTING -> SWYD-SERVICES is missing")
+    );
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&spec));
+    assert_eq!(h.syncer.status().drift_repairs, 1);
+}
+
+#[test]
+fn a_missing_canary_turns_a_partial_sync_into_a_full_repair() {
+    let mut h = Harness::new();
+    let spec = base();
+    h.sync(&spec);
+    // A firewall reload wiped every chain of ours (and the jumps into them).
+    for chain in h.iptables.kernel(IpFamily::IPv4).unwrap().chain_names(Table::Nat) {
+        if chain.starts_with(names::PREFIX) {
+            h.iptables.remove_chain(IpFamily::IPv4, Table::Nat, &chain);
+        }
+    }
+    let next = edit(&spec, "ns1/api:https", |e| {
+        e.endpoints[0].ip = "10.244.2.7".into()
+    });
+    let Some(SyncResult::Applied { mode, drift, .. }) = Some(h.sync(&next)) else {
+        panic!()
+    };
+    assert_eq!(mode, SyncMode::Full);
+    assert!(drift.unwrap().contains("SWYD-CANARY missing"));
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&next));
+    assert_eq!(h.syncer.status().drift_repairs, 1);
+}
+
+#[test]
+fn a_restart_reuses_the_rules_without_flushing_and_leaves_others_alone() {
+    let first = {
+        let mut h = Harness::new();
+        h.iptables
+            .restore_text(
+                IpFamily::IPv4,
+                "*nat\n:DOCKER - [0:0]\n-A DOCKER -j RETURN\nCOMMIT\n",
+            )
+            .unwrap();
+        h.iptables
+            .insert_rule(IpFamily::IPv4, Table::Nat, "PREROUTING", &["-j", "DOCKER"])
+            .unwrap();
+        h.sync(&base());
+        h.iptables
+    };
+    let before = first.dump(IpFamily::IPv4);
+    let restores = first.restores().len();
+
+    // A new agent process on the same kernel, same plan.
+    let mut h = Harness::on(first.clone());
+    assert_eq!(mode(&h.sync(&base())), SyncMode::Full);
+    assert_eq!(
+        first.dump(IpFamily::IPv4),
+        before,
+        "same rules, nothing duplicated or lost"
+    );
+    let payload = last_payload(&h);
+    assert_eq!(first.restores().len(), restores + 1, "one atomic restore");
+    assert!(
+        !payload
+            .lines()
+            .any(|l| l.starts_with("-F") || l.starts_with("-X")),
+        "nothing flushed or deleted outside the transaction:\n{payload}"
+    );
+    assert!(before.contains("-A DOCKER -j RETURN") && before.contains("-A PREROUTING -j DOCKER"));
+    assert_eq!(
+        before.matches("-j SWYD-SERVICES").count(),
+        4,
+        "nat PREROUTING and OUTPUT, filter FORWARD and OUTPUT, once each:\n{before}"
+    );
+
+    // A restart with a changed plan removes chains the previous process left (read with iptables-save).
+    let mut h = Harness::on(first.clone());
+    let mut smaller = base();
+    smaller.services.retain(|e| e.name != "ns1/api:https");
+    finish(&mut smaller);
+    h.sync(&smaller);
+    assert_eq!(
+        first
+            .dump(IpFamily::IPv4)
+            .replace("-A DOCKER -j RETURN\n", "")
+            .replace("-A PREROUTING -j DOCKER\n", "")
+            .replace(":DOCKER\n", ""),
+        fresh_state(&smaller)
+    );
+}
+
+#[test]
+fn the_periodic_full_sync_rewrites_everything() {
+    let mut h = Harness::new();
+    h.sync(&base());
+    assert_eq!(h.syncer.resync_if_due(), None);
+    h.clock.advance(Duration::from_secs(3599));
+    assert_eq!(h.syncer.resync_if_due(), None);
+    h.clock.advance(Duration::from_secs(1));
+    assert_eq!(mode(&h.syncer.resync_if_due().unwrap()), SyncMode::Full);
+    assert_eq!(h.syncer.resync_if_due(), None);
+}
+
+#[test]
+fn dual_stack_plans_program_both_families() {
+    let mut h = Harness::new();
+    let mut spec = base();
+    spec.services
+        .push(entry("ns1/web:http", "fd00:10:96::1", 80).with(ep("fd00:10:244:2::5", 8080)));
+    spec.node_ips.push("fd00:192:168:10::11".into());
+    finish(&mut spec);
+    h.sync(&spec);
+    let v6 = h.iptables.dump(IpFamily::IPv6);
+    assert!(v6.contains("--to-destination [fd00:10:244:2::5]:8080"), "{v6}");
+    assert!(
+        v6.contains("-A PREROUTING -m comment --comment \"switchyard service portals\" -j SWYD-SERVICES")
+    );
+    assert!(!h.iptables.dump(IpFamily::IPv4).contains("fd00"));
+}
+
+fn udp_flow(client: &str, dst: &str, dport: u16, endpoint: &str) -> Flow {
+    Flow {
+        original: Tuple {
+            src: ip(client),
+            dst: ip(dst),
+            sport: 41000,
+            dport,
+        },
+        reply: Tuple {
+            src: ip(endpoint),
+            dst: ip(client),
+            sport: 53,
+            dport: 41000,
+        },
+    }
+}
+
+#[test]
+fn udp_endpoint_changes_clean_stale_conntrack_entries() {
+    let mut h = Harness::new();
+    let to_gone = udp_flow("10.244.1.9", "10.96.0.10", 53, "10.244.3.53");
+    let to_kept = udp_flow("10.244.1.8", "10.96.0.10", 53, "10.244.2.53");
+    let elsewhere = udp_flow("10.244.1.7", "10.96.0.99", 53, "10.244.3.53");
+    h.sync(&base());
+    for flow in [to_gone, to_kept, elsewhere] {
+        h.conntrack.add(flow);
+    }
+    let lists = h.conntrack.lists();
+
+    // A TCP change does not look at conntrack at all.
+    let tcp = edit(&base(), "ns1/api:https", |e| {
+        e.endpoints[0].ip = "10.244.2.7".into()
+    });
+    h.sync(&tcp);
+    assert_eq!(h.conntrack.lists(), lists);
+
+    // dns loses 10.244.3.53: flows it answered are deleted, the others stay.
+    let udp = edit(&tcp, "kube-system/dns:dns", |e| {
+        e.endpoints.retain(|ep| ep.ip != "10.244.3.53");
+    });
+    h.sync(&udp);
+    assert_eq!(h.conntrack.deleted(), vec![to_gone]);
+    assert_eq!(h.conntrack.flows(), vec![to_kept, elsewhere]);
+
+    // A failing conntrack is logged and counted, never fatal.
+    h.conntrack.set_failing(true);
+    let again = edit(&udp, "kube-system/dns:dns", |e| e.endpoints[0].port = 5353);
+    assert!(matches!(h.sync(&again), SyncResult::Applied { .. }));
+    assert_eq!(h.syncer.metrics().conntrack_failures.get(), 1);
+}
+
+#[test]
+fn transition_times_move_only_when_a_condition_flips() {
+    let mut h = Harness::new();
+    let a = base();
+    h.sync(&a);
+    let t0 = transition(&h.syncer.status(), APPLIED);
+    assert_eq!(t0, "2026-01-01T00:00:00Z");
+
+    h.clock.advance(Duration::from_secs(10));
+    let b = edit(&a, "ns1/api:https", |e| e.port = 444);
+    h.sync(&b);
+    assert_eq!(transition(&h.syncer.status(), APPLIED), t0, "still True");
+
+    h.clock.advance(Duration::from_secs(10));
+    h.iptables.fail_next_restore(None, "boom");
+    h.sync(&edit(&b, "ns1/api:https", |e| e.port = 445));
+    let s = h.syncer.status();
+    assert_eq!(transition(&s, APPLIED), "2026-01-01T00:00:20Z");
+    assert_eq!(transition(&s, DEGRADED), "2026-01-01T00:00:20Z");
+
+    h.clock.advance(Duration::from_secs(10));
+    let mut invalid = b.clone();
+    invalid.revision.clear();
+    h.sync(&invalid);
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::FALSE, reasons::INVALID_PLAN));
+    assert_eq!(
+        transition(&s, APPLIED),
+        "2026-01-01T00:00:20Z",
+        "False → False keeps the time"
+    );
+
+    h.clock.advance(Duration::from_secs(10));
+    h.sync(&b);
+    let s = h.syncer.status();
+    assert_eq!(transition(&s, APPLIED), "2026-01-01T00:00:40Z");
+    assert_eq!(s.last_sync_time.as_deref(), Some("2026-01-01T00:00:40Z"));
+}
+
+#[test]
+fn health_check_failures_show_in_status_without_failing_the_sync() {
+    let mut h = Harness::new();
+    h.sync(&base());
+    h.syncer.set_extra_failures(vec![switchyard_api::ServiceFailure {
+        service: "ns1/web".into(),
+        reason: "health check node port 32000: Address in use".into(),
+    }]);
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::SYNCED));
+    assert_eq!(
+        condition(&s, DEGRADED),
+        (status::TRUE, reasons::PARTIALLY_APPLIED)
+    );
+    assert_eq!(s.failures_total, Some(1));
+    h.syncer.set_extra_failures(vec![]);
+    assert_eq!(
+        condition(&h.syncer.status(), DEGRADED),
+        (status::FALSE, reasons::HEALTHY)
+    );
+}
+
+#[test]
+fn a_plan_for_another_backend_falls_back_to_iptables_and_says_so() {
+    let mut h = Harness::new();
+    let mut spec = base();
+    spec.backend = switchyard_api::Backend::Ipvs;
+    finish(&mut spec);
+    h.sync(&spec);
+    let s = h.syncer.status();
+    assert_eq!(s.backend, Some(switchyard_api::Backend::Iptables));
+    assert!(s.backend_reason.as_deref().unwrap().contains("asks for ipvs"));
+    assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::BACKEND_FALLBACK));
+}
