@@ -77,6 +77,14 @@ enum Cmd {
         #[arg(long)]
         udp: Vec<u16>,
     },
+    /// Run the node agent (`switchyard-agent …`); the lab starts agents through this so tests need no other
+    /// binary.
+    #[command(disable_help_flag = true)]
+    Agent {
+        /// Arguments for switchyard-agent.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Run Switchyard on a cluster description in a lab: plans, one agent per node, the `kubectl get nfp`
     /// table and traffic checks (the example cluster's by default).
     Demo {
@@ -148,6 +156,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             loop {
                 std::thread::park();
             }
+        }
+        Cmd::Agent { args } => {
+            let argv = std::iter::once(std::ffi::OsString::from("switchyard-agent")).chain(args);
+            Ok(switchyard_agent::cli::run_cli(argv))
         }
         Cmd::Demo {
             cluster,

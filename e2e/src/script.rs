@@ -146,6 +146,10 @@ fn node_uplink(layout: &Layout, node: &LabNode) -> Action {
     {
         lines.push(format!("route add {ip}/32 via {} dev {UPLINK}", owner.ip));
     }
+    // Like a real node, a default route: without one, traffic to a Service IP has no route before the
+    // agent's DNAT (locally generated) or before FORWARD (a REJECT for a Service without endpoints).
+    // The fabric has no router, so nothing it carries leaves the lab.
+    lines.push(format!("route add default dev {UPLINK}"));
     Action::Ip {
         netns: node.netns.clone(),
         lines,
@@ -261,6 +265,7 @@ mod tests {
             "ip -n sy0001-node-a link add pv0 address ee:ee:ee:ee:ee:ee type veth peer name eth0 netns sy0001-pod-web-a1",
             "ip -n sy0001-node-a route add 10.244.1.10/32 dev pv0",
             "ip -n sy0001-node-a route add 10.244.2.0/24 via 192.168.10.12 dev eth0",
+            "ip -n sy0001-node-a route add default dev eth0",
             "ip -n sy0001-pod-web-a1 addr add 10.244.1.10/32 dev eth0",
             "ip -n sy0001-pod-web-a1 route add default via 169.254.1.1 dev eth0 onlink",
             "sysctl -n sy0001-node-a net/ipv4/conf/pv0/proxy_arp=1",
