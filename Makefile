@@ -45,6 +45,7 @@ plan: ## Plan the example cluster offline and print the `kubectl get nfp` table
 bench: ## Benchmarks (release build); each prints a summary table (SWITCHYARD_BENCH_SMOKE=1 for tiny sizes)
 	$(CARGO) bench -p switchyard-controller --bench planner
 	$(CARGO) bench -p switchyard-controller --bench churn
+	$(CARGO) bench -p switchyard-agent --bench iptables_sync
 
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests

@@ -143,12 +143,12 @@ async fn scenario(
 /// Rolling update of 50 pods: every 2 s (four 0.5 s ticks) one new pod turns ready and one old pod
 /// starts terminating, then is removed.
 fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
-    const PODS: usize = 50;
+    let pods = if smoke_mode() { 8 } else { 50 };
     let replaced = step / 2;
-    if replaced > PODS {
+    if replaced > pods {
         return false;
     }
-    let eps = (0..PODS)
+    let eps = (0..pods)
         .map(|i| {
             if i < replaced {
                 endpoint(format!("10.200.1.{i}"), node(i * 7 + 1, shape), true, false)
@@ -170,10 +170,11 @@ fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
 
 /// Scale 0 → 100 → 0, one pod per 0.5 s tick.
 fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
-    let count = if step <= 100 {
+    let top = if smoke_mode() { 10 } else { 100 };
+    let count = if step <= top {
         step
-    } else if step <= 200 {
-        200 - step
+    } else if step <= 2 * top {
+        2 * top - step
     } else {
         return false;
     };
@@ -191,8 +192,15 @@ fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
     true
 }
 
+fn smoke_mode() -> bool {
+    std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench")
+}
+
 fn main() {
-    let smoke = std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some();
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
+    // smoke check with tiny sizes (benchmarks are never timed tests).
+    let smoke =
+        std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench");
     let shapes: Vec<Shape> = if smoke {
         vec![Shape::new(5, 50, 3)]
     } else {

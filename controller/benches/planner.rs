@@ -21,7 +21,10 @@ fn ms(d: Duration) -> String {
 
 fn main() {
     // `cargo bench` passes `--bench`; a size can be chosen with SWITCHYARD_BENCH_SMOKE=1 for a quick run.
-    let smoke = std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some();
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
+    // smoke check with tiny sizes (benchmarks are never timed tests).
+    let smoke =
+        std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench");
     let sizes: &[(usize, usize)] = if smoke {
         &[(10, 100)]
     } else {

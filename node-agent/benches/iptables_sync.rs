@@ -261,7 +261,10 @@ fn apply_rss(agent: &Path, services: u32) -> Result<(u64, Duration), String> {
 }
 
 fn run() -> Result<(), String> {
-    let smoke = std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some();
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
+    // smoke check with tiny sizes (benchmarks are never timed tests).
+    let smoke =
+        std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench");
     let mut sizes: Vec<u32> = if smoke {
         vec![20, 100]
     } else {
