@@ -23,6 +23,7 @@ pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod validate;
+pub mod yaml;
 
 pub use error::Error;
 pub use plan::{

@@ -75,8 +75,7 @@ fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, Error> {
         }
         return Ok(documents);
     }
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
+    let mut options = switchyard_api::yaml::large_file_options();
     options.leading_zero_numbers_as_strings = true;
     let documents: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options)
         .map_err(|e| error(format!("invalid YAML: {e}")))?;

@@ -159,8 +159,15 @@ impl Deployed {
     pub fn plan(&self, node: &str) -> Result<Vec<NodeForwardingPlan>> {
         let path = self.plan_path(node);
         let text = read(&path)?;
-        serde_saphyr::from_multiple(&text)
-            .map_err(|e| LabError::ParseDescription(format!("{}: {e}", path.display())))
+        let parsed = if text.trim_start().starts_with('{') {
+            serde_json::from_str(&text)
+                .map(|plan| vec![plan])
+                .map_err(|e| e.to_string())
+        } else {
+            serde_saphyr::from_multiple_with_options(&text, switchyard_api::yaml::large_file_options())
+                .map_err(|e| e.to_string())
+        };
+        parsed.map_err(|e| LabError::ParseDescription(format!("{}: {e}", path.display())))
     }
 
     /// The status a node's agent last wrote.

@@ -32,15 +32,7 @@ struct List {
 }
 
 fn yaml_options() -> serde_saphyr::Options {
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_events = usize::MAX / 2;
-    budget.max_nodes = usize::MAX / 2;
-    budget.max_total_scalar_bytes = 1 << 30;
-    budget.max_reader_input_bytes = Some(1 << 30);
-    options.budget = Some(budget);
-    options
+    switchyard_api::yaml::large_file_options()
 }
 
 /// Parses the text of a plan file into the objects it holds.
