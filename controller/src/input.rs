@@ -276,6 +276,21 @@ items:
     }
 
     #[test]
+    fn large_dumps_fit_the_yaml_budget() {
+        // 3,000 Services: far above serde-saphyr's default 250,000-node budget.
+        let snapshot = crate::synthetic::cluster(&crate::synthetic::Shape::new(3, 3_000, 5));
+        let mut items: Vec<serde_json::Value> = Vec::new();
+        items.extend(snapshot.services.iter().map(|o| serde_json::json!(o)));
+        items.extend(snapshot.slices.iter().map(|o| serde_json::json!(o)));
+        items.extend(snapshot.nodes.iter().map(|o| serde_json::json!(o)));
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let yaml = serde_saphyr::to_string(&list).unwrap();
+        let mut loaded = Loaded::default();
+        load_text("big.yaml", &yaml, &mut loaded).unwrap();
+        assert_eq!(loaded.snapshot.services.len(), 3_000);
+    }
+
+    #[test]
     fn a_missing_file_is_an_error_naming_it() {
         let error = load_files(&["/nonexistent/dump.yaml"]).unwrap_err().to_string();
         assert!(error.contains("/nonexistent/dump.yaml"), "{error}");
