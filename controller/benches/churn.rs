@@ -57,6 +57,7 @@ async fn scenario(
     steps: impl Fn(&FakeApiServer, &Shape, usize) -> bool,
 ) -> Outcome {
     let server = FakeApiServer::new();
+    server.count_only(Kind::Plan);
     let snapshot = cluster(&shape);
     for n in &snapshot.nodes {
         server.put(Kind::Node, n);
@@ -88,8 +89,26 @@ async fn scenario(
         )
         .await;
     });
-    // Initial sync: every node gets its plan.
-    while server.keys(Kind::Plan).len() < shape.nodes {
+    // Initial sync: every node gets its plan (at least one object written per node).
+    loop {
+        let written: std::collections::BTreeSet<String> = server
+            .requests()
+            .iter()
+            .filter(|r| r.method == Method::PATCH)
+            .map(|r| {
+                r.path
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .split('.')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        if written.len() >= shape.nodes {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -125,10 +144,7 @@ async fn scenario(
         .into_iter()
         .filter(|r| r.method == Method::PATCH)
         .collect();
-    let bytes = patches
-        .iter()
-        .map(|r| r.body.as_ref().map_or(0, |b| b.to_string().len()))
-        .sum();
+    let bytes = patches.iter().map(|r| r.body_len).sum();
     let _ = stop_tx.send(());
     let _ = controller.await;
     Outcome {

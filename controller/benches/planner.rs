@@ -19,6 +19,19 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// Peak resident set of this process (VmHWM), in MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; a size can be chosen with SWITCHYARD_BENCH_SMOKE=1 for a quick run.
     // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
@@ -35,7 +48,7 @@ fn main() {
         "planner benchmark (5 endpoints per service, 3 zones, 10% eTP=Local, 5% iTP=Local, 20% zone-hinted; one core)"
     );
     println!(
-        "{:>6} {:>7} | {:>12} {:>14} {:>14} {:>12} {:>7} {:>16}",
+        "{:>6} {:>7} | {:>12} {:>14} {:>14} {:>12} {:>7} {:>16} {:>12}",
         "nodes",
         "svcs",
         "full plan",
@@ -43,7 +56,8 @@ fn main() {
         "re-plan 1 ep",
         "bytes/node",
         "shards",
-        "nodes rewritten"
+        "nodes rewritten",
+        "peak RSS"
     );
     for &(nodes, services) in sizes {
         let shape = Shape::new(nodes, services, 5);
@@ -63,16 +77,25 @@ fn main() {
         }
         let Some(mut planner) = planner else { return };
 
+        let rss = peak_rss_mib();
+        // Materialise every node's objects one node at a time, as the controller's writer does.
+        let names: Vec<String> = planner.node_names().map(str::to_string).collect();
         let start = Instant::now();
-        let plans = planner.all_plans();
+        let mut bytes = 0;
+        let mut shards = 0;
+        for (i, name) in names.iter().enumerate() {
+            let Some(plan) = planner.node_plan(name) else {
+                continue;
+            };
+            if i == 0 {
+                bytes = objects(&plan)
+                    .iter()
+                    .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
+                    .sum();
+                shards = plan.objects.len();
+            }
+        }
         let materialise = start.elapsed();
-        let first = &plans[0];
-        let bytes: usize = objects(first)
-            .iter()
-            .map(|o| serde_json::to_vec(o).map_or(0, |v| v.len()))
-            .sum();
-        let shards = first.objects.len();
-        drop(plans);
 
         let mut replan = Vec::new();
         let mut rewritten = 0;
@@ -89,7 +112,7 @@ fn main() {
             rewritten = changed.len();
         }
         println!(
-            "{:>6} {:>7} | {:>12} {:>14} {:>14} {:>12} {:>7} {:>16}",
+            "{:>6} {:>7} | {:>12} {:>14} {:>14} {:>12} {:>7} {:>16} {:>8.0} MiB",
             nodes,
             services,
             ms(median(full)),
@@ -97,7 +120,11 @@ fn main() {
             ms(median(replan)),
             bytes,
             shards,
-            rewritten
+            rewritten,
+            rss
         );
     }
+    println!(
+        "peak RSS: this process after planning (the objects as the controller caches them, plus the planner)"
+    );
 }

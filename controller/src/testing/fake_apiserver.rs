@@ -4,7 +4,8 @@
 //! kube::Client ─► tower-test mock service ─► FakeApiServer::serve (routes by method + path)
 //!     LIST  → items + resourceVersion         WATCH → an open stream of ADDED/MODIFIED/DELETED events
 //!     GET / POST / PUT (optimistic concurrency) / PATCH (server-side apply, main or status) / DELETE
-//!     every request is recorded; failures can be injected per method and path
+//!     every request is recorded; failures can be injected per method and path; watches can be closed
+//!     (a restart) or expired with 410 Gone (watchers relist)
 //! ```
 //!
 //! It is state-based, not a script: tests assert on the requests it received and the objects it holds,
@@ -62,8 +63,10 @@ pub struct Recorded {
     pub query: String,
     /// Content type of the body, if any.
     pub content_type: Option<String>,
-    /// JSON body, if any.
+    /// JSON body, if any (not kept for kinds in count-only mode).
     pub body: Option<Value>,
+    /// Size of the request body in bytes.
+    pub body_len: usize,
 }
 
 impl Recorded {
@@ -215,6 +218,8 @@ struct State {
     watchers: Vec<Watcher>,
     log: Vec<Recorded>,
     failures: Vec<Failure>,
+    /// Kinds whose writes are only counted (scale simulations): bodies are neither kept nor parsed.
+    count_only: Vec<Kind>,
 }
 
 impl State {
@@ -416,9 +421,56 @@ impl FakeApiServer {
         }
     }
 
+    /// Scale simulations: writes of `kind` are recorded with their size and answered with their own body,
+    /// but nothing is stored, parsed or sent to watchers (a thousand 1 MiB plans would not fit in memory).
+    pub fn count_only(&self, kind: Kind) {
+        if let Ok(mut state) = self.state.lock() {
+            state.count_only.push(kind);
+        }
+    }
+
+    /// Ends every open watch with an `ERROR` event `410 Gone` (the resource version is too old), as an
+    /// API server does after etcd compaction: watchers must relist.
+    pub fn expire_watches(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            let line = format!(
+                "{}\n",
+                json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Expired", "message": "too old resource version", "code": 410}})
+            );
+            for watcher in state.watchers.drain(..) {
+                let _ = watcher.tx.send(Bytes::from(line.clone()));
+            }
+        }
+    }
+
     async fn serve(&self, request: Request<Body>) -> Response<FakeBody> {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
+        let counted = parse_path(parts.uri.path()).is_some_and(|t| {
+            parts.method != Method::GET && self.state.lock().is_ok_and(|s| s.count_only.contains(&t.kind))
+        });
+        if counted {
+            if let Ok(mut state) = self.state.lock() {
+                state.log.push(Recorded {
+                    method: parts.method.clone(),
+                    path: parts.uri.path().to_string(),
+                    query: parts.uri.query().unwrap_or_default().to_string(),
+                    content_type: None,
+                    body: None,
+                    body_len: bytes.len(),
+                });
+            }
+            let mut response = Response::new(FakeBody {
+                inner: FakeBodyInner::Full(Some(bytes)),
+            });
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
+        let body_len = bytes.len();
         let body: Option<Value> = if bytes.is_empty() {
             None
         } else {
@@ -440,6 +492,7 @@ impl FakeApiServer {
             query: query.clone(),
             content_type,
             body: body.clone(),
+            body_len,
         });
         if let Some(failure) = state
             .failures
