@@ -224,6 +224,7 @@ fn main() {
             Shape::new(10, 1_000, 5),
             Shape::new(100, 1_000, 5),
             Shape::new(100, 10_000, 5),
+            Shape::new(1_000, 10_000, 5),
         ]
     };
     println!(
