@@ -151,7 +151,8 @@ async fn scenario(
         changes,
         writes: patches.len(),
         bytes,
-        minutes: (churn_end - start).as_secs_f64() / 60.0,
+        // Over the whole time writes were happening: the churn and the drain after it.
+        minutes: (quiet_since.max(churn_end) - start).as_secs_f64() / 60.0,
         lag: quiet_since.saturating_duration_since(churn_end),
     }
 }

@@ -3,7 +3,9 @@
 //! ```text
 //! args ─► clap ─► Command ─┬─ render  ─► plan file ─► validate ─► render() per family ─► stdout (payloads, jump rules)
 //!                          ├─ apply   ─► plan file ─► Syncer (real iptables) one full sync ─► status YAML on stdout
-//!                          ├─ run     ─► plan file ─► run::run loop until SIGTERM/SIGINT (rules stay)
+//!                          ├─ run     ─► --node-name: own plan from the API server (cache first, status
+//!                          │              written back) | --plan-file: a plan file ─► run::run loop until
+//!                          │              SIGTERM/SIGINT (rules stay); /healthz /readyz /metrics on :10263
 //!                          └─ cleanup ─► every SWYD-* chain and jump rule removed (both families)
 //! exit: 0 ok · 1 the kernel refused / runtime failure · 2 bad flags, unreadable or invalid plan
 //! ```
@@ -33,8 +35,12 @@ use crate::iptables::dataplane::{IptablesDataplane, families_of};
 use crate::iptables::exec::ExecIptables;
 use crate::iptables::mode::{IptablesMode, Variant};
 use crate::iptables::{HostFacts, jump_rules, node_port_ips, render};
+use crate::live::{PlanFrom, run_agent};
 use crate::planfile::{read_plan_file, status_yaml};
-use crate::run::{RunConfig, run};
+use crate::run::RunConfig;
+use crate::run::grace::GracePeriod;
+use crate::run::http::parse_bind;
+use crate::source::cache::cache_path;
 use crate::sync::{Assembly, Dataplane, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, assemble};
 
 /// Exit status: the kernel refused the rules, or something failed at run time.
@@ -105,13 +111,31 @@ struct ApplyArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Plan file to apply and watch.
+    /// This node: its NodeForwardingPlan (and shards) are watched on the API server and its status is
+    /// written there (default: $NODE_NAME, which the DaemonSet sets from the downward API).
     #[arg(long)]
-    plan_file: PathBuf,
+    node_name: Option<String>,
+    /// Apply this plan file and watch it instead of the API server.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    plan_file: Option<PathBuf>,
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then the in-cluster service account).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Directory for the plan cache (plan.yaml): re-applied at start before the API server is
+    /// reachable. Without it a restarted agent waits for the API server before programming anything.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Where to serve /healthz, /readyz and /metrics (`:PORT` for every address).
+    #[arg(long, default_value = ":10263", value_parser = parse_bind)]
+    metrics_bind: std::net::SocketAddr,
+    /// How long the rules of a deleted plan stay before they are removed, or `never`.
+    #[arg(long, default_value = "15m", value_parser = GracePeriod::parse)]
+    plan_deletion_grace: GracePeriod,
     /// Where to write the status (YAML, replaced atomically) after every sync.
     #[arg(long)]
     status_file: Option<PathBuf>,
-    /// How often to compare the kernel with what was applied and repair drift.
+    /// How often to compare the kernel with what was applied and repair drift (twice this is the
+    /// /healthz timeout).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     resync_period: Duration,
     /// Rewrite everything at least this often.
@@ -120,7 +144,7 @@ struct RunArgs {
     /// Coalesce plan changes closer together than this.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     min_sync_interval: Duration,
-    /// How often to look at the plan file.
+    /// How often to look at the plan file (--plan-file only).
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     poll_interval: Duration,
     #[command(flatten)]
@@ -387,6 +411,36 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
 }
 
 fn run_command(args: &RunArgs) -> ExitCode {
+    let node_name = args
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .filter(|n| !n.is_empty());
+    let from = match (&args.plan_file, &node_name) {
+        (Some(path), _) => PlanFrom::File {
+            path: path.clone(),
+            poll_interval: args.poll_interval,
+        },
+        (None, Some(_)) => PlanFrom::Api {
+            kubeconfig: args.kubeconfig.clone(),
+        },
+        (None, None) => {
+            return fail(
+                EXIT_USAGE,
+                &"run needs --node-name (or NODE_NAME, set from the downward API) or --plan-file",
+            );
+        }
+    };
+    let cache_file = match (&from, &args.state_dir) {
+        (PlanFrom::Api { .. }, Some(dir)) => Some(cache_path(dir)),
+        (PlanFrom::Api { .. }, None) => {
+            tracing::warn!(
+                "no --state-dir: the applied plan is not cached, so a restart without the API server starts without rules"
+            );
+            None
+        }
+        (PlanFrom::File { .. }, _) => None,
+    };
     let config = SyncConfig {
         full_sync_period: args.full_sync_period,
         health_timeout: args.resync_period * 2,
@@ -405,18 +459,21 @@ fn run_command(args: &RunArgs) -> ExitCode {
         Err(e) => return fail(EXIT_FAILED, &Error::StartRuntime(e)),
     };
     let run_config = RunConfig {
-        plan_file: args.plan_file.clone(),
+        node_name: node_name.unwrap_or_default(),
         status_file: args.status_file.clone(),
         resync_period: args.resync_period,
         min_sync_interval: args.min_sync_interval,
-        poll_interval: args.poll_interval,
+        deletion_grace: args.plan_deletion_grace,
+        cache_file,
+        metrics_bind: Some(args.metrics_bind),
     };
     let result = runtime.block_on(async {
         let shutdown = shutdown_signal()?;
-        run(run_config, syncer, shutdown).await
+        run_agent(run_config, from, syncer, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ Error::KubeConfig(_)) => fail(EXIT_USAGE, &e),
         Err(e) => fail(EXIT_FAILED, &e),
     }
 }
@@ -525,6 +582,34 @@ mod tests {
             ])),
             ExitCode::from(EXIT_USAGE)
         );
+        for bad in [
+            &[
+                "switchyard-agent",
+                "run",
+                "--node-name",
+                "n",
+                "--plan-deletion-grace",
+                "soon",
+            ][..],
+            &[
+                "switchyard-agent",
+                "run",
+                "--node-name",
+                "n",
+                "--metrics-bind",
+                "10263",
+            ],
+            &["switchyard-agent", "run", "--plan-file", "x", "--kubeconfig", "y"],
+        ] {
+            assert_eq!(run_cli(args(bad)), ExitCode::from(EXIT_USAGE), "{bad:?}");
+        }
+        if std::env::var_os("NODE_NAME").is_none() {
+            assert_eq!(
+                run_cli(args(&["switchyard-agent", "run"])),
+                ExitCode::from(EXIT_USAGE),
+                "neither a node nor a plan file"
+            );
+        }
     }
 
     #[test]

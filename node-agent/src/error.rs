@@ -109,6 +109,82 @@ pub enum Error {
     /// The plan asks for a backend this agent cannot program yet.
     #[error("backend {0} is not implemented by this agent yet")]
     UnsupportedBackend(switchyard_api::Backend),
+    /// The kernel has no usable IPVS (module missing and not loadable).
+    #[error("IPVS is unavailable: {0}")]
+    IpvsUnavailable(String),
+    /// An IPVS generic-netlink request failed.
+    #[error("IPVS {operation}: {reason}")]
+    IpvsRequest {
+        /// What was asked (`add service tcp 10.96.0.10:80`, ...).
+        operation: String,
+        /// The errno the kernel answered with, if it answered.
+        errno: Option<i32>,
+        /// Why.
+        reason: String,
+    },
+    /// Output of `ipset save` could not be understood.
+    #[error("parsing ipset output line {line:?}: {reason}")]
+    ParseIpset {
+        /// The line.
+        line: String,
+        /// Why.
+        reason: String,
+    },
+    /// A sysctl could not be read or written.
+    #[error("sysctl {path}: {source}")]
+    Sysctl {
+        /// The file under /proc/sys.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The dummy interface holding the service IPs could not be read or changed over rtnetlink.
+    #[error("service address interface {interface}: {reason}")]
+    ServiceInterface {
+        /// The interface name.
+        interface: String,
+        /// Why.
+        reason: String,
+    },
+    /// The plan cache could not be written (or removed).
+    #[error("writing the plan cache {path}: {source}")]
+    WriteCache {
+        /// The cache file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The plan cache could not be read or used.
+    #[error("reading the plan cache {path}: {message}")]
+    ReadCache {
+        /// The cache file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The status could not be written to the plan through the API server.
+    #[error("writing the status of plan {name}: {source}")]
+    WriteStatusToApi {
+        /// The plan object.
+        name: String,
+        /// Why.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The metrics and health address could not be bound.
+    #[error("serving /metrics, /healthz and /readyz on {addr}: {source}")]
+    BindMetrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No Kubernetes client configuration could be loaded (kubeconfig or in-cluster).
+    #[error("loading the Kubernetes client configuration: {0}")]
+    KubeConfig(String),
 }
 
 impl Error {
@@ -130,6 +206,16 @@ impl Error {
             Self::BindHealthCheck { .. } => "bind_health_check",
             Self::StartRuntime(_) => "start_runtime",
             Self::UnsupportedBackend(_) => "unsupported_backend",
+            Self::IpvsUnavailable(_) => "ipvs_unavailable",
+            Self::IpvsRequest { .. } => "ipvs_request",
+            Self::ParseIpset { .. } => "parse_ipset",
+            Self::ServiceInterface { .. } => "service_interface",
+            Self::Sysctl { .. } => "sysctl",
+            Self::WriteCache { .. } => "write_cache",
+            Self::ReadCache { .. } => "read_cache",
+            Self::WriteStatusToApi { .. } => "write_status_to_api",
+            Self::BindMetrics { .. } => "bind_metrics",
+            Self::KubeConfig(_) => "kube_config",
         }
     }
 }

@@ -1,23 +1,25 @@
 //! switchyard-agent: programs its node's `NodeForwardingPlan` into the kernel and reports status.
 //!
 //! ```text
-//! plan file (run / apply) ─► planfile ─► [objects] ─► sync::Syncer ─► assemble shards ─► validate()
-//!                                                          │            (plan problems: rejected whole;
-//!                                                          │             entry problems: skipped, reported)
-//!                                                          ▼
+//! plan source ─► source::PlanUpdate (latest wins) ─► run loop ─► sync::Syncer ─► assemble shards ─► validate()
+//!   run --node-name: source::api (watch own plan + shards;            │    (plan problems: rejected whole;
+//!     deletion confirmed by GET 404) + source::cache at start         │     entry problems: skipped, reported)
+//!   run --plan-file / apply: planfile                                 ▼
 //!                                   sync::Dataplane (iptables::dataplane::IptablesDataplane)
 //!                                     render (pure) ─► stream ─► Iptables edge: iptables-restore --noflush
 //!                                                          │        (exec: real binaries; fake: the tracer)
 //!                                                          ├─► conntrack: stale UDP flows deleted
 //!                                                          ▼
-//!                 status (observedRevision, conditions, counts) ─► status file │ healthcheck servers
+//!   status (observedRevision, conditions, counts) ─► status_writer (SSA of plans/<node>/status) │ status file
+//!   run::http: /healthz /readyz /metrics · healthcheck servers · source::cache (<state-dir>/plan.yaml)
 //! ```
 //!
 //! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::plan_set`], [`sync::status`],
-//! [`conntrack::select`], [`healthcheck::desired`]) is separate from the edges, each a small trait with an
-//! in-memory fake: [`iptables::kernel::Iptables`] ([`iptables::exec`], [`iptables::fake`]),
-//! [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]. [`cli::run_cli`] is the whole
-//! program; [`run`] is the long-running loop.
+//! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
+//! edges, each a small trait with an in-memory fake: [`iptables::kernel::Iptables`] ([`iptables::exec`],
+//! [`iptables::fake`]), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
+//! is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the
+//! long-running loop and [`live`] wires it to its plan source.
 
 pub mod cli;
 pub mod command;
@@ -26,8 +28,12 @@ pub mod error;
 pub mod healthcheck;
 pub mod host;
 pub mod iptables;
+pub mod ipvs;
+pub mod live;
 pub mod planfile;
 pub mod run;
+pub mod source;
+pub mod status_writer;
 pub mod sync;
 
 pub use error::{Error, Result};

@@ -1,106 +1,90 @@
-//! `switchyard-agent run --plan-file`: the long-running loop over a plan file.
+//! `switchyard-agent run`: the long-running loop, whatever the plan source.
 //!
 //! ```text
-//! every poll interval:
-//!   plan file ─► content hash changed? ─► parse ─► objects ─┐   (unparseable: InvalidPlan, rules stay)
-//!   new objects (at most every min-sync-interval) ──────────┼─► Syncer::sync ─┐
-//!   retry due after a failure ──────────────────────────────┘                 │
-//!   Syncer::resync_if_due (full-sync period) ─────────────────────────────────┤
-//!   every resync period: Syncer::check_drift (repairs) ───────────────────────┤
-//!                                                                             ▼
-//!                  health-check servers updated ─► status file rewritten (tmp + rename)
-//! SIGTERM / SIGINT ─► stop the health-check servers and exit; the rules stay in the kernel.
+//! start: /healthz /readyz /metrics served ─► cached plan (<state-dir>/plan.yaml) applied, if any
+//!        ─► the source starts: FileSource (--plan-file) | ApiSource (--node-name: watch own plan)
+//! source ─► watch channel (latest PlanUpdate wins) ─┐
+//!   Objects (at most every min-sync-interval) ──────┼─► Syncer::sync ─► after every sync:
+//!   Invalid ─► Syncer::reject_input (rules stay)    │     health-check servers, /healthz state,
+//!   Deleted ─► grace period (rules stay) ───────────┤     status file, StatusSink (API status writer),
+//!   retry due after a failed sync ──────────────────┤     cache written (API plans), latency observed
+//!   Syncer::resync_if_due (full-sync period) ───────┤
+//!   every resync period: Syncer::check_drift ───────┘
+//!   grace period over ─► Syncer::cleanup (rules removed, cache removed) unless the grace is `never`
+//! SIGTERM / SIGINT ─► stop serving and exit; the rules stay in the kernel.
 //! ```
 //!
 //! Syncs are blocking (they run iptables); they run on the runtime's blocking-capable worker through
-//! `block_in_place`, so the health-check servers keep answering meanwhile.
+//! `block_in_place`, so the health-check servers and the HTTP endpoints keep answering meanwhile.
 
-use std::collections::hash_map::DefaultHasher;
+pub mod grace;
+pub mod health;
+pub mod http;
+pub mod metrics;
+
 use std::future::Future;
-use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use switchyard_api::{NodeForwardingPlanSpec, ServiceFailure};
+use switchyard_api::ServiceFailure;
 
 use crate::error::Error;
 use crate::healthcheck::{self, HealthServers};
-use crate::planfile::{read_plan_file, write_status};
-use crate::sync::{SyncResult, Syncer};
+use crate::planfile::write_status;
+use crate::source::{Origin, PlanSet, PlanSource, PlanUpdate, cache};
+use crate::status_writer::{StatusReport, StatusSink};
+use crate::sync::{SyncResult, Syncer, SystemClock};
+use grace::{Deletion, Grace, GracePeriod};
+use health::AgentHealth;
+use metrics::LiveMetrics;
+
+/// How often the loop looks at its timers (retries, resyncs, drift checks, the grace period).
+const TICK: Duration = Duration::from_millis(100);
+/// After a failed cleanup at the end of a grace period, try again this much later.
+const CLEANUP_RETRY: Duration = Duration::from_secs(30);
 
 /// The loop's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunConfig {
-    /// The plan file to apply and watch.
-    pub plan_file: PathBuf,
+    /// This node (for `/healthz` and the cache; empty with a plan file and no `--node-name`).
+    pub node_name: String,
     /// Where to write the status after every sync.
     pub status_file: Option<PathBuf>,
-    /// How often the kernel is compared with the model (drift checks).
+    /// How often the kernel is compared with the model (drift checks); twice this is the health
+    /// timeout.
     pub resync_period: Duration,
     /// Plan changes closer together than this are coalesced.
     pub min_sync_interval: Duration,
-    /// How often the plan file is looked at.
-    pub poll_interval: Duration,
+    /// How long a deleted plan's rules stay.
+    pub deletion_grace: GracePeriod,
+    /// The plan cache: applied at start, rewritten after every newly applied plan from the API.
+    pub cache_file: Option<PathBuf>,
+    /// Where to serve `/healthz`, `/readyz` and `/metrics`.
+    pub metrics_bind: Option<SocketAddr>,
 }
 
-/// The plan file's last content and what it parsed to.
-#[derive(Debug, Default)]
-struct PlanFile {
-    hash: Option<u64>,
-    objects: Option<Vec<Arc<NodeForwardingPlanSpec>>>,
-    error: Option<String>,
+/// What the loop is fed and feeds.
+pub struct Wiring {
+    /// Where plans come from.
+    pub source: Box<dyn PlanSource>,
+    /// The API status writer, if any.
+    pub status: Option<StatusSink>,
+    /// Metrics shared with the status writer.
+    pub metrics: LiveMetrics,
 }
 
-enum Poll {
-    Unchanged,
-    Changed,
-    Failed(String),
-}
-
-impl PlanFile {
-    fn poll(&mut self, path: &std::path::Path) -> Poll {
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(source) => {
-                let e = Error::ReadPlan {
-                    path: path.to_path_buf(),
-                    source,
-                };
-                // Whatever comes back later, even the same content, must be parsed and applied again.
-                self.hash = None;
-                return self.failed(e.to_string());
-            }
-        };
-        let mut hasher = DefaultHasher::new();
-        bytes.hash(&mut hasher);
-        let hash = hasher.finish();
-        if self.hash == Some(hash) {
-            return Poll::Unchanged;
-        }
-        self.hash = Some(hash);
-        drop(bytes);
-        // Parse from the file again rather than keeping its bytes: one copy of a large plan at a time.
-        match read_plan_file(path) {
-            Ok(objects) => {
-                self.objects = Some(objects);
-                self.error = None;
-                Poll::Changed
-            }
-            Err(e) => self.failed(e.to_string()),
-        }
-    }
-
-    fn failed(&mut self, message: String) -> Poll {
-        // Until the file is fixed nothing is applied; the last good rules stay.
-        self.objects = None;
-        if self.error.as_ref() == Some(&message) {
-            return Poll::Unchanged;
-        }
-        self.error = Some(message.clone());
-        Poll::Failed(message)
-    }
+/// Handles of a running loop (tests, embedding).
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// Health and readiness.
+    pub health: Arc<AgentHealth>,
+    /// The live metrics.
+    pub metrics: LiveMetrics,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Everything after a sync: health-check servers, the healthy flag, the status file.
@@ -142,65 +126,355 @@ impl AfterSync {
     }
 }
 
-/// Runs until `shutdown` completes. The rules stay in the kernel when it returns.
-pub async fn run(
+/// The loop's state.
+struct Loop {
     config: RunConfig,
-    mut syncer: Syncer,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), Error> {
-    let healthy = Arc::new(AtomicBool::new(false));
-    let mut after = AfterSync {
-        servers: HealthServers::new(tokio::runtime::Handle::current(), Arc::clone(&healthy)),
-        healthy,
-        status_file: config.status_file.clone(),
-    };
-    let mut plan = PlanFile::default();
-    let mut pending = false;
-    let mut last_sync: Option<Instant> = None;
-    let mut next_drift_check = Instant::now() + config.resync_period;
-    let mut ticker = tokio::time::interval(config.poll_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    tokio::pin!(shutdown);
-    tracing::info!(plan_file = %config.plan_file.display(), "watching the plan file");
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = ticker.tick() => {}
+    syncer: Syncer,
+    after: AfterSync,
+    health: Arc<AgentHealth>,
+    metrics: LiveMetrics,
+    status: Option<StatusSink>,
+    grace: Grace,
+    /// The newest update not handled yet.
+    pending: Option<Arc<PlanUpdate>>,
+    /// The plan set last handed to the syncer (retries use it).
+    current: Option<PlanSet>,
+    /// The last sync of `current` failed: retry it when the syncer says so.
+    retry_current: bool,
+    last_sync: Option<Instant>,
+    next_drift_check: Instant,
+    cleanup_not_before: Option<Instant>,
+    /// (uid, revision) of the plan in the cache file.
+    cached: Option<(Option<String>, String)>,
+    /// The revision last programmed from a new plan set, and when its spec was written.
+    programmed: Option<String>,
+    written_at: Option<SystemTime>,
+}
+
+impl Loop {
+    fn on_update(&mut self, update: Arc<PlanUpdate>) {
+        self.metrics.plan_updates.inc();
+        self.health.queued();
+        self.pending = Some(update);
+    }
+
+    fn step(&mut self) {
+        let now = Instant::now();
+        self.handle_pending(now);
+        if self.retry_current && self.syncer.retry_due() {
+            self.sync_current();
+        } else if let Some(result) = tokio::task::block_in_place(|| self.syncer.resync_if_due()) {
+            self.after(result);
         }
-        match plan.poll(&config.plan_file) {
-            Poll::Unchanged => {}
-            Poll::Changed => pending = true,
-            Poll::Failed(message) => {
-                pending = false;
-                syncer.reject_input(message);
-                after.run(&mut syncer);
-            }
-        }
-        let coalesced = last_sync.is_some_and(|at| at.elapsed() < config.min_sync_interval);
-        let result = match &plan.objects {
-            Some(objects) if (pending && !coalesced) || syncer.retry_due() => {
-                pending = false;
-                last_sync = Some(Instant::now());
-                Some(tokio::task::block_in_place(|| syncer.sync(objects)))
-            }
-            _ => tokio::task::block_in_place(|| syncer.resync_if_due()),
-        };
-        if result.is_some() {
-            after.run(&mut syncer);
-        }
-        if Instant::now() >= next_drift_check {
-            next_drift_check = Instant::now() + config.resync_period;
-            if let Some(result) = tokio::task::block_in_place(|| syncer.check_drift()) {
+        if now >= self.next_drift_check {
+            self.next_drift_check = now + self.config.resync_period;
+            if let Some(result) = tokio::task::block_in_place(|| self.syncer.check_drift()) {
                 if let SyncResult::Failed { message } = &result {
                     tracing::error!(%message, "drift repair failed");
                 }
-                after.run(&mut syncer);
+                self.after(result);
             }
         }
-        after.healthy.store(syncer.healthy(), Ordering::Relaxed);
+        if self.grace.due(now) && self.cleanup_not_before.is_none_or(|at| now >= at) {
+            self.remove_rules(now);
+        }
+        self.after.healthy.store(self.syncer.healthy(), Ordering::Relaxed);
+        self.update_gauges(now);
     }
-    after.servers.stop_all();
-    after.write_status(&syncer);
+
+    fn handle_pending(&mut self, now: Instant) {
+        let Some(update) = self.pending.clone() else {
+            return;
+        };
+        match update.as_ref() {
+            PlanUpdate::Invalid(message) => {
+                self.pending = None;
+                self.restored();
+                // Until the input is usable again nothing is retried; the last good rules stay.
+                self.current = None;
+                self.retry_current = false;
+                let result = self.syncer.reject_input(message.clone());
+                self.after(result);
+            }
+            PlanUpdate::Deleted => {
+                self.pending = None;
+                self.deleted(now);
+            }
+            PlanUpdate::Objects(set) => {
+                let coalesced = self
+                    .last_sync
+                    .is_some_and(|at| now.saturating_duration_since(at) < self.config.min_sync_interval);
+                if !coalesced {
+                    self.pending = None;
+                    self.restored();
+                    self.current = Some(set.clone());
+                    self.sync_current();
+                }
+            }
+        }
+    }
+
+    fn sync_current(&mut self) {
+        let Some(set) = self.current.clone() else {
+            return;
+        };
+        self.last_sync = Some(Instant::now());
+        let result = tokio::task::block_in_place(|| self.syncer.sync(&set.objects));
+        self.retry_current = matches!(result, SyncResult::Failed { .. });
+        self.after(result);
+    }
+
+    /// Everything that follows a sync, whatever started it.
+    fn after(&mut self, result: SyncResult) {
+        self.after.run(&mut self.syncer);
+        match &result {
+            SyncResult::Applied { .. } => {
+                let revision = self.syncer.applied().map(|(spec, _)| spec.revision.clone());
+                self.health.synced(revision.clone());
+                if let Some(set) = self.current.clone()
+                    && revision.is_some()
+                    && set.revision() == revision.as_deref()
+                {
+                    self.newly_applied(&set);
+                }
+            }
+            SyncResult::Rejected { .. } => self.health.handled(),
+            SyncResult::Failed { .. } => self.health.failed(),
+        }
+        self.publish_status();
+    }
+
+    /// `set` is what the kernel now holds: latency, plan age, cache.
+    fn newly_applied(&mut self, set: &PlanSet) {
+        let revision = set.revision().map(str::to_string);
+        if self.programmed != revision {
+            self.programmed = revision.clone();
+            self.written_at = set.written_at;
+            if set.origin == Origin::Api
+                && let Some(trigger) = set.trigger_time
+            {
+                let latency = SystemTime::now().duration_since(trigger).unwrap_or_default();
+                self.metrics.network_programming.observe(latency.as_secs_f64());
+            }
+        }
+        let key = revision.map(|r| (set.uid.clone(), r));
+        if set.origin == Origin::Api
+            && key.is_some()
+            && self.cached != key
+            && let Some(path) = self.config.cache_file.clone()
+        {
+            match tokio::task::block_in_place(|| cache::write(&path, set)) {
+                Ok(()) => {
+                    self.metrics.cache_writes.inc();
+                    self.cached = key;
+                }
+                Err(error) => {
+                    self.metrics.cache_write_failures.inc();
+                    tracing::warn!(%error, "cannot cache the applied plan; a restart without the API server would start without rules");
+                }
+            }
+        }
+    }
+
+    fn publish_status(&self) {
+        let Some(sink) = &self.status else {
+            return;
+        };
+        if self.grace.state() != Deletion::None {
+            return;
+        }
+        let report = StatusReport {
+            uid: self.current.as_ref().and_then(|s| s.uid.clone()),
+            status: self.syncer.status(),
+        };
+        sink.send_if_modified(|current| {
+            if current.as_ref() == Some(&report) {
+                false
+            } else {
+                *current = Some(report);
+                true
+            }
+        });
+    }
+
+    fn deleted(&mut self, now: Instant) {
+        self.health.handled();
+        let Some((spec, _)) = self.syncer.applied() else {
+            tracing::info!(node = %self.config.node_name, "no plan for this node yet; nothing is programmed");
+            return;
+        };
+        let revision = spec.revision.clone();
+        if self.grace.deleted(now) {
+            self.metrics.plan_deleted.set(1);
+            match self.grace.period() {
+                GracePeriod::For(period) => tracing::warn!(
+                    %revision,
+                    grace = ?period,
+                    "this node's plan was deleted; its rules stay for the grace period, then they are removed unless the plan comes back"
+                ),
+                GracePeriod::Never => tracing::warn!(
+                    %revision,
+                    "this node's plan was deleted; its rules stay (deletion grace: never)"
+                ),
+            }
+        }
+    }
+
+    fn restored(&mut self) {
+        if self.grace.restored() {
+            self.metrics.plan_deleted.set(0);
+            self.metrics.plan_deleted_seconds.set(0.0);
+            self.cleanup_not_before = None;
+            tracing::info!("this node's plan is back; applying it");
+        }
+    }
+
+    fn remove_rules(&mut self, now: Instant) {
+        tracing::warn!("the deleted plan's grace period is over; removing its rules");
+        match tokio::task::block_in_place(|| self.syncer.cleanup()) {
+            Ok(done) => {
+                tracing::info!(
+                    jumps = done.jumps,
+                    objects = done.objects,
+                    "removed the rules of the deleted plan"
+                );
+                self.grace.removed();
+                self.after.servers.stop_all();
+                self.health.cleared();
+                self.programmed = None;
+                self.written_at = None;
+                self.current = None;
+                self.retry_current = false;
+                if let Some(path) = &self.config.cache_file {
+                    match cache::remove(path) {
+                        Ok(()) => self.cached = None,
+                        Err(error) => tracing::warn!(%error, "cannot remove the plan cache"),
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, retry_in_s = CLEANUP_RETRY.as_secs(), "removing the deleted plan's rules failed");
+                self.cleanup_not_before = Some(now + CLEANUP_RETRY);
+            }
+        }
+    }
+
+    fn update_gauges(&self, now: Instant) {
+        let age = self
+            .written_at
+            .and_then(|at| SystemTime::now().duration_since(at).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.metrics.plan_age_seconds.set(age);
+        let deleted = self.grace.since(now).map_or(0.0, |d| d.as_secs_f64());
+        self.metrics.plan_deleted_seconds.set(deleted);
+    }
+
+    fn apply_cache(&mut self, path: &Path) {
+        let node = self.config.node_name.clone();
+        match tokio::task::block_in_place(|| cache::read(path, &node)) {
+            Ok(Some(set)) => {
+                tracing::info!(
+                    path = %path.display(),
+                    revision = set.revision().unwrap_or_default(),
+                    "applying the cached plan before contacting the API server"
+                );
+                self.cached = set.revision().map(|r| (set.uid.clone(), r.to_string()));
+                self.health.queued();
+                self.current = Some(set);
+                self.sync_current();
+            }
+            Ok(None) => tracing::info!(path = %path.display(), "no cached plan; waiting for the API server"),
+            Err(error) => tracing::warn!(%error, "ignoring the plan cache"),
+        }
+    }
+}
+
+/// Runs until `shutdown` completes. The rules stay in the kernel when it returns.
+pub async fn run(
+    config: RunConfig,
+    syncer: Syncer,
+    wiring: Wiring,
+    shutdown: impl Future<Output = ()>,
+    started: Option<tokio::sync::oneshot::Sender<Running>>,
+) -> Result<(), Error> {
+    let health = Arc::new(AgentHealth::new(
+        &config.node_name,
+        config.resync_period * 2,
+        Arc::new(SystemClock),
+    ));
+    let registry = Arc::new(metrics::registry(syncer.metrics(), &wiring.metrics));
+    let (metrics_addr, server) = match config.metrics_bind {
+        Some(addr) => {
+            let (bound, task) = http::serve(addr, Arc::clone(&health), registry).await?;
+            (Some(bound), Some(task))
+        }
+        None => (None, None),
+    };
+    if let Some(started) = started {
+        let _ = started.send(Running {
+            health: Arc::clone(&health),
+            metrics: wiring.metrics.clone(),
+            metrics_addr,
+        });
+    }
+    let healthy = Arc::new(AtomicBool::new(false));
+    let mut state = Loop {
+        after: AfterSync {
+            servers: HealthServers::new(tokio::runtime::Handle::current(), Arc::clone(&healthy)),
+            healthy,
+            status_file: config.status_file.clone(),
+        },
+        syncer,
+        health,
+        metrics: wiring.metrics,
+        status: wiring.status,
+        grace: Grace::new(config.deletion_grace),
+        pending: None,
+        current: None,
+        retry_current: false,
+        last_sync: None,
+        next_drift_check: Instant::now() + config.resync_period,
+        cleanup_not_before: None,
+        cached: None,
+        programmed: None,
+        written_at: None,
+        config,
+    };
+    // The cached plan goes in before the source may reach the API server.
+    if let Some(path) = state.config.cache_file.clone() {
+        state.apply_cache(&path);
+    }
+    let (tx, mut rx) = tokio::sync::watch::channel(None);
+    tracing::info!(source = %wiring.source.describe(), "watching");
+    let source = wiring.source.spawn(tx);
+    let mut source_open = true;
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            changed = rx.changed(), if source_open => match changed {
+                Ok(()) => {
+                    if let Some(update) = rx.borrow_and_update().clone() {
+                        state.on_update(update);
+                    }
+                }
+                Err(_) => {
+                    tracing::error!("the plan source stopped; the current rules stay");
+                    source_open = false;
+                }
+            },
+            _ = ticker.tick() => {}
+        }
+        state.step();
+    }
+    source.abort();
+    if let Some(server) = server {
+        server.abort();
+    }
+    state.after.servers.stop_all();
+    state.after.write_status(&state.syncer);
     tracing::info!("stopping; the programmed rules stay in place");
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! Tests of the agent's sync loop through its public API: the syncer's decisions against the fake
-//! iptables edge (state-based: the fake holds what the kernel would), and the agent binary against the
-//! real kernel inside throwaway network namespaces (root; see `lab`).
+//! iptables edge (state-based: the fake holds what the kernel would), the live loop against the fake
+//! API server at the HTTP level (`live_*`: watch, status writes, shards, cache and restarts, deleted
+//! plans, HTTP endpoints), and the agent binary against the real kernel inside throwaway network
+//! namespaces (root; see `lab`).
 //!
 //! One test binary with modules, so the crate is linked once. The modules are `cfg(test)` so clippy
 //! treats their helpers as test code (unwrap allowed by clippy.toml).
@@ -10,6 +12,12 @@ mod fixtures;
 #[cfg(test)]
 #[path = "../common/lab.rs"]
 mod lab;
+#[cfg(test)]
+mod live_api;
+#[cfg(test)]
+mod live_restart;
+#[cfg(test)]
+mod live_support;
 #[cfg(test)]
 mod real_kernel;
 #[cfg(test)]

@@ -340,3 +340,98 @@ fn render_prints_what_apply_programs() {
     let out = netns.agent(&["render", "--plan", &plan, "--backend", "ipvs"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `GET path` on the agent's HTTP port inside `netns` (bash's /dev/tcp): the whole answer.
+fn http_in(netns: &Netns, path: &str) -> String {
+    netns.sh(&format!(
+        "bash -c 'exec 3<>/dev/tcp/127.0.0.1/10263 && printf \"GET {path} HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3' 2>/dev/null || true"
+    ))
+}
+
+#[test]
+fn a_restart_without_the_api_server_reapplies_the_cached_plan_without_flushing() {
+    if !lab_allowed("a_restart_without_the_api_server_reapplies_the_cached_plan_without_flushing") {
+        return;
+    }
+    let netns = Netns::new("cache");
+    let spec = spec();
+    // What a previous agent left: the rules in the kernel, the plan in its cache.
+    let plan = write_plan(&netns, &spec);
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "apply failed: {}", stderr(&out));
+    let before = netns.save();
+    let state = netns.path("state");
+    let mut object = NodeForwardingPlan::new("node-a", spec.clone());
+    object.metadata.uid = Some("uid-1".into());
+    let set = switchyard_agent::source::PlanSet {
+        objects: vec![std::sync::Arc::new(spec.clone())],
+        metadata: vec![object.metadata.clone()],
+        origin: switchyard_agent::source::Origin::Api,
+        uid: object.metadata.uid.clone(),
+        trigger_time: None,
+        written_at: None,
+    };
+    switchyard_agent::source::cache::write(&switchyard_agent::source::cache::cache_path(&state), &set)
+        .unwrap();
+    // An API server nobody answers for.
+    let kubeconfig = netns.path("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {cluster: k, user: u}\n\
+         clusters:\n- name: k\n  cluster: {server: 'http://127.0.0.1:1'}\nusers:\n- name: u\n  user: {token: t}\n",
+    )
+    .unwrap();
+
+    let mut agent = netns.spawn_agent(&[
+        "run",
+        "--node-name",
+        "node-a",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--state-dir",
+        &state.display().to_string(),
+        "--plan-deletion-grace",
+        "1s",
+    ]);
+    let ready = wait_for("readiness from the cached plan", WAIT, || {
+        let answer = http_in(&netns, "/readyz");
+        answer.starts_with("HTTP/1.0 200").then_some(answer)
+    });
+    assert!(ready.ends_with("ready\n"), "{ready}");
+    let health = http_in(&netns, "/healthz");
+    assert!(health.starts_with("HTTP/1.0 200"), "{health}");
+    assert!(
+        health.contains(&format!("\"observedRevision\":\"{}\"", spec.revision)),
+        "{health}"
+    );
+    let metrics = http_in(&netns, "/metrics");
+    assert!(
+        metrics.contains("switchyard_agent_syncs_total{mode=\"full\"} 1"),
+        "{metrics}"
+    );
+    // The API server stays away: nothing is removed, whatever the grace period.
+    std::thread::sleep(Duration::from_secs(2));
+    let strip = |save: &str| -> Vec<String> {
+        save.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split(" [").next().unwrap_or(l).to_string())
+            .collect()
+    };
+    assert_eq!(
+        strip(&netns.save()),
+        strip(&before),
+        "the same rules, never flushed"
+    );
+    let log = netns.agent_log();
+    assert!(
+        log.contains("applying the cached plan before contacting the API server"),
+        "{log}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(agent.wait().unwrap().success(), "{}", netns.agent_log());
+    assert!(netns.save().contains(":SWYD-SERVICES"), "rules stay on exit");
+}

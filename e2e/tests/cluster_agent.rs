@@ -1,0 +1,750 @@
+//! Cluster e2e for the live agent: runs when `KUBECONFIG` points at a real API server (a bare
+//! kube-apiserver + etcd is enough) and the test runs as root (network namespaces). Without
+//! `KUBECONFIG` it prints a skip line; without root it panics unless `SWITCHYARD_SKIP_LAB=1`.
+//!
+//! ```text
+//! apply crds/, config/default/namespace.yaml and config/rbac/* (server-side apply, as kubectl would)
+//! create Nodes <id>-a, <id>-b, a Service and its EndpointSlice ─► controller in process ─► plans
+//! netns swyd-e2e-<id>: relay listener at the API server's own IP:port (bound from a setns thread,
+//!   accepted and piped on host threads) ─► agent = `switchyard-lab agent run --node-name <id>-a`
+//!   with a kubeconfig impersonating the agent's service account and its node name
+//! checks: status appears and follows spec changes; agent identity: no spec writes (403), no status of
+//!   another node (the admission policy), none without a node name; controller identity: no status
+//! cleanup: agent, relay, netns, controller, every object the test created
+//! ```
+//!
+//! Identities are impersonated with the caller's credentials (`Impersonate-User`, `-Group`,
+//! `-Extra-authentication.kubernetes.io%2fnode-name`), which is what a pod-bound service-account
+//! token of a pod on that node authenticates as. The `switchyard-system` namespace is left in place
+//! when the test created it: a bare API server has no namespace controller, so a deleted namespace
+//! would stay Terminating and refuse the next run's service accounts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::discovery::Scope;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use switchyard_api::conditions::{APPLIED, status as cond};
+use switchyard_api::names::AGENT_FIELD_MANAGER;
+use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanStatus};
+use switchyard_controller::Config;
+use switchyard_controller::live::run::{Options, run};
+
+const AGENT_SA: &str = "system:serviceaccount:switchyard-system:switchyard-agent";
+const CONTROLLER_SA: &str = "system:serviceaccount:switchyard-system:switchyard-controller";
+const SA_GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:switchyard-system",
+    "system:authenticated",
+];
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+const FIELD_MANAGER: &str = "switchyard-e2e";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn repo(path: &str) -> PathBuf {
+    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    p.pop();
+    p.push(path);
+    p
+}
+
+async fn client_or_skip(test: &str) -> Option<Client> {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        eprintln!("skip {test}: set KUBECONFIG to run the cluster e2e suite against a real API server");
+        return None;
+    }
+    if !switchyard_e2e::preflight::is_root() {
+        if std::env::var("SWITCHYARD_SKIP_LAB").as_deref() == Ok("1") {
+            eprintln!(
+                "skip {test}: the agent runs in a network namespace, which needs root (SWITCHYARD_SKIP_LAB=1)"
+            );
+            return None;
+        }
+        panic!(
+            "{test}: the agent runs in a network namespace and needs root and iproute2; run as root, or \
+             set SWITCHYARD_SKIP_LAB=1 to skip it"
+        );
+    }
+    Some(Client::try_default().await.expect("a client from KUBECONFIG"))
+}
+
+/// Polls `check` every 250 ms until it returns Some, for at most `timeout`.
+async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{:06x}", (std::process::id() ^ nanos) & 0xff_ffff)
+}
+
+// === cleanup ===
+
+type Undo = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// What the test must undo, registered as it goes, run in reverse order even after a failure.
+#[derive(Default)]
+struct Cleanup {
+    undo: Mutex<Vec<(String, Undo)>>,
+    netns: Mutex<Option<NetnsAgent>>,
+}
+
+impl Cleanup {
+    fn later(&self, what: impl Into<String>, undo: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.undo.lock().unwrap().push((what.into(), Box::pin(undo)));
+    }
+
+    fn delete<K>(&self, api: Api<K>, name: &str)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let name = name.to_string();
+        self.later(format!("delete {name}"), async move {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        });
+    }
+
+    async fn run(&self) {
+        drop(self.netns.lock().unwrap().take());
+        let undo: Vec<(String, Undo)> = std::mem::take(&mut *self.undo.lock().unwrap());
+        for (what, undo) in undo.into_iter().rev() {
+            if tokio::time::timeout(Duration::from_secs(30), undo).await.is_err() {
+                eprintln!("cleanup: timed out: {what}");
+            }
+        }
+    }
+}
+
+// === applying the repository's YAML ===
+
+/// Server-side applies every document of `file`; objects that did not exist before are deleted at
+/// the end (namespaces excepted, see the module docs).
+async fn apply_file(client: &Client, file: &str, cleanup: &Cleanup) {
+    let text = std::fs::read_to_string(repo(file)).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        let api_version = doc["apiVersion"].as_str().unwrap();
+        let kind = doc["kind"].as_str().unwrap();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {kind} is not served: {e}"));
+        let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => {
+                let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
+                Api::namespaced_with(client.clone(), ns, &resource)
+            }
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+        };
+        let existed = api.get_opt(&name).await.unwrap().is_some();
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&doc),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{file}: applying {kind} {name}: {e}"));
+        if !existed && kind != "Namespace" {
+            cleanup.delete(api, &name);
+        }
+    }
+}
+
+async fn apply_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let text = std::fs::read_to_string(repo("crds/nodeforwardingplans.switchyard.io.yaml")).unwrap();
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
+    crds.patch(
+        "nodeforwardingplans.switchyard.io",
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    wait_for(WAIT, "the CRD to be established", || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get("nodeforwardingplans.switchyard.io").await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+// === identities ===
+
+/// A client acting as `user` (impersonation with the caller's credentials).
+async fn client_as(user: &str, node: Option<&str>) -> Client {
+    let mut config = kube::Config::infer().await.unwrap();
+    config.auth_info.impersonate = Some(user.into());
+    config.auth_info.impersonate_groups = Some(SA_GROUPS.iter().map(|g| g.to_string()).collect());
+    config.auth_info.impersonate_user_extra =
+        node.map(|n| HashMap::from([(NODE_NAME_EXTRA.to_string(), vec![n.to_string()])]));
+    Client::try_from(config).unwrap()
+}
+
+/// The caller's kubeconfig with the current context's user impersonating the agent on `node`.
+fn agent_kubeconfig(node: &str) -> String {
+    let mut kubeconfig = kube::config::Kubeconfig::read().unwrap();
+    let current = kubeconfig.current_context.clone().expect("a current context");
+    let context = kubeconfig
+        .contexts
+        .iter_mut()
+        .find(|c| c.name == current)
+        .and_then(|c| c.context.as_mut())
+        .expect("the current context");
+    let user = match &context.user {
+        Some(user) => user.clone(),
+        None => {
+            context.user = Some("switchyard-e2e-agent".into());
+            kubeconfig.auth_infos.push(kube::config::NamedAuthInfo {
+                name: "switchyard-e2e-agent".into(),
+                auth_info: Some(Default::default()),
+                other: Default::default(),
+            });
+            "switchyard-e2e-agent".into()
+        }
+    };
+    let named = kubeconfig
+        .auth_infos
+        .iter_mut()
+        .find(|a| a.name == user)
+        .expect("the current user");
+    let info = named.auth_info.get_or_insert_with(Default::default);
+    info.impersonate = Some(AGENT_SA.into());
+    info.impersonate_groups = Some(SA_GROUPS.iter().map(|g| g.to_string()).collect());
+    info.impersonate_user_extra = Some(HashMap::from([(
+        NODE_NAME_EXTRA.to_string(),
+        vec![node.to_string()],
+    )]));
+    // JSON is YAML; kube and kubectl read it.
+    serde_json::to_string_pretty(&kubeconfig).unwrap()
+}
+
+/// The status-only server-side apply the agent does, as `client`, on plan `name`.
+async fn write_status_as(client: &Client, name: &str, revision: &str) -> Result<(), kube::Error> {
+    let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
+    let status = NodeForwardingPlanStatus {
+        observed_revision: Some(revision.into()),
+        ..Default::default()
+    };
+    let body = switchyard_agent::status_writer::apply_body(name, &status);
+    plans
+        .patch_status(
+            name,
+            &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map(drop)
+}
+
+fn denied(result: Result<(), kube::Error>, what: &str) -> kube::core::Status {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => *e,
+        other => panic!("{what}: want a denial (403/422), got {other:?}"),
+    }
+}
+
+// === the agent in a network namespace ===
+
+/// Accepts inside the namespace at the API server's own address and pipes to the real server.
+struct Relay {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(netns: &str, targets: &[SocketAddr]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &target in targets {
+            // The socket belongs to the namespace of the thread that created it, wherever it is used.
+            let listener =
+                match switchyard_e2e::netns::in_netns(netns, move || TcpListener::bind(target)).unwrap() {
+                    Ok(listener) => listener,
+                    // A name may resolve to ::1 too, where the namespace may have no IPv6.
+                    Err(e) if targets.len() > 1 => {
+                        eprintln!("relay: not relaying {target}: {e}");
+                        continue;
+                    }
+                    Err(e) => panic!("relay: binding {target} in {netns}: {e}"),
+                };
+            listener.set_nonblocking(true).unwrap();
+            let stop = Arc::clone(&stop);
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((conn, _)) => pipe(conn, target),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => {
+                            eprintln!("relay: accept on {target}: {e}");
+                            return;
+                        }
+                    }
+                }
+            }));
+        }
+        assert!(
+            !threads.is_empty(),
+            "relay: no address of the API server could be bound in {netns}"
+        );
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Copies both ways between a relayed connection and the real server (this thread is in the host
+/// namespace, so the connect reaches the real server).
+fn pipe(conn: TcpStream, target: SocketAddr) {
+    let Ok(server) = TcpStream::connect(target) else {
+        return;
+    };
+    let _ = conn.set_nonblocking(false);
+    let (Ok(conn2), Ok(server2)) = (conn.try_clone(), server.try_clone()) else {
+        return;
+    };
+    let copy = |mut from: TcpStream, mut to: TcpStream| {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(std::net::Shutdown::Write);
+        });
+    };
+    copy(conn, server);
+    copy(server2, conn2);
+}
+
+/// The namespace, its relay and the agent in it; all gone on drop.
+struct NetnsAgent {
+    name: String,
+    relay: Option<Relay>,
+    agent: Option<Child>,
+    dir: PathBuf,
+}
+
+impl NetnsAgent {
+    fn ip(&self, args: &[&str]) {
+        let status = Command::new("ip")
+            .args(["-n", &self.name])
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip -n {} {args:?}", self.name);
+    }
+
+    /// `GET path` on the agent's metrics port, from inside the namespace.
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let path = path.to_string();
+        switchyard_e2e::netns::in_netns(&self.name, move || {
+            let mut stream = TcpStream::connect("127.0.0.1:10263").ok()?;
+            stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+            write!(stream, "GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").ok()?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).ok()?;
+            let code = answer.split_whitespace().nth(1)?.parse().ok()?;
+            let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+            Some((code, body))
+        })
+        .ok()
+        .flatten()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for NetnsAgent {
+    fn drop(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            let pid = nix::unistd::Pid::from_raw(agent.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            for _ in 0..100 {
+                if agent.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = agent.kill();
+            let _ = agent.wait();
+        }
+        drop(self.relay.take());
+        let problems = switchyard_e2e::netns::delete_all(std::slice::from_ref(&self.name));
+        if !problems.is_empty() {
+            eprintln!("cleanup: {problems:?}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Starts the agent for `node` in a new namespace, reaching the API server through a relay.
+async fn start_agent(id: &str, node: &str) -> NetnsAgent {
+    let name = format!("swyd-e2e-{id}");
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    switchyard_e2e::netns::add_all(std::slice::from_ref(&name)).unwrap();
+    let mut netns = NetnsAgent {
+        name,
+        relay: None,
+        agent: None,
+        dir,
+    };
+    netns.ip(&["link", "set", "lo", "up"]);
+
+    // The API server as the kubeconfig names it: the same addresses inside the namespace, so the
+    // agent's kubeconfig (and the server certificate's SANs) need no change.
+    let url = kube::Config::infer().await.unwrap().cluster_url;
+    let host = url.host().unwrap().trim_matches(['[', ']']).to_string();
+    let port = url
+        .port_u16()
+        .unwrap_or(if url.scheme_str() == Some("http") { 80 } else { 443 });
+    let mut targets: Vec<SocketAddr> = (host.as_str(), port).to_socket_addrs().unwrap().collect();
+    targets.sort();
+    targets.dedup();
+    assert!(!targets.is_empty(), "{host} resolves to nothing");
+    for target in &targets {
+        if !target.ip().is_loopback() {
+            let prefix = if target.is_ipv4() { 32 } else { 128 };
+            netns.ip(&["addr", "add", &format!("{}/{prefix}", target.ip()), "dev", "lo"]);
+        }
+    }
+    netns.relay = Some(Relay::start(&netns.name, &targets));
+
+    let kubeconfig = netns.dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, agent_kubeconfig(node)).unwrap();
+    let log = std::fs::File::create(netns.dir.join("agent.log")).unwrap();
+    let agent = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &netns.name,
+            env!("CARGO_BIN_EXE_switchyard-lab"),
+            "agent",
+            "run",
+        ])
+        .args(["--node-name", node])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--state-dir")
+        .arg(netns.dir.join("state"))
+        .args(["--metrics-bind", "127.0.0.1:10263"])
+        .args(["--resync-period", "5s", "--min-sync-interval", "0s"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    netns.agent = Some(agent);
+    netns
+}
+
+fn path_of(path: &Path) -> String {
+    path.display().to_string()
+}
+
+// === the test ===
+
+struct Names {
+    id: String,
+    ns: String,
+    node_a: String,
+    node_b: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_reports_status_with_least_privilege_in_a_real_cluster() {
+    let test = "agent_reports_status_with_least_privilege_in_a_real_cluster";
+    let Some(client) = client_or_skip(test).await else {
+        return;
+    };
+    let id = suffix();
+    let names = Names {
+        ns: format!("swyd-e2e-agent-{id}"),
+        node_a: format!("swyd-{id}-a"),
+        node_b: format!("swyd-{id}-b"),
+        id,
+    };
+    let cleanup = Cleanup::default();
+    let outcome = std::panic::AssertUnwindSafe(scenario(&client, &names, &cleanup))
+        .catch_unwind()
+        .await;
+    if outcome.is_err()
+        && let Some(netns) = cleanup.netns.lock().unwrap().as_ref()
+    {
+        eprintln!("--- agent log ({}) ---\n{}", path_of(&netns.dir), netns.log());
+    }
+    cleanup.run().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
+    apply_crd(client).await;
+    apply_file(client, "config/default/namespace.yaml", cleanup).await;
+    for file in [
+        "config/rbac/service_accounts.yaml",
+        "config/rbac/controller_role.yaml",
+        "config/rbac/controller_leader_election_role.yaml",
+        "config/rbac/agent_role.yaml",
+        "config/rbac/agent_status_policy.yaml",
+    ] {
+        apply_file(client, file, cleanup).await;
+    }
+
+    // Cluster objects: two nodes, a Service with one endpoint.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": names.ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    cleanup.delete(namespaces, &names.ns);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
+    for (i, name) in [&names.node_a, &names.node_b].into_iter().enumerate() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDR": format!("10.244.{}.0/24", i + 1), "podCIDRs": [format!("10.244.{}.0/24", i + 1)]},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        // Plans are deleted after the node (the controller is stopped by then).
+        cleanup.delete(plans.clone(), name);
+        cleanup.delete(nodes.clone(), name);
+        let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": format!("192.168.10.{}", 11 + i)}]}});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), &names.ns);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &names.ns);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}], "selector": {"app": "web"}},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let slice = |ips: &[&str]| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": ips.iter().map(|ip| json!({
+                "addresses": [ip], "nodeName": names.node_b, "conditions": {"ready": true}
+            })).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    };
+    slices
+        .create(&PostParams::default(), &slice(&["10.244.2.5"]))
+        .await
+        .unwrap();
+
+    // The controller, in process.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let options = Options::new(Config {
+        min_plan_interval: Duration::from_millis(200),
+        ..Config::default()
+    });
+    let controller = tokio::spawn(run(
+        client.clone(),
+        options,
+        async {
+            let _ = stop_rx.await;
+        },
+        None,
+    ));
+    cleanup.later("stop the controller", async move {
+        let _ = stop_tx.send(());
+        let _ = controller.await;
+    });
+    for node in [&names.node_a, &names.node_b] {
+        let plans = plans.clone();
+        let ns = names.ns.clone();
+        wait_for(WAIT, "the plans", || {
+            let plans = plans.clone();
+            let ns = ns.clone();
+            async move {
+                let plan = plans.get_opt(node).await.ok()??;
+                plan.spec
+                    .services
+                    .iter()
+                    .any(|s| s.name.starts_with(&format!("{ns}/")))
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
+    // The agent of node a, in its namespace.
+    let netns = start_agent(&names.id, &names.node_a).await;
+    *cleanup.netns.lock().unwrap() = Some(netns);
+    let observed_current = || {
+        let plans = plans.clone();
+        let node = names.node_a.clone();
+        async move {
+            let plan = plans.get(&node).await.ok()?;
+            let status = plan.status?;
+            let applied = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == APPLIED && c.status == cond::TRUE);
+            (status.observed_revision.as_deref() == Some(plan.spec.revision.as_str()) && applied)
+                .then_some(plan.spec.revision)
+        }
+    };
+    let first = wait_for(WAIT, "the agent's status on its plan", observed_current).await;
+    let ready = {
+        let guard = cleanup.netns.lock().unwrap();
+        guard.as_ref().and_then(|n| n.get("/readyz"))
+    };
+    assert_eq!(ready.map(|(code, _)| code), Some(200), "the agent is ready");
+    let health = {
+        let guard = cleanup.netns.lock().unwrap();
+        guard.as_ref().and_then(|n| n.get("/healthz"))
+    };
+    let (code, body) = health.expect("/healthz answers");
+    assert_eq!(code, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["nodeName"], names.node_a.as_str());
+
+    // The agent identity: reads its plan, but cannot change a spec (RBAC: 403).
+    let agent = client_as(AGENT_SA, Some(&names.node_a)).await;
+    let agent_plans: Api<NodeForwardingPlan> = Api::all(agent.clone());
+    agent_plans
+        .get(&names.node_a)
+        .await
+        .expect("the agent may read its plan");
+    let edit = json!({"spec": {"cluster": {"masqueradeAll": true}}});
+    let result = agent_plans
+        .patch(&names.node_a, &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .map(drop);
+    assert_eq!(denied(result, "agent spec patch").code, 403);
+    let mut object = plans.get(&names.node_a).await.unwrap();
+    object.metadata.managed_fields = None;
+    object.metadata.resource_version = None;
+    object.status = None;
+    object.spec.cluster.masquerade_all = !object.spec.cluster.masquerade_all;
+    let result = agent_plans
+        .patch(
+            &names.node_a,
+            &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map(drop);
+    assert_eq!(denied(result, "agent spec apply").code, 403);
+
+    // … and cannot write another node's status: the admission policy (which takes effect a moment
+    // after it is created, so ask until it answers).
+    let refusal = wait_for(WAIT, "the admission policy to deny another node's status", || {
+        let agent = agent.clone();
+        let other = names.node_b.clone();
+        async move {
+            match write_status_as(&agent, &other, "forged").await {
+                Ok(()) => None,
+                result => Some(denied(result, "status of another node")),
+            }
+        }
+    })
+    .await;
+    assert!(
+        refusal.message.contains("may write only the status"),
+        "{refusal:?}"
+    );
+    // Without a node name in its credentials it may write no status at all.
+    let anonymous = client_as(AGENT_SA, None).await;
+    let refusal = denied(
+        write_status_as(&anonymous, &names.node_a, "forged").await,
+        "status without a node name",
+    );
+    assert!(refusal.message.contains("carries no node name"), "{refusal:?}");
+
+    // The controller identity: reads plans, never writes status (RBAC: 403).
+    let controller = client_as(CONTROLLER_SA, None).await;
+    Api::<NodeForwardingPlan>::all(controller.clone())
+        .get(&names.node_a)
+        .await
+        .expect("the controller may read plans");
+    let refusal = denied(
+        write_status_as(&controller, &names.node_a, "forged").await,
+        "controller status write",
+    );
+    assert_eq!(refusal.code, 403, "{refusal:?}");
+
+    // Status tracks spec changes (with the policy in force, so the agent's own writes pass it).
+    slices
+        .replace("web-1", &PostParams::default(), &{
+            let mut s = slice(&["10.244.2.5", "10.244.2.6"]);
+            s.metadata.resource_version = slices.get("web-1").await.unwrap().metadata.resource_version;
+            s
+        })
+        .await
+        .unwrap();
+    let second = wait_for(WAIT, "the status to follow the new spec", || {
+        let observed = observed_current();
+        let first = first.clone();
+        async move { observed.await.filter(|revision| *revision != first) }
+    })
+    .await;
+    let plan = plans.get(&names.node_a).await.unwrap();
+    assert_eq!(
+        plan.status.unwrap().observed_revision.as_deref(),
+        Some(second.as_str())
+    );
+    assert!(
+        plan.spec.services.iter().any(|s| s.endpoints.len() == 2),
+        "the new endpoint is in the plan the agent applied"
+    );
+}

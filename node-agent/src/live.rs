@@ -1,0 +1,98 @@
+//! Wiring of `switchyard-agent run`: which plan source, and for the API source the client and the
+//! status writer, around the one loop in [`crate::run`].
+//!
+//! ```text
+//! --plan-file F ─► FileSource ───────────────────────────────────────────┐
+//! --node-name N ─► kube client (--kubeconfig | KUBECONFIG | in-cluster) ─┼─► run::run (cache first)
+//!                    ├─► ApiSource (watch plan N and its shards)  ───────┤
+//!                    └─► status_writer (SSA of N's status) ◄─ StatusSink ┘
+//! ```
+//!
+//! Building the client reads files only; nothing talks to the API server before the loop has
+//! applied the cached plan.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::Api;
+
+use crate::error::Error;
+use crate::run::metrics::LiveMetrics;
+use crate::run::{RunConfig, Wiring, run};
+use crate::source::api::ApiSource;
+use crate::source::file::FileSource;
+use crate::status_writer::{self, WriterConfig};
+use crate::sync::Syncer;
+
+/// Where the plan comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanFrom {
+    /// A plan file, polled.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// How often it is looked at.
+        poll_interval: Duration,
+    },
+    /// The API server: this node's plan objects.
+    Api {
+        /// The kubeconfig; `None` infers (`KUBECONFIG`, then `~/.kube/config`, then in-cluster).
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+/// A Kubernetes client from a kubeconfig file, or inferred the way kubectl and client-go do.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::KubeConfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::KubeConfig(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::KubeConfig(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| Error::KubeConfig(e.to_string()))
+}
+
+/// Runs the agent until `shutdown`: the loop over the chosen source (and, for the API, the status
+/// writer).
+pub async fn run_agent(
+    config: RunConfig,
+    from: PlanFrom,
+    syncer: Syncer,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), Error> {
+    let metrics = LiveMetrics::default();
+    match from {
+        PlanFrom::File { path, poll_interval } => {
+            let wiring = Wiring {
+                source: Box::new(FileSource { path, poll_interval }),
+                status: None,
+                metrics,
+            };
+            run(config, syncer, wiring, shutdown, None).await
+        }
+        PlanFrom::Api { kubeconfig } => {
+            let client = client(kubeconfig.as_deref()).await?;
+            let node = config.node_name.clone();
+            let (sink, writer) = status_writer::spawn(
+                Api::all(client.clone()),
+                node.clone(),
+                WriterConfig::default(),
+                metrics.clone(),
+            );
+            let wiring = Wiring {
+                source: Box::new(ApiSource::new(client, &node)),
+                status: Some(sink),
+                metrics,
+            };
+            let result = run(config, syncer, wiring, shutdown, None).await;
+            writer.abort();
+            result
+        }
+    }
+}

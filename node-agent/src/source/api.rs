@@ -1,0 +1,224 @@
+//! `run --node-name N`: the node's own plan objects from the API server.
+//!
+//! ```text
+//! watcher(NodeForwardingPlans, labelSelector switchyard.io/node=N)   (kube-runtime: list, then watch;
+//!     │                                                               relists and retries with backoff)
+//!     ▼
+//! Store::observe ─► decide ─► Ready ──────────────► PlanUpdate::Objects   (unless nothing changed: our own
+//!                          ├► Incomplete ─ settled? ─► PlanUpdate::Objects   status writes come back here)
+//!                          ├► WrongNode ─────────────► PlanUpdate::Invalid
+//!                          └► Missing ─► GET N ─ 404 ─► PlanUpdate::Deleted
+//!                                            ├ found ─► a relist glitch: the object is kept
+//!                                            └ error ─► asked again later (backoff); rules stay
+//! ```
+//!
+//! An incomplete shard set is common for a moment (the controller rewrites the shards, then the
+//! primary), so it is passed on only after it stayed incomplete for the settle time; the syncer then
+//! reports `IncompleteShards` and keeps the current rules. API errors are logged and never reach the
+//! loop: the rules stay as they are.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use switchyard_api::NodeForwardingPlan;
+use switchyard_api::names::LABEL_NODE;
+use tokio::time::Instant;
+
+use super::store::{Decision, Store};
+use super::{PlanSource, PlanUpdate, UpdateSender};
+use crate::sync::backoff::Backoff;
+
+/// Watches one node's plan objects.
+#[derive(Clone)]
+pub struct ApiSource {
+    /// The client.
+    pub client: Client,
+    /// The node.
+    pub node: String,
+    /// How long an incomplete shard set may stay so before it is reported.
+    pub settle: Duration,
+}
+
+impl ApiSource {
+    /// A source for `node` with the default settle time (3 s).
+    pub fn new(client: Client, node: &str) -> Self {
+        Self {
+            client,
+            node: node.to_string(),
+            settle: Duration::from_secs(3),
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiSource")
+            .field("node", &self.node)
+            .field("settle", &self.settle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PlanSource for ApiSource {
+    fn spawn(self: Box<Self>, tx: UpdateSender) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.run(tx))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "NodeForwardingPlans labelled {LABEL_NODE}={} (plan {} and its shards)",
+            self.node, self.node
+        )
+    }
+}
+
+/// What was last sent, so unchanged sets (our own status writes come back as events) are not resent.
+#[derive(Debug, Default, PartialEq)]
+enum Sent {
+    #[default]
+    Nothing,
+    Objects(Vec<(String, Option<String>, String)>),
+    Invalid(String),
+    Deleted,
+}
+
+struct State {
+    store: Store,
+    sent: Sent,
+    incomplete_since: Option<Instant>,
+    confirm_at: Option<Instant>,
+    confirm_backoff: Backoff,
+    settle: Duration,
+    tx: UpdateSender,
+}
+
+impl State {
+    fn send(&mut self, sent: Sent, update: PlanUpdate) -> bool {
+        if self.sent == sent {
+            return true;
+        }
+        self.sent = sent;
+        self.tx.send(Some(Arc::new(update))).is_ok()
+    }
+
+    /// Acts on the store's decision; false when the loop has gone.
+    fn evaluate(&mut self, now: Instant) -> bool {
+        match self.store.decide() {
+            Decision::Wait => true,
+            Decision::Missing => {
+                self.incomplete_since = None;
+                if self.sent != Sent::Deleted && self.confirm_at.is_none() {
+                    self.confirm_at = Some(now);
+                }
+                true
+            }
+            Decision::WrongNode(why) => {
+                self.incomplete_since = None;
+                self.confirm_at = None;
+                tracing::warn!(%why, "plan refused");
+                self.send(Sent::Invalid(why.clone()), PlanUpdate::Invalid(why))
+            }
+            Decision::Ready(set) => {
+                self.incomplete_since = None;
+                self.confirm_at = None;
+                let key = Sent::Objects(self.store.key());
+                self.send(key, PlanUpdate::Objects(set))
+            }
+            Decision::Incomplete(set, why) => {
+                self.confirm_at = None;
+                let since = *self.incomplete_since.get_or_insert(now);
+                if now < since + self.settle {
+                    tracing::debug!(%why, "shard set incomplete; waiting for it to settle");
+                    return true;
+                }
+                let key = Sent::Objects(self.store.key());
+                self.send(key, PlanUpdate::Objects(set))
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl ApiSource {
+    async fn run(self: Box<Self>, tx: UpdateSender) {
+        let api: Api<NodeForwardingPlan> = Api::all(self.client.clone());
+        let config = watcher::Config::default().labels(&format!("{LABEL_NODE}={}", self.node));
+        let mut stream = watcher(api.clone(), config).default_backoff().boxed();
+        let mut state = State {
+            store: Store::new(&self.node),
+            sent: Sent::Nothing,
+            incomplete_since: None,
+            confirm_at: None,
+            confirm_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            settle: self.settle,
+            tx,
+        };
+        let mut failing = false;
+        loop {
+            let settle_at = state.incomplete_since.map(|since| since + state.settle);
+            let alive = tokio::select! {
+                item = stream.next() => match item {
+                    None => return,
+                    Some(Ok(event)) => {
+                        if failing {
+                            tracing::info!("watching plans again");
+                            failing = false;
+                        }
+                        !state.store.observe(event) || state.evaluate(Instant::now())
+                    }
+                    Some(Err(error)) => {
+                        // kube-runtime retries with backoff; say it once per outage, then quietly.
+                        if failing {
+                            tracing::debug!(%error, "plan watch still failing");
+                        } else {
+                            tracing::warn!(%error, "plan watch failed; the current rules stay, retrying");
+                            failing = true;
+                        }
+                        true
+                    }
+                },
+                () = sleep_until(settle_at) => state.evaluate(Instant::now()),
+                () = sleep_until(state.confirm_at) => self.confirm(&api, &mut state).await,
+            };
+            if !alive {
+                return;
+            }
+        }
+    }
+
+    /// The watch says the primary is gone: ask the API server directly before calling it deleted.
+    async fn confirm(&self, api: &Api<NodeForwardingPlan>, state: &mut State) -> bool {
+        state.confirm_at = None;
+        if state.store.decide() != Decision::Missing {
+            return true;
+        }
+        match api.get_opt(&self.node).await {
+            Ok(None) => {
+                state.confirm_backoff.reset();
+                tracing::warn!(plan = %self.node, "this node's plan is gone (confirmed: the API server answers 404)");
+                state.send(Sent::Deleted, PlanUpdate::Deleted)
+            }
+            Ok(Some(object)) => {
+                state.confirm_backoff.reset();
+                tracing::info!(plan = %self.node, "the watch lost this node's plan but it exists; keeping it");
+                state.store.insert(object);
+                state.evaluate(Instant::now())
+            }
+            Err(error) => {
+                let delay = state.confirm_backoff.next_delay();
+                tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "cannot confirm that the plan is gone; the rules stay");
+                state.confirm_at = Some(Instant::now() + delay);
+                true
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The last applied plan on local disk, so a restarted agent re-applies it before the API server is
+//! reachable (and keeps forwarding when it is not).
+//!
+//! ```text
+//! applied PlanSet (from the API) ─► write(): JSON List of the plan objects ─► <file>.tmp, fsync
+//!                                     ─► rename over <state-dir>/plan.yaml ─► fsync the directory
+//! start ─► read(): parse, keep only this node's objects ─► PlanSet (origin Cache) ─► applied first
+//! plan deleted and its grace period over ─► remove()
+//! ```
+//!
+//! The file is a `kind: List` of NodeForwardingPlan objects in JSON (which is YAML too, so
+//! `switchyard-agent render --plan <state-dir>/plan.yaml` reads it). The objects keep their name,
+//! uid, labels, annotations and managedFields times (no field sets): what the agent needs to report
+//! status and plan age.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::runtime::watcher;
+use serde::{Deserialize, Serialize};
+use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec};
+
+use super::store::{Decision, Store};
+use super::{Origin, PlanSet};
+use crate::error::Error;
+
+/// The cache file in a state directory.
+pub fn cache_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("plan.yaml")
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CachedObject<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    metadata: &'a ObjectMeta,
+    spec: &'a NodeForwardingPlanSpec,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CachedList<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    items: Vec<CachedObject<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ReadList {
+    items: Vec<NodeForwardingPlan>,
+}
+
+/// Writes `set` to `path` atomically: readers (and a crash) see the old file or the new one, whole.
+pub fn write(path: &Path, set: &PlanSet) -> Result<(), Error> {
+    let fail = |source| Error::WriteCache {
+        path: path.to_path_buf(),
+        source,
+    };
+    let api_version = NodeForwardingPlan::api_version(&());
+    let kind = NodeForwardingPlan::kind(&());
+    let empty = ObjectMeta::default();
+    let list = CachedList {
+        api_version: "v1",
+        kind: "List",
+        items: set
+            .objects
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| CachedObject {
+                api_version: &api_version,
+                kind: &kind,
+                metadata: set.metadata.get(i).unwrap_or(&empty),
+                spec,
+            })
+            .collect(),
+    };
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "plan.yaml".into());
+    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    let file = std::fs::File::create(&tmp).map_err(fail)?;
+    let mut writer = std::io::BufWriter::new(file);
+    serde_json::to_writer(&mut writer, &list).map_err(|e| fail(std::io::Error::other(e)))?;
+    writer.write_all(b"\n").map_err(fail)?;
+    let file = writer.into_inner().map_err(|e| fail(e.into_error()))?;
+    file.sync_all().map_err(fail)?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(fail)?;
+    // The rename itself is durable only once the directory is synced.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads the cache for `node`: `None` when there is no file; an error when it cannot be used.
+pub fn read(path: &Path, node: &str) -> Result<Option<PlanSet>, Error> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(Error::ReadCache {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            });
+        }
+    };
+    let fail = |message: String| Error::ReadCache {
+        path: path.to_path_buf(),
+        message,
+    };
+    let list: ReadList = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    drop(text);
+    let mut store = Store::new(node);
+    store.observe(watcher::Event::Init);
+    for object in list.items {
+        store.observe(watcher::Event::InitApply(object));
+    }
+    store.observe(watcher::Event::InitDone);
+    let set = match store.decide() {
+        Decision::Ready(set) => set,
+        Decision::Incomplete(_, why) => return Err(fail(format!("not a complete plan: {why}"))),
+        Decision::WrongNode(why) => return Err(fail(why)),
+        Decision::Missing | Decision::Wait => {
+            return Err(fail(format!("it holds no plan named {node}")));
+        }
+    };
+    Ok(Some(PlanSet {
+        origin: Origin::Cache,
+        ..set
+    }))
+}
+
+/// Removes the cache (the plan was deleted and its grace period is over).
+pub fn remove(path: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::WriteCache {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    fn dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("switchyard-cache-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn set(node: &str) -> PlanSet {
+        let spec = plan(
+            node,
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        );
+        PlanSet {
+            objects: vec![Arc::new(spec)],
+            metadata: vec![ObjectMeta {
+                name: Some(node.into()),
+                uid: Some("uid-1".into()),
+                ..ObjectMeta::default()
+            }],
+            origin: Origin::Api,
+            uid: Some("uid-1".into()),
+            trigger_time: None,
+            written_at: None,
+        }
+    }
+
+    #[test]
+    fn a_written_cache_reads_back_and_is_a_plan_file_too() {
+        let dir = dir("roundtrip");
+        let path = cache_path(&dir.join("state"));
+        assert_eq!(read(&path, "node-a").unwrap(), None);
+        let written = set("node-a");
+        write(&path, &written).unwrap();
+        assert!(!path.with_file_name(".plan.yaml.tmp").exists());
+        let back = read(&path, "node-a").unwrap().unwrap();
+        assert_eq!(back.origin, Origin::Cache);
+        assert_eq!(back.objects, written.objects);
+        assert_eq!(back.uid.as_deref(), Some("uid-1"));
+        let as_plan_file = crate::planfile::read_plan_file(&path).unwrap();
+        assert_eq!(as_plan_file, written.objects);
+        remove(&path).unwrap();
+        remove(&path).unwrap();
+        assert_eq!(read(&path, "node-a").unwrap(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_cache_for_another_node_or_garbage_is_refused() {
+        let dir = dir("refused");
+        let path = cache_path(&dir);
+        write(&path, &set("node-b")).unwrap();
+        let err = read(&path, "node-a").unwrap_err().to_string();
+        assert!(err.contains("no plan named node-a"), "{err}");
+        std::fs::write(&path, "{\"items\": [").unwrap();
+        assert!(read(&path, "node-a").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

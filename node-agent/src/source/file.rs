@@ -1,0 +1,135 @@
+//! `run --plan-file`: the plan file polled for changes.
+//!
+//! ```text
+//! every poll interval: read file ─► content hash changed? ─► parse ─► PlanUpdate::Objects
+//!                                                               └──► PlanUpdate::Invalid (rules stay)
+//!                      unreadable ─► PlanUpdate::Invalid (and the next readable content is applied
+//!                                    again, even if it is the same as before)
+//! ```
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{PlanSet, PlanSource, PlanUpdate, UpdateSender};
+use crate::error::Error;
+use crate::planfile::read_plan_file;
+
+/// Polls a plan file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSource {
+    /// The plan file.
+    pub path: PathBuf,
+    /// How often it is looked at.
+    pub poll_interval: Duration,
+}
+
+/// The plan file's last content and what came of it.
+#[derive(Debug, Default)]
+pub struct PlanFile {
+    hash: Option<u64>,
+    error: Option<String>,
+}
+
+impl PlanFile {
+    /// Looks at the file; `Some` when there is something new to say.
+    pub fn poll(&mut self, path: &Path) -> Option<PlanUpdate> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(source) => {
+                let e = Error::ReadPlan {
+                    path: path.to_path_buf(),
+                    source,
+                };
+                // Whatever comes back later, even the same content, must be parsed and applied again.
+                self.hash = None;
+                return self.failed(e.to_string());
+            }
+        };
+        let mut hasher = DefaultHasher::new();
+        bytes.hash(&mut hasher);
+        let hash = hasher.finish();
+        if self.hash == Some(hash) {
+            return None;
+        }
+        self.hash = Some(hash);
+        drop(bytes);
+        // Parse from the file again rather than keeping its bytes: one copy of a large plan at a time.
+        match read_plan_file(path) {
+            Ok(objects) => {
+                self.error = None;
+                Some(PlanUpdate::Objects(PlanSet::from_file(objects)))
+            }
+            Err(e) => self.failed(e.to_string()),
+        }
+    }
+
+    fn failed(&mut self, message: String) -> Option<PlanUpdate> {
+        if self.error.as_ref() == Some(&message) {
+            return None;
+        }
+        self.error = Some(message.clone());
+        Some(PlanUpdate::Invalid(message))
+    }
+}
+
+impl PlanSource for FileSource {
+    fn spawn(self: Box<Self>, tx: UpdateSender) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut file = PlanFile::default();
+            let mut ticker = tokio::time::interval(self.poll_interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                ticker.tick().await;
+                // Reading and parsing a large plan is blocking work.
+                let update = tokio::task::block_in_place(|| file.poll(&self.path));
+                if let Some(update) = update
+                    && tx.send(Some(Arc::new(update))).is_err()
+                {
+                    return;
+                }
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("plan file {}", self.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::NodeForwardingPlan;
+    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    #[test]
+    fn changes_are_reported_once_and_errors_once() {
+        let dir = std::env::temp_dir().join(format!("switchyard-filesource-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("plan.yaml");
+        let mut file = PlanFile::default();
+        assert!(matches!(file.poll(&path), Some(PlanUpdate::Invalid(m)) if m.contains("reading plan file")));
+        assert_eq!(file.poll(&path), None, "the same error is said once");
+        let spec = plan(
+            "node-a",
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        );
+        let object = NodeForwardingPlan::new("node-a", spec.clone());
+        std::fs::write(&path, serde_saphyr::to_string(&object).unwrap()).unwrap();
+        match file.poll(&path) {
+            Some(PlanUpdate::Objects(set)) => {
+                assert_eq!(set.objects, vec![Arc::new(spec.clone())]);
+                assert_eq!(set.origin, super::super::Origin::File);
+                assert_eq!(set.revision(), Some(spec.revision.as_str()));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(file.poll(&path), None, "unchanged");
+        std::fs::write(&path, "spec: [").unwrap();
+        assert!(matches!(file.poll(&path), Some(PlanUpdate::Invalid(_))));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

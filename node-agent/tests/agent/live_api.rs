@@ -1,0 +1,341 @@
+//! The live agent against the fake API server (HTTP level): it watches only its own plan objects,
+//! applies complete shard sets, writes status by server-side apply to the status subresource, and
+//! keeps a deleted plan's rules for the grace period.
+
+use std::time::Duration;
+
+use http::Method;
+use switchyard_agent::iptables::fake::FakeIptables;
+use switchyard_agent::run::grace::GracePeriod;
+use switchyard_agent::status_writer::WriterConfig;
+use switchyard_api::conditions::{APPLIED, reasons, status};
+use switchyard_api::testing::{EntryExt, entry, ep, plan};
+use switchyard_api::{IpFamily, NodeForwardingPlanSpec};
+use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
+
+use crate::fixtures::{base, edit, local_addrs};
+use crate::live_support::{
+    Agent, NODE, config, get, metric, plan_object, put_plan, scratch, sharded, status_patches, stored_status,
+    wait,
+};
+
+fn observed(server: &FakeApiServer, revision: &str) -> bool {
+    stored_status(server, NODE).is_some_and(|s| s.observed_revision.as_deref() == Some(revision))
+}
+
+fn writer() -> WriterConfig {
+    WriterConfig {
+        min_interval: Duration::from_millis(100),
+        retry_min: Duration::from_millis(100),
+        retry_max: Duration::from_millis(400),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plan_is_applied_and_status_is_server_side_applied_to_the_status_subresource() {
+    let server = FakeApiServer::new();
+    let spec = base();
+    server.put(Kind::Plan, plan_object(NODE, &spec, Some("2026-01-01T00:00:00Z")));
+    // Another node's plan: never read, never written.
+    put_plan(&server, &plan("node-b", vec![]));
+    let iptables = FakeIptables::new(&local_addrs());
+    let dir = scratch("ssa");
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(Some(&dir), GracePeriod::Never),
+        writer(),
+    )
+    .await;
+    wait("the status of the first sync", || {
+        observed(&server, &spec.revision)
+    })
+    .await;
+    assert!(
+        iptables
+            .dump(IpFamily::IPv4)
+            .contains("--to-destination 10.244.2.53:53")
+    );
+
+    let s = stored_status(&server, NODE).unwrap();
+    let applied = s.conditions.iter().find(|c| c.type_ == APPLIED).unwrap();
+    assert_eq!(
+        (applied.status.as_str(), applied.reason.as_str()),
+        (status::TRUE, reasons::SYNCED)
+    );
+    assert_eq!((s.services, s.endpoints), (Some(3), Some(5)));
+
+    // The exact requests: reads of this node's plans only, and status writes by server-side apply.
+    let requests = server.requests();
+    for r in &requests {
+        assert!(
+            r.path
+                .starts_with("/apis/switchyard.io/v1alpha1/nodeforwardingplans"),
+            "{r:?}"
+        );
+        match r.method {
+            Method::GET if r.path.ends_with("/nodeforwardingplans") => assert!(
+                r.query.contains("labelSelector=switchyard.io%2Fnode%3Dnode-a"),
+                "every list and watch selects this node's objects: {r:?}"
+            ),
+            Method::GET => assert!(r.path.ends_with("/node-a"), "{r:?}"),
+            Method::PATCH => {
+                assert_eq!(
+                    r.path,
+                    "/apis/switchyard.io/v1alpha1/nodeforwardingplans/node-a/status"
+                );
+                let mut query: Vec<&str> = r.query.split('&').filter(|p| !p.is_empty()).collect();
+                query.sort_unstable();
+                assert_eq!(query, ["fieldManager=switchyard-agent", "force=true"]);
+                assert_eq!(r.content_type.as_deref(), Some("application/apply-patch+yaml"));
+                let body = r.body.as_ref().unwrap();
+                let mut keys: Vec<&String> = body.as_object().unwrap().keys().collect();
+                keys.sort_unstable();
+                assert_eq!(keys, ["apiVersion", "kind", "metadata", "status"]);
+                assert_eq!(body["apiVersion"], "switchyard.io/v1alpha1");
+                assert_eq!(body["kind"], "NodeForwardingPlan");
+                assert_eq!(body["metadata"], serde_json::json!({"name": "node-a"}));
+            }
+            _ => panic!("unexpected request {r:?}"),
+        }
+    }
+    assert!(stored_status(&server, "node-b").is_none());
+    let cache = std::fs::read_to_string(dir.join("plan.yaml")).unwrap();
+    assert!(cache.contains(&spec.revision), "the applied plan is cached");
+
+    // A spec change: applied, the status follows, latency observed from the trigger annotation.
+    let next = edit(&spec, "ns1/web:http", |e| {
+        e.endpoints[1].ip = "10.244.3.99".into()
+    });
+    server.put(Kind::Plan, plan_object(NODE, &next, Some("2026-01-01T00:00:01Z")));
+    wait("the status to follow the spec", || {
+        observed(&server, &next.revision)
+    })
+    .await;
+    assert!(iptables.dump(IpFamily::IPv4).contains("10.244.3.99:8080"));
+    let (code, text) = get(agent.addr(), "/metrics").await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        metric(
+            &text,
+            "switchyard_agent_network_programming_duration_seconds_count"
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "switchyard_agent_plan_age_seconds").unwrap() > 1000.0,
+        "written 2026-01-01 by the controller's managedFields: {text}"
+    );
+    assert!(metric(&text, "switchyard_agent_status_writes_total").unwrap() >= 2.0);
+
+    // Our own status writes come back through the watch; they must not cause syncs or writes.
+    let writes = status_patches(&server, NODE).len();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(status_patches(&server, NODE).len(), writes, "no write loop");
+    agent.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_are_applied_only_as_a_complete_consistent_set() {
+    let server = FakeApiServer::new();
+    let (primary, shard) = sharded(
+        plan(
+            NODE,
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        ),
+        plan(
+            NODE,
+            vec![entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.2", 80))],
+        ),
+    );
+    put_plan(&server, &primary);
+    let iptables = FakeIptables::new(&local_addrs());
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(None, GracePeriod::Never),
+        writer(),
+    )
+    .await;
+    wait("IncompleteShards in the status", || {
+        stored_status(&server, NODE).is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == APPLIED && c.status == status::FALSE && c.reason == reasons::INCOMPLETE_SHARDS
+            })
+        })
+    })
+    .await;
+    assert!(
+        !iptables.dump(IpFamily::IPv4).contains("SWYD-"),
+        "nothing applied from an incomplete set"
+    );
+    assert!(stored_status(&server, NODE).unwrap().observed_revision.is_none());
+
+    server.put(Kind::Plan, plan_object(&format!("{NODE}.shard-1"), &shard, None));
+    wait("the complete set", || observed(&server, &primary.revision)).await;
+    let dump = iptables.dump(IpFamily::IPv4);
+    assert!(
+        dump.contains("10.244.2.1:80") && dump.contains("10.244.2.2:80"),
+        "{dump}"
+    );
+    assert_eq!(stored_status(&server, NODE).unwrap().services, Some(2));
+    assert!(
+        stored_status(&server, &format!("{NODE}.shard-1")).is_none(),
+        "status goes on the primary only"
+    );
+
+    // A shard rewritten ahead of its primary is a moment's inconsistency: the rules stay, and once the
+    // primary follows the new set is applied.
+    let (primary2, shard2) = sharded(
+        plan(
+            NODE,
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        ),
+        plan(
+            NODE,
+            vec![entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.3", 80))],
+        ),
+    );
+    server.put(Kind::Plan, plan_object(&format!("{NODE}.shard-1"), &shard2, None));
+    server.put(Kind::Plan, plan_object(NODE, &primary2, None));
+    wait("the new set", || observed(&server, &primary2.revision)).await;
+    assert!(iptables.dump(IpFamily::IPv4).contains("10.244.2.3:80"));
+    agent.stop().await;
+}
+
+fn deleted_gauge(text: &str) -> Option<f64> {
+    metric(text, "switchyard_agent_plan_deleted")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_plan_keeps_its_rules_for_the_grace_period_then_they_go() {
+    let server = FakeApiServer::new();
+    let spec = base();
+    put_plan(&server, &spec);
+    let iptables = FakeIptables::new(&local_addrs());
+    let dir = scratch("grace");
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(Some(&dir), GracePeriod::For(Duration::from_millis(1500))),
+        writer(),
+    )
+    .await;
+    wait("the first sync", || observed(&server, &spec.revision)).await;
+    let programmed = iptables.dump(IpFamily::IPv4);
+
+    // Deleted and back within the grace period: the rules never move.
+    server.remove(Kind::Plan, NODE);
+    let addr = agent.addr();
+    let deleted = wait_metric(addr, |t| deleted_gauge(t) == Some(1.0)).await;
+    assert!(deleted.contains("switchyard_agent_plan_deleted_seconds"));
+    assert_eq!(iptables.dump(IpFamily::IPv4), programmed, "rules kept");
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.method == Method::GET && r.path.ends_with("/nodeforwardingplans/node-a")),
+        "the deletion was confirmed with a GET"
+    );
+    put_plan(&server, &spec);
+    wait_metric(addr, |t| deleted_gauge(t) == Some(0.0)).await;
+    wait("the status on the recreated plan", || {
+        observed(&server, &spec.revision)
+    })
+    .await;
+    assert_eq!(iptables.dump(IpFamily::IPv4), programmed);
+
+    // Deleted for good: after the grace period the rules and the cache go.
+    server.remove(Kind::Plan, NODE);
+    wait("the rules to be removed", || {
+        !iptables.dump(IpFamily::IPv4).contains("SWYD-")
+    })
+    .await;
+    assert!(!dir.join("plan.yaml").exists(), "the cache goes with the rules");
+    let (_, text) = get(addr, "/metrics").await;
+    assert_eq!(deleted_gauge(&text), Some(1.0), "{text}");
+
+    // It comes back: applied as usual.
+    put_plan(&server, &spec);
+    wait("the plan applied again", || {
+        iptables.dump(IpFamily::IPv4) == programmed
+    })
+    .await;
+    agent.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_that_misses_the_plan_is_not_a_deletion() {
+    let server = FakeApiServer::new();
+    let spec = base();
+    put_plan(&server, &spec);
+    let iptables = FakeIptables::new(&local_addrs());
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(None, GracePeriod::For(Duration::from_millis(100))),
+        writer(),
+    )
+    .await;
+    wait("the first sync", || observed(&server, &spec.revision)).await;
+    // The object loses its label (the watch no longer sees it) and the watch expires (410 Gone): the
+    // relist misses it, but a GET finds it.
+    let mut object = server.get(Kind::Plan, NODE).unwrap();
+    object["metadata"]["labels"] = serde_json::json!({});
+    server.put(Kind::Plan, object);
+    server.clear_requests();
+    server.expire_watches();
+    wait("the GET that confirms", || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.method == Method::GET && r.path.ends_with("/nodeforwardingplans/node-a"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, text) = get(agent.addr(), "/metrics").await;
+    assert_eq!(deleted_gauge(&text), Some(0.0), "{text}");
+    assert!(iptables.dump(IpFamily::IPv4).contains("SWYD-"), "rules kept");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_for_another_node_is_refused_whole() {
+    let server = FakeApiServer::new();
+    let mut wrong: NodeForwardingPlanSpec = base();
+    wrong.node_name = "node-b".into();
+    server.put(Kind::Plan, plan_object(NODE, &wrong, None));
+    let iptables = FakeIptables::new(&local_addrs());
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(None, GracePeriod::Never),
+        writer(),
+    )
+    .await;
+    wait("InvalidPlan in the status", || {
+        stored_status(&server, NODE).is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == APPLIED && c.reason == reasons::INVALID_PLAN && c.message.contains("node-b")
+            })
+        })
+    })
+    .await;
+    assert!(!iptables.dump(IpFamily::IPv4).contains("SWYD-"));
+    agent.stop().await;
+}
+
+async fn wait_metric(addr: std::net::SocketAddr, check: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + crate::live_support::WAIT;
+    loop {
+        let (_, text) = get(addr, "/metrics").await;
+        if check(&text) {
+            return text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,245 @@
+//! Helpers of the live-agent tests: plan objects as the controller writes them, an agent (the real
+//! loop over the fake kernel) against the fake API server, and a tiny HTTP client for its endpoints.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use serde_json::{Value, json};
+use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::iptables::dataplane::IptablesDataplane;
+use switchyard_agent::iptables::fake::FakeIptables;
+use switchyard_agent::run::grace::GracePeriod;
+use switchyard_agent::run::metrics::LiveMetrics;
+use switchyard_agent::run::{RunConfig, Running, Wiring, run};
+use switchyard_agent::source::api::ApiSource;
+use switchyard_agent::status_writer::{self, WriterConfig};
+use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
+use switchyard_api::names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE};
+use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ShardInfo};
+use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind, eventually};
+use tokio::sync::oneshot;
+
+use crate::fixtures::local_addrs;
+
+pub const NODE: &str = "node-a";
+pub const WAIT: Duration = Duration::from_secs(15);
+
+/// A plan object as the controller writes it: labelled, with the trigger annotation and a
+/// managedFields entry of the controller.
+pub fn plan_object(name: &str, spec: &NodeForwardingPlanSpec, trigger: Option<&str>) -> Value {
+    let mut object = serde_json::to_value(NodeForwardingPlan::new(name, spec.clone())).unwrap();
+    object["metadata"]["labels"] = json!({ LABEL_NODE: spec.node_name });
+    if let Some(trigger) = trigger {
+        object["metadata"]["annotations"] = json!({ ANNOTATION_TRIGGER_TIME: trigger });
+    }
+    object["metadata"]["managedFields"] = json!([{
+        "manager": "switchyard-controller", "operation": "Apply", "apiVersion": "switchyard.io/v1alpha1",
+        "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}
+    }]);
+    object
+}
+
+/// Puts `spec` as the node's primary plan.
+pub fn put_plan(server: &FakeApiServer, spec: &NodeForwardingPlanSpec) {
+    server.put(Kind::Plan, plan_object(&spec.node_name, spec, None));
+}
+
+/// A two-shard plan: (primary, shard 1).
+pub fn sharded(
+    primary: NodeForwardingPlanSpec,
+    shard: NodeForwardingPlanSpec,
+) -> (NodeForwardingPlanSpec, NodeForwardingPlanSpec) {
+    let mut shard = shard;
+    shard.shard = Some(ShardInfo {
+        index: 1,
+        count: 2,
+        members: vec![],
+    });
+    switchyard_api::testing::finish(&mut shard);
+    let mut primary = primary;
+    primary.shard = Some(ShardInfo {
+        index: 0,
+        count: 2,
+        members: vec![shard.revision.clone()],
+    });
+    switchyard_api::testing::finish(&mut primary);
+    (primary, shard)
+}
+
+/// The status stored on the fake server's object `name`.
+pub fn stored_status(server: &FakeApiServer, name: &str) -> Option<NodeForwardingPlanStatus> {
+    let object = server.get(Kind::Plan, name)?;
+    serde_json::from_value(object.get("status")?.clone()).ok()
+}
+
+/// A syncer over `iptables` with real clocks (the loop's timers must move).
+pub fn syncer(iptables: &FakeIptables) -> Syncer {
+    let dataplane = IptablesDataplane::new(
+        iptables.clone(),
+        FixedAddrs(local_addrs()),
+        HostFeatures {
+            random_fully: true,
+            tcp_be_liberal: false,
+        },
+    );
+    Syncer::new(
+        Box::new(dataplane),
+        Arc::new(SystemClock),
+        SyncConfig::default(),
+        SyncMetrics::default(),
+    )
+}
+
+/// A scratch directory, removed first.
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-live-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Settings for a test agent: fast timers, HTTP on an ephemeral port.
+pub fn config(cache_dir: Option<&std::path::Path>, grace: GracePeriod) -> RunConfig {
+    RunConfig {
+        node_name: NODE.into(),
+        status_file: None,
+        resync_period: Duration::from_secs(30),
+        min_sync_interval: Duration::ZERO,
+        deletion_grace: grace,
+        cache_file: cache_dir.map(switchyard_agent::source::cache::cache_path),
+        metrics_bind: Some("127.0.0.1:0".parse().unwrap()),
+    }
+}
+
+/// A running agent; stopped (rules left in the fake kernel) by `stop`.
+pub struct Agent {
+    pub running: Running,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    /// Starts the loop with the API source and the status writer on `client`.
+    pub async fn start(
+        client: kube::Client,
+        iptables: &FakeIptables,
+        config: RunConfig,
+        writer: WriterConfig,
+    ) -> Self {
+        let metrics = LiveMetrics::default();
+        let (sink, _writer) = status_writer::spawn(
+            kube::Api::all(client.clone()),
+            NODE.into(),
+            writer,
+            metrics.clone(),
+        );
+        let mut source = ApiSource::new(client, NODE);
+        source.settle = Duration::from_millis(200);
+        let wiring = Wiring {
+            source: Box::new(source),
+            status: Some(sink),
+            metrics,
+        };
+        Self::start_with(iptables, config, wiring).await
+    }
+
+    /// Starts the loop with any wiring.
+    pub async fn start_with(iptables: &FakeIptables, config: RunConfig, wiring: Wiring) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (started_tx, started_rx) = oneshot::channel();
+        let syncer = syncer(iptables);
+        let task = tokio::spawn(async move {
+            run(
+                config,
+                syncer,
+                wiring,
+                async {
+                    let _ = stopped.await;
+                },
+                Some(started_tx),
+            )
+            .await
+            .unwrap();
+        });
+        let running = started_rx.await.unwrap();
+        Self {
+            running,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.running.metrics_addr.unwrap()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// `GET path` over HTTP/1.0: (status code, body).
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let code = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Waits for `check`, panicking with `what` after [`WAIT`].
+pub async fn wait(what: &str, check: impl FnMut() -> bool) {
+    assert!(eventually(WAIT, check).await, "timed out waiting for {what}");
+}
+
+/// Waits for an HTTP condition.
+pub async fn wait_http(what: &str, addr: SocketAddr, path: &str, want: u16) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (code, body) = get(addr, path).await;
+        if code == want {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {path} answers {code} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// PATCH requests to the status subresource of `name`.
+pub fn status_patches(server: &FakeApiServer, name: &str) -> Vec<Value> {
+    let path = format!("/apis/switchyard.io/v1alpha1/nodeforwardingplans/{name}/status");
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == Method::PATCH && r.path == path)
+        .filter_map(|r| r.body)
+        .collect()
+}
+
+/// The number in a metrics line `name value`.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
