@@ -244,7 +244,7 @@ fn main() {
         "writes/min",
         "MiB/min",
         "bytes/change",
-        "drain"
+        "lag"
     );
     for shape in shapes {
         for (name, steps) in [
