@@ -46,6 +46,7 @@ bench: ## Benchmarks (release build); each prints a summary table (SWITCHYARD_BE
 	$(CARGO) bench -p switchyard-controller --bench planner
 	$(CARGO) bench -p switchyard-controller --bench churn
 	$(CARGO) bench -p switchyard-agent --bench iptables_sync
+	$(CARGO) bench -p switchyard-agent --bench nftables_sync
 
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests

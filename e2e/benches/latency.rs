@@ -1,13 +1,14 @@
 //! Data plane: first-connection latency to a ClusterIP through the agent's rules, in the lab, at 100 /
-//! 1,000 / 10,000 services (5 endpoints each). Needs root.
+//! 1,000 / 10,000 services (5 endpoints each), for the iptables and the nftables backend. Needs root.
 //!
 //! One node, one backend pod, one client pod. The measured Service sorts last, so its rule is the last
-//! one a new connection meets in iptables' linear `SWYD-SERVICES` chain (the worst case); every other
-//! Service gets synthetic endpoints that never receive traffic. Each sample is a new TCP connection
-//! (conntrack NEW: the packet walks the rules) timed from `connect` to the backend's first byte.
+//! one a new connection meets in iptables' linear `SWYD-SERVICES` chain (the worst case; nftables finds
+//! it with one hash lookup per endpoint-count class wherever it sorts); every other Service gets
+//! synthetic endpoints that never receive traffic. Each sample is a new TCP connection (conntrack NEW:
+//! the packet walks the rules) timed from `connect` to the backend's first byte.
 //!
 //! `cargo bench -p switchyard-e2e --bench latency` (`SWITCHYARD_BENCH_SMOKE=1` for a tiny run; under
-//! `cargo test` it runs as that smoke check).
+//! `cargo test` it runs as that smoke check; `SWITCHYARD_BENCH_BACKENDS=nftables` for one backend).
 
 use std::{
     io::Read,
@@ -15,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use switchyard_api::{IpFamily, PlanEndpoint, Protocol, ServicePlan, TrafficPolicy, revision};
+use switchyard_api::{Backend, IpFamily, PlanEndpoint, Protocol, ServicePlan, TrafficPolicy, revision};
 use switchyard_e2e::{ClusterDescription, Deployed, LabOptions, netns};
 
 const CLUSTER: &str = r#"
@@ -111,16 +112,31 @@ fn run() -> Result<(), String> {
         println!("skip: the latency benchmark builds a lab and needs root");
         return Ok(());
     }
+    let backends: Vec<Backend> = match std::env::var("SWITCHYARD_BENCH_BACKENDS") {
+        Ok(list) => list
+            .split(',')
+            .map(|b| Backend::parse(b.trim()).ok_or_else(|| format!("unknown backend {b:?}")))
+            .collect::<Result<_, _>>()?,
+        Err(_) => vec![Backend::Iptables, Backend::Nftables],
+    };
+    for backend in backends {
+        measure_backend(backend, sizes, samples)?;
+    }
+    Ok(())
+}
+
+fn measure_backend(backend: Backend, sizes: &[usize], samples: usize) -> Result<(), String> {
     println!(
-        "first-connection latency to a ClusterIP, iptables backend, {samples} new connections each (µs)"
+        "first-connection latency to a ClusterIP, {backend} backend, {samples} new connections each (µs)"
     );
     println!(
         "{:>8} | {:>8} {:>8} {:>8} {:>10}",
         "services", "p50", "p90", "p99", "apply (s)"
     );
     let description = ClusterDescription::from_yaml(CLUSTER).map_err(|e| e.to_string())?;
-    let config =
+    let mut config =
         switchyard_controller::Config::parse("clusterCIDRs: [10.244.0.0/16]\n").map_err(|e| e.join("; "))?;
+    config.default_backend = backend;
     let deployed = Deployed::up(
         description,
         config,

@@ -1,489 +1,63 @@
-//! The iptables backend on real packets: the example cluster (`examples/cluster.yaml`) in the lab, with
-//! the planner's plans applied by one `switchyard-agent` per node, and changes applied as the live
-//! controller would (new plan files, partial syncs). Needs root (see `common::lab_allowed`).
+//! The iptables backend on real packets: the shared lab scenario suite (`scenarios/mod.rs`) with the
+//! controller's `defaultBackend: iptables`. Needs root (see `common::lab_allowed`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod scenarios;
 
-use std::{path::PathBuf, time::Duration};
+use scenarios::Suite;
+use switchyard_api::Backend;
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use switchyard_api::{SyncMode, conditions};
-use switchyard_e2e::{
-    ClusterDescription, Deployed, Place, Proto,
-    checks::{self, Check, Expect, answered, answered_from, spread},
-    demo::example_checks,
+const SUITE: Suite = Suite {
+    backend: Backend::Iptables,
 };
-
-fn repo(path: &str) -> PathBuf {
-    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    p.pop();
-    p.push(path);
-    p
-}
-
-fn example() -> ClusterDescription {
-    ClusterDescription::from_file(&repo("examples/cluster.yaml")).unwrap()
-}
-
-fn config() -> switchyard_controller::Config {
-    switchyard_controller::Config::load(&repo("examples/controller-config.yaml")).unwrap()
-}
-
-/// The example cluster deployed, or `None` when lab tests are skipped.
-fn deployed(test: &str) -> Option<Deployed> {
-    if !common::lab_allowed(test) {
-        return None;
-    }
-    let deployed = Deployed::up(example(), config(), common::options()).unwrap();
-    for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
-        deployed
-            .lab
-            .client_route_via(cidr.parse().unwrap(), "node-a")
-            .unwrap();
-    }
-    Some(deployed)
-}
-
-fn must_pass(deployed: &Deployed, check: Check) {
-    let outcome = checks::run(&deployed.lab, &check).unwrap();
-    assert!(outcome.passed(), "{outcome}");
-}
-
-fn slice_mut<'a>(description: &'a mut ClusterDescription, name: &str) -> &'a mut EndpointSlice {
-    description
-        .endpoint_slices
-        .iter_mut()
-        .find(|s| s.metadata.name.as_deref() == Some(name))
-        .unwrap()
-}
 
 #[test]
 fn example_cluster_forwards_like_kube_proxy() {
-    let Some(deployed) = deployed("example_cluster_forwards_like_kube_proxy") else {
-        return;
-    };
-    let mut failures = Vec::new();
-    for check in example_checks() {
-        let outcome = checks::run(&deployed.lab, &check).unwrap();
-        if !outcome.passed() {
-            failures.push(outcome.to_string());
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    scenarios::example_cluster_forwards_like_kube_proxy(SUITE);
 }
 
 #[test]
 fn node_ports_hairpin_and_snat() {
-    let Some(deployed) = deployed("node_ports_hairpin_and_snat") else {
-        return;
-    };
-    // eTP=Cluster NodePort: reachable through every node, SNATed to the node it entered.
-    for (node, ip) in [
-        ("node-a", "192.168.10.11"),
-        ("node-b", "192.168.10.12"),
-        ("node-c", "192.168.10.13"),
-    ] {
-        let to = format!("{ip}:32701");
-        must_pass(
-            &deployed,
-            Check::tcp(
-                &format!("NodePort via {node}"),
-                Place::Client,
-                &to,
-                4,
-                answered_from(&["nginx-gateway"], ip),
-            ),
-        );
-        must_pass(
-            &deployed,
-            Check::tcp(
-                &format!("heketi via {node}"),
-                Place::Client,
-                &format!("{ip}:31131"),
-                2,
-                answered(&["heketi"]),
-            ),
-        );
-    }
-    // nodePort 30080 → port 80 → named targetPort "http" = 8080 on the pod.
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "named targetPort",
-            Place::Client,
-            "192.168.10.12:30080",
-            3,
-            answered_from(&["web-2"], "192.168.10.200"),
-        ),
-    );
-    // Hairpin: the heketi pod reaching itself through its own Service is masqueraded to its node.
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "hairpin",
-            Place::pod("heketi-5f6b8c7d9-kx2lq"),
-            "10.96.125.27:8080",
-            3,
-            answered_from(&["heketi"], "192.168.10.12"),
-        ),
-    );
-    // ClusterIP from a pod on the same node as a backend and from another node: pod IPs kept.
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "same node",
-            Place::pod("web-1"),
-            "10.96.0.80:80",
-            20,
-            spread(&["apache-6d4cf56db6-a1", "apache-6d4cf56db6-b2"]),
-        ),
-    );
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "other node",
-            Place::pod("legacy-api-0"),
-            "10.96.0.80:80",
-            5,
-            answered_from(&["apache"], "10.244.3.80"),
-        ),
-    );
+    scenarios::node_ports_hairpin_and_snat(SUITE);
 }
 
 #[test]
 fn source_ranges_filter_load_balancer_traffic_but_not_node_ports() {
-    let Some(mut deployed) = deployed("source_ranges_filter_load_balancer_traffic_but_not_node_ports") else {
-        return;
-    };
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "allowed client",
-            Place::Client,
-            "203.0.113.10:80",
-            3,
-            answered(&["web-1"]),
-        ),
-    );
-    let mut description = deployed.description().clone();
-    let web = description
-        .services
-        .iter_mut()
-        .find(|s| s.metadata.name.as_deref() == Some("web-lb"))
-        .unwrap();
-    web.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
-    deployed.replan(description).unwrap();
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "denied client",
-            Place::Client,
-            "203.0.113.10:80",
-            2,
-            Expect::Dropped,
-        ),
-    );
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "NodePort is never filtered",
-            Place::Client,
-            "192.168.10.11:30080",
-            3,
-            answered(&["web-1"]),
-        ),
-    );
+    scenarios::source_ranges_filter_load_balancer_traffic_but_not_node_ports(SUITE);
 }
 
 #[test]
 fn an_endpoint_change_is_a_partial_sync() {
-    let Some(mut deployed) = deployed("an_endpoint_change_is_a_partial_sync") else {
-        return;
-    };
-    let mut description = deployed.description().clone();
-    let apache = slice_mut(&mut description, "apache-x7k2p");
-    apache
-        .endpoints
-        .as_mut()
-        .unwrap()
-        .retain(|e| e.addresses[0] != "10.244.1.10");
-    deployed.replan(description).unwrap();
-    for node in ["node-a", "node-b", "node-c"] {
-        let status = deployed.status(node).unwrap().unwrap();
-        assert_eq!(
-            status.last_sync_mode,
-            Some(SyncMode::Partial),
-            "{node}: {status:?}"
-        );
-    }
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "only the remaining backend",
-            Place::pod("nginx-pod-3"),
-            "10.96.0.80:80",
-            10,
-            answered(&["apache-6d4cf56db6-b2"]),
-        ),
-    );
-    // Scaling to zero: REJECT (refused at once); scaling back: forwarding again.
-    let mut description = deployed.description().clone();
-    slice_mut(&mut description, "apache-x7k2p").endpoints = Some(vec![]);
-    deployed.replan(description).unwrap();
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "no endpoints",
-            Place::pod("nginx-pod-3"),
-            "10.96.0.80:80",
-            2,
-            Expect::Refused,
-        ),
-    );
-    deployed.replan(example()).unwrap();
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "back",
-            Place::pod("nginx-pod-3"),
-            "10.96.0.80:80",
-            10,
-            answered(&["apache"]),
-        ),
-    );
+    scenarios::an_endpoint_change_is_a_partial_sync(SUITE);
 }
 
 #[test]
 fn stale_udp_conntrack_entries_are_removed_after_an_endpoint_change() {
-    let Some(mut deployed) = deployed("stale_udp_conntrack_entries_are_removed_after_an_endpoint_change")
-    else {
-        return;
-    };
-    // DNS from a pod on node-a goes to node-local-dns-a (iTP=Local); the flow is tracked on node-a.
-    must_pass(
-        &deployed,
-        Check::udp(
-            "dns",
-            Place::pod("apache-6d4cf56db6-a1"),
-            "10.96.0.53:53",
-            3,
-            answered(&["node-local-dns-a"]),
-        ),
-    );
-    let flows = |d: &Deployed| -> String {
-        let out = d
-            .exec_in_node(
-                "node-a",
-                &["conntrack", "-L", "-p", "udp", "--orig-dst", "10.96.0.53"],
-            )
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert!(
-        flows(&deployed).contains("src=10.244.1.53"),
-        "{}",
-        flows(&deployed)
-    );
-    // node-local-dns-a moves to a new address: flows to the old one must go.
-    let mut description = deployed.description().clone();
-    let dns = slice_mut(&mut description, "node-local-dns-z8r2c");
-    for endpoint in dns.endpoints.as_mut().unwrap() {
-        if endpoint.addresses[0] == "10.244.1.53" {
-            endpoint.addresses[0] = "10.244.1.54".into();
-        }
-    }
-    deployed.replan(description).unwrap();
-    let after = flows(&deployed);
-    assert!(
-        !after.contains("src=10.244.1.53"),
-        "stale UDP flows remain:\n{after}"
-    );
+    scenarios::stale_udp_conntrack_entries_are_removed_after_an_endpoint_change(SUITE);
 }
 
 #[test]
 fn a_killed_agent_leaves_rules_working_and_a_restart_reuses_them() {
-    let Some(mut deployed) = deployed("a_killed_agent_leaves_rules_working_and_a_restart_reuses_them") else {
-        return;
-    };
-    deployed.stop_agent("node-c");
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "still forwarding",
-            Place::pod("nginx-pod-3"),
-            "10.96.0.80:80",
-            5,
-            answered(&["apache"]),
-        ),
-    );
-    // The restarted agent syncs (full, reusing the kernel's rules) and reports afresh.
-    std::fs::remove_file(deployed.status_path("node-c")).unwrap();
-    deployed.start_agent("node-c").unwrap();
-    deployed.wait_applied(Duration::from_secs(20)).unwrap();
-    let status = deployed.status("node-c").unwrap().unwrap();
-    assert_eq!(status.last_sync_mode, Some(SyncMode::Full));
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "after restart",
-            Place::pod("nginx-pod-3"),
-            "10.96.0.80:80",
-            5,
-            answered(&["apache"]),
-        ),
-    );
+    scenarios::a_killed_agent_leaves_rules_working_and_a_restart_reuses_them(SUITE);
 }
 
 #[test]
 fn drift_is_repaired_within_a_resync_period() {
-    let Some(deployed) = deployed("drift_is_repaired_within_a_resync_period") else {
-        return;
-    };
-    deployed
-        .exec_in_node("node-b", &["iptables", "-t", "nat", "-F", "SWYD-SERVICES"])
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let status = deployed.status("node-b").unwrap().unwrap();
-        if status.drift_repairs >= 1 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "drift not repaired: {status:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "repaired",
-            Place::pod("web-2"),
-            "10.96.0.80:80",
-            5,
-            answered(&["apache"]),
-        ),
-    );
+    scenarios::drift_is_repaired_within_a_resync_period(SUITE);
 }
 
 #[test]
 fn bad_plans_keep_the_last_good_rules() {
-    let Some(deployed) = deployed("bad_plans_keep_the_last_good_rules") else {
-        return;
-    };
-    // A plan entry the agent cannot use: reported, the rest applied.
-    let mut plan = deployed.plan("node-a").unwrap().remove(0);
-    let bad = plan
-        .spec
-        .services
-        .iter_mut()
-        .find(|s| s.name == "default/apache")
-        .unwrap();
-    bad.cluster_ip = "10.96.0.999".into();
-    deployed
-        .write_raw_plan("node-a", &serde_saphyr::to_string(&plan).unwrap())
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        let status = deployed.status("node-a").unwrap().unwrap();
-        if !status.failures.is_empty() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "bad entry not reported");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(
-        status.failures[0].service.contains("default/apache"),
-        "{status:?}"
-    );
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "other services",
-            Place::pod("web-1"),
-            "10.97.97.97:80",
-            3,
-            answered(&["nginx-pod"]),
-        ),
-    );
-
-    // A malformed plan is rejected whole: InvalidPlan, and the last good rules keep forwarding.
-    deployed
-        .write_raw_plan(
-            "node-a",
-            "apiVersion: switchyard.io/v1alpha1\nkind: NodeForwardingPlan\nspec: {nodeName: \"\"}\n",
-        )
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let status = deployed.status("node-a").unwrap().unwrap();
-        let applied = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::APPLIED)
-            .cloned();
-        if applied
-            .as_ref()
-            .is_some_and(|c| c.status == conditions::status::FALSE)
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "malformed plan not reported: {status:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    must_pass(
-        &deployed,
-        Check::tcp(
-            "last good rules",
-            Place::pod("web-1"),
-            "10.97.97.97:80",
-            3,
-            answered(&["nginx-pod"]),
-        ),
-    );
+    scenarios::bad_plans_keep_the_last_good_rules(SUITE);
 }
 
 #[test]
 fn cleanup_removes_exactly_what_the_agent_made() {
-    let Some(mut deployed) = deployed("cleanup_removes_exactly_what_the_agent_made") else {
-        return;
-    };
-    // Someone else's rule in the same namespace must survive.
-    deployed
-        .exec_in_node("node-a", &["iptables", "-t", "nat", "-N", "OTHER-CHAIN"])
-        .unwrap();
-    deployed.stop_agent("node-a");
-    let lab_binary = deployed.lab.options().lab_binary.display().to_string();
-    let out = deployed
-        .exec_in_node("node-a", &[&lab_binary, "agent", "cleanup"])
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for table in ["nat", "filter"] {
-        let save = deployed
-            .exec_in_node("node-a", &["iptables-save", "-t", table])
-            .unwrap();
-        let text = String::from_utf8_lossy(&save.stdout);
-        assert!(!text.contains("SWYD"), "{table} still has our rules:\n{text}");
-    }
-    let nat = deployed
-        .exec_in_node("node-a", &["iptables-save", "-t", "nat"])
-        .unwrap();
-    assert!(String::from_utf8_lossy(&nat.stdout).contains(":OTHER-CHAIN"));
-    let probe = deployed
-        .lab
-        .probe(
-            &Place::pod("web-1"),
-            Proto::Tcp,
-            "10.96.0.80:80".parse().unwrap(),
-            Duration::from_millis(700),
-        )
-        .unwrap();
-    assert!(
-        !probe.is_answered(),
-        "service traffic still forwarded after cleanup"
-    );
+    scenarios::cleanup_removes_exactly_what_the_agent_made(SUITE);
+}
+
+#[test]
+fn a_cluster_policy_udp_service_spreads_over_every_endpoint() {
+    scenarios::a_cluster_policy_udp_service_spreads_over_every_endpoint(SUITE);
 }

@@ -6,7 +6,8 @@
 //!                          ├─ run     ─► --node-name: own plan from the API server (cache first, status
 //!                          │              written back) | --plan-file: a plan file ─► run::run loop until
 //!                          │              SIGTERM/SIGINT (rules stay); /healthz /readyz /metrics on :10263
-//!                          └─ cleanup ─► every SWYD-* chain and jump rule removed (both families)
+//!                          └─ cleanup ─► every SWYD-* chain and jump rule removed (both families), IPVS
+//!                                         objects, the nftables tables ip/ip6 switchyard
 //! exit: 0 ok · 1 the kernel refused / runtime failure · 2 bad flags, unreadable or invalid plan
 //! ```
 //!
@@ -95,6 +96,17 @@ struct IptablesArgs {
     /// Which iptables to use: detect what the host uses, nf_tables, or legacy x_tables.
     #[arg(long, default_value = "auto", value_parser = parse_mode)]
     iptables_mode: IptablesMode,
+    #[command(flatten)]
+    ipvs: IpvsArgs,
+}
+
+/// Settings of the IPVS backend (used when the plan asks for it).
+#[derive(Args, Debug)]
+struct IpvsArgs {
+    /// How long a TCP real server that left the plan keeps its connections (weight 0) before it is
+    /// deleted anyway; it goes earlier once it has no active connection.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ipvs_graceful_period: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -271,16 +283,15 @@ fn quote(arg: &str) -> String {
 }
 
 fn render_command(args: &RenderArgs) -> ExitCode {
-    match Backend::parse(&args.backend) {
-        Some(Backend::Iptables) => {}
-        Some(other) => return fail(EXIT_USAGE, &Error::UnsupportedBackend(other)),
+    let backend = match Backend::parse(&args.backend) {
+        Some(backend) => backend,
         None => {
             return fail(
                 EXIT_USAGE,
                 &format!("unknown backend {:?} (iptables, ipvs or nftables)", args.backend),
             );
         }
-    }
+    };
     let (_, spec) = match load_plan(&args.plan) {
         Ok(loaded) => loaded,
         Err(code) => return code,
@@ -296,8 +307,16 @@ fn render_command(args: &RenderArgs) -> ExitCode {
         eprintln!("warning: skipping entry: {problem}");
     }
     let skip = report.bad_entries();
+    if backend == Backend::Nftables {
+        print!("{}", crate::nftables::render_for_host(&spec, &skip));
+        return ExitCode::SUCCESS;
+    }
     let version = crate::command::stdout_of(std::process::Command::new("iptables").arg("--version")).ok();
     let features = discover_features(version.clone());
+    if backend == Backend::Ipvs {
+        print!("{}", crate::ipvs::setup::render_for_host(&spec, &skip, features));
+        return ExitCode::SUCCESS;
+    }
     let local = if spec.cluster.node_port_addresses.is_empty() {
         Vec::new()
     } else {
@@ -368,11 +387,17 @@ pub fn render_text(
 
 // === apply / run / cleanup ===
 
-fn real_syncer(mode: IptablesMode, config: SyncConfig) -> Result<Syncer, Error> {
-    let iptables = ExecIptables::detect(mode)?;
+fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error> {
+    let iptables = ExecIptables::detect(args.iptables_mode)?;
     let features = discover_features(iptables.version().ok());
     tracing::info!(variant = %iptables.variant(), random_fully = features.random_fully, tcp_be_liberal = features.tcp_be_liberal, "using iptables");
-    let dataplane = IptablesDataplane::new(iptables, NetlinkAddrs, features);
+    // The plan's backend decides per sync; IPVS falls back to iptables where the kernel lacks it.
+    let dataplane = crate::ipvs::setup::host_dataplane(iptables, features, args.ipvs.ipvs_graceful_period);
+    // nftables when the plan asks for it (set up on first use), the above otherwise.
+    let dataplane = crate::nftables::select::NftablesOr::new(
+        Box::new(dataplane),
+        crate::nftables::select::host_factory(),
+    );
     Ok(Syncer::new(
         Box::new(dataplane),
         Arc::new(SystemClock),
@@ -387,7 +412,7 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let mut syncer = match real_syncer(args.iptables.iptables_mode, SyncConfig::default()) {
+    let mut syncer = match real_syncer(&args.iptables, SyncConfig::default()) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
@@ -446,7 +471,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         health_timeout: args.resync_period * 2,
         ..SyncConfig::default()
     };
-    let syncer = match real_syncer(args.iptables.iptables_mode, config) {
+    let syncer = match real_syncer(&args.iptables, config) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
@@ -517,6 +542,21 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
                 eprintln!("error: iptables-{variant}: {e}");
                 code = ExitCode::from(EXIT_FAILED);
             }
+        }
+    }
+    match crate::nftables::select::cleanup_host() {
+        Ok(removed) => println!("nftables: removed {removed} chains and sets (tables ip/ip6 switchyard)"),
+        Err(e) => {
+            eprintln!("error: nftables: {e}");
+            code = ExitCode::from(EXIT_FAILED);
+        }
+    }
+    // IPVS mode's virtual servers, ipsets and interface, now that no rule refers to the sets.
+    match crate::ipvs::setup::cleanup_objects() {
+        Ok(removed) => println!("ipvs: removed {removed} virtual servers, ipsets and interfaces"),
+        Err(e) => {
+            eprintln!("error: ipvs: {e}");
+            code = ExitCode::from(EXIT_FAILED);
         }
     }
     code

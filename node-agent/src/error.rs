@@ -185,6 +185,37 @@ pub enum Error {
     /// No Kubernetes client configuration could be loaded (kubeconfig or in-cluster).
     #[error("loading the Kubernetes client configuration: {0}")]
     KubeConfig(String),
+    /// `nft -f` refused a transaction; the kernel kept its previous ruleset.
+    #[error("nft -f refused the {family} transaction{}: {stderr}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+    NftTransaction {
+        /// `ip` or `ip6`.
+        family: String,
+        /// The failing line of the transaction, when nft names one.
+        line: Option<usize>,
+        /// Its stderr, trimmed.
+        stderr: String,
+        /// The transaction lines around the failing one, numbered (empty when no line is known).
+        context: String,
+    },
+    /// Our nftables table could not be read back (`nft -j list table`).
+    #[error("reading the {family} nftables table back: {reason}")]
+    NftListing {
+        /// `ip` or `ip6`.
+        family: String,
+        /// Why.
+        reason: String,
+    },
+    /// An nf_tables netlink dump (the cheap drift check) failed.
+    #[error("nftables netlink, {operation}: {reason}")]
+    NftNetlink {
+        /// What was being listed.
+        operation: String,
+        /// Why.
+        reason: String,
+    },
+    /// No usable `nft` binary was found.
+    #[error("no usable nft: {0}")]
+    FindNft(String),
 }
 
 impl Error {
@@ -216,6 +247,10 @@ impl Error {
             Self::WriteStatusToApi { .. } => "write_status_to_api",
             Self::BindMetrics { .. } => "bind_metrics",
             Self::KubeConfig(_) => "kube_config",
+            Self::NftTransaction { .. } => "nft_transaction",
+            Self::NftListing { .. } => "nft_listing",
+            Self::NftNetlink { .. } => "nft_netlink",
+            Self::FindNft(_) => "find_nft",
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod host;
 pub mod iptables;
 pub mod ipvs;
 pub mod live;
+pub mod nftables;
 pub mod planfile;
 pub mod run;
 pub mod source;

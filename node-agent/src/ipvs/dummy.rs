@@ -36,6 +36,8 @@ const EADDRNOTAVAIL: i32 = 99;
 
 /// The service-address interface.
 pub trait ServiceAddrs: Send {
+    /// True when the interface exists.
+    fn exists(&mut self) -> Result<bool, Error>;
     /// Creates the interface (up) when it does not exist.
     fn ensure(&mut self) -> Result<(), Error>;
     /// Its addresses; empty when the interface does not exist.
@@ -117,13 +119,24 @@ fn address_of(message: &AddressMessage) -> Option<IpAddr> {
 }
 
 impl ServiceAddrs for NetlinkDummy {
+    fn exists(&mut self) -> Result<bool, Error> {
+        block(Box::new(|handle| {
+            Box::pin(async move { Ok(index(&handle).await?.is_some()) })
+        }))
+    }
+
     fn ensure(&mut self) -> Result<(), Error> {
         block(Box::new(|handle| {
             Box::pin(async move {
                 if index(&handle).await?.is_some() {
                     return Ok(());
                 }
-                match handle.link().add(LinkDummy::new(INTERFACE).up().build()).execute().await {
+                match handle
+                    .link()
+                    .add(LinkDummy::new(INTERFACE).up().build())
+                    .execute()
+                    .await
+                {
                     Ok(()) => Ok(()),
                     Err(e) if errno(&e) == Some(EEXIST) => Ok(()),
                     Err(e) => Err(format!("creating it: {e}")),
@@ -228,6 +241,10 @@ impl FakeDummy {
 }
 
 impl ServiceAddrs for FakeDummy {
+    fn exists(&mut self) -> Result<bool, Error> {
+        Ok(self.lock().is_some())
+    }
+
     fn ensure(&mut self) -> Result<(), Error> {
         self.lock().get_or_insert_with(BTreeSet::new);
         Ok(())
@@ -264,7 +281,9 @@ mod tests {
         let ip: IpAddr = "10.96.0.10".parse().unwrap();
         assert!(dummy.addresses().unwrap().is_empty());
         assert!(dummy.change(&[ip], &[]).is_err(), "no interface yet");
+        assert!(!dummy.exists().unwrap());
         dummy.ensure().unwrap();
+        assert!(dummy.exists().unwrap());
         dummy.change(&[ip, ip], &[]).unwrap();
         assert_eq!(dummy.state(), Some(BTreeSet::from([ip])));
         dummy.change(&[], &[ip, "10.96.0.11".parse().unwrap()]).unwrap();
@@ -277,9 +296,9 @@ mod tests {
     fn the_real_one_reads_nothing_when_the_interface_is_missing() {
         // This machine has no dummy driver and the interface is never created in unit tests; listing must
         // answer "no addresses" (or a clean error where netlink is unusable), never panic.
-        match NetlinkDummy.addresses() {
-            Ok(ips) => assert!(ips.is_empty()),
-            Err(e) => eprintln!("netlink unavailable here: {e}"),
+        match (NetlinkDummy.addresses(), NetlinkDummy.exists()) {
+            (Ok(ips), Ok(exists)) => assert!(ips.is_empty() && !exists),
+            (Err(e), _) | (_, Err(e)) => eprintln!("netlink unavailable here: {e}"),
         }
     }
 }

@@ -50,6 +50,12 @@ impl Default for FakeIpvs {
     }
 }
 
+fn describe(service: &Service) -> String {
+    service
+        .key()
+        .map_or_else(|| format!("{:?}", service.target), |k| k.to_string())
+}
+
 fn refused(operation: String, errno: i32) -> Error {
     Error::IpvsRequest {
         operation,
@@ -95,7 +101,11 @@ impl FakeIpvs {
     /// Sets a real server's connection counters (traffic the test pretends happened).
     pub fn set_connections(&self, key: &VirtualKey, real: &RealKey, active: u32, inactive: u32) -> bool {
         let mut state = self.lock();
-        match state.table.get_mut(key).and_then(|(_, reals)| reals.get_mut(real)) {
+        match state
+            .table
+            .get_mut(key)
+            .and_then(|(_, reals)| reals.get_mut(real))
+        {
             Some(dest) => {
                 dest.active_conns = active;
                 dest.inactive_conns = inactive;
@@ -173,7 +183,7 @@ impl Ipvs for FakeIpvs {
 
     fn add_service(&mut self, service: &Service) -> Result<(), Error> {
         let mut state = self.lock();
-        let operation = || format!("add service {:?}", service.target);
+        let operation = || format!("add service {}", describe(service));
         let key = service.key().ok_or_else(|| refused(operation(), EINVAL))?;
         Self::check(&state, &key, operation)?;
         Self::validate(&state, service, operation)?;
@@ -187,7 +197,7 @@ impl Ipvs for FakeIpvs {
 
     fn update_service(&mut self, service: &Service) -> Result<(), Error> {
         let mut state = self.lock();
-        let operation = || format!("update service {:?}", service.target);
+        let operation = || format!("update service {}", describe(service));
         let key = service.key().ok_or_else(|| refused(operation(), EINVAL))?;
         Self::check(&state, &key, operation)?;
         Self::validate(&state, service, operation)?;
@@ -325,7 +335,8 @@ mod tests {
         let missing = Destination::new(rs("10.244.1.2", 8080), 1);
         assert_eq!(errno(ipvs.update_destination(&key, &missing)), Some(ENOENT));
         assert_eq!(errno(ipvs.delete_destination(&key, &missing.real)), Some(ENOENT));
-        ipvs.update_destination(&key, &Destination::new(dest.real, 0)).unwrap();
+        ipvs.update_destination(&key, &Destination::new(dest.real, 0))
+            .unwrap();
         assert_eq!(ipvs.weights(&key), BTreeMap::from([(dest.real, 0)]));
         assert_eq!(ipvs.changes(), 3);
 
@@ -338,7 +349,10 @@ mod tests {
         let mut ipvs = FakeIpvs::new();
         ipvs.set_scheduler_available("mh", false);
         let key = vs("10.96.0.10", 80);
-        assert_eq!(errno(ipvs.add_service(&Service::new(key, "mh", None))), Some(ENOENT));
+        assert_eq!(
+            errno(ipvs.add_service(&Service::new(key, "mh", None))),
+            Some(ENOENT)
+        );
         ipvs.set_scheduler_available("mh", true);
         ipvs.add_service(&Service::new(key, "mh", None)).unwrap();
         ipvs.fail_service(key, Some(EINVAL));

@@ -128,10 +128,7 @@ impl TextIptables {
             let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
             let target_exists = |chains: &BTreeMap<String, Vec<String>>, rule: &str| {
                 let args = tokenize(rule);
-                let target = args
-                    .iter()
-                    .position(|a| a == "-j")
-                    .and_then(|i| args.get(i + 1));
+                let target = args.iter().position(|a| a == "-j").and_then(|i| args.get(i + 1));
                 match target {
                     Some(t) if t.starts_with("SWYD-") => chains.contains_key(t.as_str()),
                     _ => true,
@@ -204,7 +201,12 @@ impl Iptables for TextIptables {
         self.restore_text(family, &String::from_utf8_lossy(&bytes))
     }
 
-    fn save_lines(&mut self, family: IpFamily, table: Table, each: &mut dyn FnMut(&str)) -> Result<(), Error> {
+    fn save_lines(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        each: &mut dyn FnMut(&str),
+    ) -> Result<(), Error> {
         let state = self.lock();
         each(&format!("*{table}"));
         if let Some(chains) = state.tables.get(&(family, table)) {
@@ -226,7 +228,13 @@ impl Iptables for TextIptables {
         Ok(())
     }
 
-    fn ensure_rule(&mut self, family: IpFamily, table: Table, chain: &str, args: &[String]) -> Result<bool, Error> {
+    fn ensure_rule(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, Error> {
         let exists = self
             .rules(family, table, chain)
             .is_some_and(|rules| rules.iter().any(|r| tokenize(r) == args));
@@ -235,13 +243,28 @@ impl Iptables for TextIptables {
         }
         let quoted: Vec<String> = args
             .iter()
-            .map(|a| if a.contains(' ') { format!("\"{a}\"") } else { a.clone() })
+            .map(|a| {
+                if a.contains(' ') {
+                    format!("\"{a}\"")
+                } else {
+                    a.clone()
+                }
+            })
             .collect();
-        self.restore_text(family, &format!("*{table}\n-I {chain} 1 {}\nCOMMIT\n", quoted.join(" ")))?;
+        self.restore_text(
+            family,
+            &format!("*{table}\n-I {chain} 1 {}\nCOMMIT\n", quoted.join(" ")),
+        )?;
         Ok(true)
     }
 
-    fn delete_rule(&mut self, family: IpFamily, table: Table, chain: &str, args: &[String]) -> Result<bool, Error> {
+    fn delete_rule(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        args: &[String],
+    ) -> Result<bool, Error> {
         let mut state = self.lock();
         let Some(rules) = state
             .tables
@@ -289,15 +312,28 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("referenced"), "{err}");
         assert!(ipt.rules(v4, Table::Filter, "SWYD-Y").is_none());
-        assert!(ipt.restore_text(v4, "*filter\n-A SWYD-Z -j SWYD-NOPE\nCOMMIT\n").is_err());
+        assert!(
+            ipt.restore_text(v4, "*filter\n-A SWYD-Z -j SWYD-NOPE\nCOMMIT\n")
+                .is_err()
+        );
         let args = table.jumps[0].args.clone();
         assert!(ipt.delete_rule(v4, Table::Filter, "INPUT", &args).unwrap());
         assert!(!ipt.delete_rule(v4, Table::Filter, "INPUT", &args).unwrap());
-        ipt.restore_text(v4, "*filter\n:SWYD-X - [0:0]\n-X SWYD-X\nCOMMIT\n").unwrap();
+        ipt.restore_text(v4, "*filter\n:SWYD-X - [0:0]\n-X SWYD-X\nCOMMIT\n")
+            .unwrap();
         assert!(!ipt.chain_exists(v4, Table::Filter, "SWYD-X").unwrap());
-        assert!(ipt.ensure_rule(v4, Table::Nat, "OUTPUT", &["-j".into(), "ACCEPT".into()]).unwrap());
-        assert!(!ipt.ensure_rule(v4, Table::Nat, "OUTPUT", &["-j".into(), "ACCEPT".into()]).unwrap());
-        assert!(ipt.chains(IpFamily::IPv6, Table::Nat).contains(&"PREROUTING".to_string()));
-        assert_eq!(ipt.restores(), 4);
+        assert!(
+            ipt.ensure_rule(v4, Table::Nat, "OUTPUT", &["-j".into(), "ACCEPT".into()])
+                .unwrap()
+        );
+        assert!(
+            !ipt.ensure_rule(v4, Table::Nat, "OUTPUT", &["-j".into(), "ACCEPT".into()])
+                .unwrap()
+        );
+        assert!(
+            ipt.chains(IpFamily::IPv6, Table::Nat)
+                .contains(&"PREROUTING".to_string())
+        );
+        assert_eq!(ipt.restores(), 3);
     }
 }

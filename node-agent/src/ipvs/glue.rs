@@ -86,7 +86,12 @@ pub fn owned_chains(table: Table) -> BTreeSet<&'static str> {
             SOURCE_RANGES_FIREWALL,
             IPVS_FILTER,
         ]),
-        Table::Nat => BTreeSet::from([names::SERVICES, names::POSTROUTING, LOAD_BALANCER, names::MARK_MASQ]),
+        Table::Nat => BTreeSet::from([
+            names::SERVICES,
+            names::POSTROUTING,
+            LOAD_BALANCER,
+            names::MARK_MASQ,
+        ]),
     }
 }
 
@@ -258,13 +263,49 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
     const NEW: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
     let table: [(Table, &'static str, &'static str, &[&str], &str); 8] = [
         (Filter, "INPUT", IPVS_FILTER, &[], "switchyard ipvs access filter"),
-        (Filter, "INPUT", names::NODEPORTS, &[], "switchyard health check service ports"),
-        (Filter, "FORWARD", names::FORWARD, &[], "switchyard forwarding rules"),
-        (Filter, "INPUT", names::PROXY_FIREWALL, NEW, "switchyard load balancer firewall"),
-        (Filter, "FORWARD", names::PROXY_FIREWALL, NEW, "switchyard load balancer firewall"),
+        (
+            Filter,
+            "INPUT",
+            names::NODEPORTS,
+            &[],
+            "switchyard health check service ports",
+        ),
+        (
+            Filter,
+            "FORWARD",
+            names::FORWARD,
+            &[],
+            "switchyard forwarding rules",
+        ),
+        (
+            Filter,
+            "INPUT",
+            names::PROXY_FIREWALL,
+            NEW,
+            "switchyard load balancer firewall",
+        ),
+        (
+            Filter,
+            "FORWARD",
+            names::PROXY_FIREWALL,
+            NEW,
+            "switchyard load balancer firewall",
+        ),
         (Nat, "OUTPUT", names::SERVICES, &[], "switchyard service portals"),
-        (Nat, "PREROUTING", names::SERVICES, &[], "switchyard service portals"),
-        (Nat, "POSTROUTING", names::POSTROUTING, &[], "switchyard postrouting rules"),
+        (
+            Nat,
+            "PREROUTING",
+            names::SERVICES,
+            &[],
+            "switchyard service portals",
+        ),
+        (
+            Nat,
+            "POSTROUTING",
+            names::POSTROUTING,
+            &[],
+            "switchyard postrouting rules",
+        ),
     ];
     table
         .into_iter()
@@ -301,7 +342,11 @@ pub fn payload(glue: &Glue, stale: &[(Table, String)], missing: &[JumpRule]) -> 
     let mut out = String::new();
     for table in [Table::Filter, Table::Nat] {
         out.push_str(&format!("*{table}\n"));
-        let stale_here: Vec<&String> = stale.iter().filter(|(t, _)| *t == table).map(|(_, n)| n).collect();
+        let stale_here: Vec<&String> = stale
+            .iter()
+            .filter(|(t, _)| *t == table)
+            .map(|(_, n)| n)
+            .collect();
         for chain in glue.chains(table) {
             out.push_str(&format!(":{} - [0:0]\n", chain.name));
         }
@@ -371,7 +416,10 @@ mod tests {
         let ours = jump_rules(IpFamily::IPv4);
         let theirs = crate::iptables::jump_rules(IpFamily::IPv4);
         for jump in &ours {
-            if let Some(same) = theirs.iter().find(|t| t.table == jump.table && t.chain == jump.chain && t.target() == jump.target()) {
+            if let Some(same) = theirs
+                .iter()
+                .find(|t| t.table == jump.table && t.chain == jump.chain && t.target() == jump.target())
+            {
                 assert_eq!(same.args, jump.args);
             }
         }

@@ -249,7 +249,10 @@ create OTHER hash:ip family inet6
             .restore("destroy SWYD-HEALTH-CHECK\nadd SWYD-MISSING 1.2.3.4\n")
             .unwrap_err();
         assert!(err.to_string().contains("line 2"), "{err}");
-        assert!(!ipsets.sets().contains_key("SWYD-HEALTH-CHECK"), "line 1 stays applied");
+        assert!(
+            !ipsets.sets().contains_key("SWYD-HEALTH-CHECK"),
+            "line 1 stays applied"
+        );
         ipsets.fail_next_restore("boom");
         assert!(ipsets.restore("destroy OTHER\n").is_err());
         assert!(ipsets.sets().contains_key("OTHER"));

@@ -226,6 +226,46 @@ pub trait Ipvs: Send {
     fn delete_destination(&mut self, key: &VirtualKey, real: &RealKey) -> Result<(), Error>;
 }
 
+/// The [`Ipvs`] of a kernel without IPVS: it holds no virtual service, and nothing can be added. Cleanup
+/// uses it where the IPVS family does not resolve (nothing of ours can exist there).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Absent;
+
+impl Absent {
+    fn refuse<T>(what: String) -> Result<T, Error> {
+        Err(Error::IpvsUnavailable(format!(
+            "cannot {what}: the kernel has no IPVS"
+        )))
+    }
+}
+
+impl Ipvs for Absent {
+    fn services(&mut self) -> Result<Vec<Service>, Error> {
+        Ok(Vec::new())
+    }
+    fn add_service(&mut self, service: &Service) -> Result<(), Error> {
+        Self::refuse(format!("add service {:?}", service.target))
+    }
+    fn update_service(&mut self, service: &Service) -> Result<(), Error> {
+        Self::refuse(format!("update service {:?}", service.target))
+    }
+    fn delete_service(&mut self, key: &VirtualKey) -> Result<(), Error> {
+        Self::refuse(format!("delete service {key}"))
+    }
+    fn destinations(&mut self, _key: &VirtualKey) -> Result<Vec<Destination>, Error> {
+        Ok(Vec::new())
+    }
+    fn add_destination(&mut self, key: &VirtualKey, _dest: &Destination) -> Result<(), Error> {
+        Self::refuse(format!("add a real server to {key}"))
+    }
+    fn update_destination(&mut self, key: &VirtualKey, _dest: &Destination) -> Result<(), Error> {
+        Self::refuse(format!("update a real server of {key}"))
+    }
+    fn delete_destination(&mut self, key: &VirtualKey, _real: &RealKey) -> Result<(), Error> {
+        Self::refuse(format!("delete a real server of {key}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,10 +79,7 @@ pub struct Desired {
 impl Desired {
     /// Virtual plus real servers (what the status reports as "rules" for IPVS).
     pub fn server_count(&self) -> u64 {
-        self.virtuals
-            .values()
-            .map(|v| 1 + v.reals.len() as u64)
-            .sum()
+        self.virtuals.values().map(|v| 1 + v.reals.len() as u64).sum()
     }
 }
 
@@ -187,7 +184,10 @@ pub fn render(spec: &NodeForwardingPlanSpec, facts: &IpvsFacts, skip: &HashSet<u
         if skip.contains(&index) {
             continue;
         }
-        let nodes = node_ports.get(&entry.family).map(Vec::as_slice).unwrap_or_default();
+        let nodes = node_ports
+            .get(&entry.family)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         render_entry(spec, index, entry, nodes, &mut desired);
     }
     desired
@@ -202,8 +202,7 @@ struct Sets<'a> {
 impl<'a> Sets<'a> {
     fn of(entry: &'a ServicePlan) -> Self {
         let internal_local = entry.internal_policy == TrafficPolicy::Local;
-        let external_local =
-            entry.external_policy == TrafficPolicy::Local && entry.externally_accessible();
+        let external_local = entry.external_policy == TrafficPolicy::Local && entry.externally_accessible();
         let pick = |local: bool| -> Vec<&'a PlanEndpoint> {
             if local {
                 entry.local_endpoints().collect()
@@ -253,7 +252,10 @@ fn render_entry(
     let external_reals = reals(&endpoint_sets.external);
     let add = |desired: &mut Desired, key: VirtualKey, reals: &BTreeSet<RealKey>| {
         if let Some(owner) = desired.virtuals.get(&key) {
-            let why = format!("virtual server {key} already belongs to spec.services[{}]", owner.entry);
+            let why = format!(
+                "virtual server {key} already belongs to spec.services[{}]",
+                owner.entry
+            );
             desired.conflicts.push((index, why));
             return;
         }
@@ -272,11 +274,7 @@ fn render_entry(
             set.members.insert(value);
         }
     };
-    let key = |addr: IpAddr, port: u16| VirtualKey {
-        addr,
-        protocol,
-        port,
-    };
+    let key = |addr: IpAddr, port: u16| VirtualKey { addr, protocol, port };
     // REJECT when the service has nothing anywhere; DROP when this node's policy set is empty.
     let verdict = |reals: &BTreeSet<RealKey>| match (entry.has_endpoints, reals.is_empty()) {
         (false, _) => Some(SetId::NoEndpoints),
@@ -286,7 +284,11 @@ fn render_entry(
 
     // ClusterIP.
     add(desired, key(cluster_ip, entry.port), &internal_reals);
-    member(desired, SetId::ClusterIp, ip_port(cluster_ip, protocol, entry.port));
+    member(
+        desired,
+        SetId::ClusterIp,
+        ip_port(cluster_ip, protocol, entry.port),
+    );
     member(desired, SetId::ServiceIps, cluster_ip.to_string());
     if let Some(id) = verdict(&internal_reals) {
         member(desired, id, ip_port(cluster_ip, protocol, entry.port));
@@ -315,7 +317,9 @@ fn render_entry(
         .filter_map(|r| r.parse::<IpNet>().ok())
         .collect();
     let node_ips: Vec<IpAddr> = spec.node_ips.iter().filter_map(|ip| parse_ip(ip)).collect();
-    let allow_from_node = ranges.iter().any(|net| node_ips.iter().any(|ip| net.contains(ip)));
+    let allow_from_node = ranges
+        .iter()
+        .any(|net| node_ips.iter().any(|ip| net.contains(ip)));
     for ip in entry.load_balancer_ips.iter().filter_map(|ip| parse_ip(ip)) {
         add(desired, key(ip, entry.port), &external_reals);
         let frontend = ip_port(ip, protocol, entry.port);
@@ -474,7 +478,11 @@ mod tests {
             node_port.reals.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
             ["10.244.1.1:8080"]
         );
-        assert!(desired.sets["SWYD-NODE-PORT-LOCAL"].members.contains("192.168.10.11,tcp:30080"));
+        assert!(
+            desired.sets["SWYD-NODE-PORT-LOCAL"]
+                .members
+                .contains("192.168.10.11,tcp:30080")
+        );
         assert!(desired.sets["SWYD-NODE-PORT"].members.is_empty());
         assert!(
             desired.sets["SWYD-LOOP-BACK"]

@@ -311,9 +311,11 @@ pub fn differences(desired: &DesiredSets, saved: &SavedSets) -> Vec<String> {
     for (name, set) in desired {
         match saved.get(name) {
             None => reasons.push(format!("ipset {name} is missing")),
-            Some(s) if !same_type(s, set) => {
-                reasons.push(format!("ipset {name} is a {}, want {}", s.kind, set.kind.type_name()))
-            }
+            Some(s) if !same_type(s, set) => reasons.push(format!(
+                "ipset {name} is a {}, want {}",
+                s.kind,
+                set.kind.type_name()
+            )),
             Some(s) if s.members != set.members => {
                 let missing = set.members.difference(&s.members).count();
                 let extra = s.members.difference(&set.members).count();
@@ -382,7 +384,12 @@ create SWYD-OLD hash:ip family inet hashsize 1024 maxelem 65536
         let saved = parse_save(SAVE).unwrap();
         assert_eq!(
             saved.keys().collect::<Vec<_>>(),
-            ["SWYD-6-IPVS-IPS", "SWYD-CLUSTER-IP", "SWYD-HEALTH-CHECK", "SWYD-OLD"]
+            [
+                "SWYD-6-IPVS-IPS",
+                "SWYD-CLUSTER-IP",
+                "SWYD-HEALTH-CHECK",
+                "SWYD-OLD"
+            ]
         );
         assert_eq!(saved["SWYD-6-IPVS-IPS"].family, Some(IpFamily::IPv6));
         assert_eq!(saved["SWYD-HEALTH-CHECK"].family, None);
@@ -401,7 +408,11 @@ create SWYD-OLD hash:ip family inet hashsize 1024 maxelem 65536
         let desired = DesiredSets::from([
             (
                 "SWYD-CLUSTER-IP".to_string(),
-                set(SetKind::HashIpPort, IpFamily::IPv4, &["10.96.0.10,tcp:80", "10.96.0.11,udp:53"]),
+                set(
+                    SetKind::HashIpPort,
+                    IpFamily::IPv4,
+                    &["10.96.0.10,tcp:80", "10.96.0.11,udp:53"],
+                ),
             ),
             (
                 "SWYD-HEALTH-CHECK".to_string(),
@@ -412,7 +423,10 @@ create SWYD-OLD hash:ip family inet hashsize 1024 maxelem 65536
                 "SWYD-6-IPVS-IPS".to_string(),
                 set(SetKind::HashIpPort, IpFamily::IPv6, &[]),
             ),
-            ("SWYD-NO-ENDPOINTS".to_string(), set(SetKind::HashIpPort, IpFamily::IPv4, &[])),
+            (
+                "SWYD-NO-ENDPOINTS".to_string(),
+                set(SetKind::HashIpPort, IpFamily::IPv4, &[]),
+            ),
         ]);
         let (add, remove) = batches(&desired, &saved);
         assert_eq!(

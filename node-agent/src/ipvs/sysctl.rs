@@ -103,13 +103,10 @@ impl FakeSysctls {
 
 impl Sysctls for FakeSysctls {
     fn get(&mut self, path: &str) -> Result<String, Error> {
-        self.lock()
-            .get(path)
-            .cloned()
-            .ok_or_else(|| Error::Sysctl {
-                path: proc_path(path),
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            })
+        self.lock().get(path).cloned().ok_or_else(|| Error::Sysctl {
+            path: proc_path(path),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })
     }
 
     fn set(&mut self, path: &str, value: &str) -> Result<(), Error> {
@@ -127,7 +124,11 @@ mod tests {
         assert_eq!(kernel_version("6.1.0-57-amd64"), Some((6, 1)));
         assert_eq!(kernel_version("5.4.0"), Some((5, 4)));
         assert_eq!(kernel_version("garbage"), None);
-        let has_reuse = |release| wanted(release).iter().any(|(p, _)| p.ends_with("conn_reuse_mode"));
+        let has_reuse = |release| {
+            wanted(release)
+                .iter()
+                .any(|(p, _)| p.ends_with("conn_reuse_mode"))
+        };
         assert!(!has_reuse("6.1.0-57-amd64"));
         assert!(!has_reuse("5.9.0"));
         assert!(has_reuse("5.4.0-100-generic"));

@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use switchyard_api::{Backend, NodeForwardingPlanSpec, SyncMode};
+use switchyard_api::{Backend, NodeForwardingPlanSpec, ServiceFailure, SyncMode};
 
 use crate::error::Error;
 
@@ -86,4 +86,17 @@ pub trait Dataplane: Send {
 
     /// Forgets the model (the next sync is full and re-reads the kernel).
     fn forget(&mut self);
+
+    /// Entries the last successful sync could not program although everything else was applied (the
+    /// kernel refused one IPVS virtual server, say); the status lists them. Backends that apply all or
+    /// nothing have none.
+    fn entry_failures(&self) -> Vec<ServiceFailure> {
+        Vec::new()
+    }
+
+    /// Why this backend is in use instead of the one the plan asks for (e.g. IPVS is unavailable on this
+    /// node), when the backend knows; `None` leaves the syncer's generic explanation.
+    fn fallback_reason(&self) -> Option<String> {
+        None
+    }
 }

@@ -346,7 +346,7 @@ impl Syncer {
             return self.reject(reasons::INVALID_PLAN, message);
         }
         let skip = report.bad_entries();
-        let entry_failures = entry_failures(&spec, &report);
+        let mut entry_failures = entry_failures(&spec, &report);
         for failure in &entry_failures {
             tracing::warn!(entry = %failure.service, reason = %failure.reason, "skipping invalid entry");
         }
@@ -361,6 +361,7 @@ impl Syncer {
         let duration = started.elapsed();
         match outcome {
             Ok(outcome) => {
+                entry_failures.extend(self.dataplane.entry_failures());
                 let drift = drift.or(outcome.drift);
                 if let Some(reason) = &drift {
                     self.drift_repairs += 1;
@@ -503,8 +504,11 @@ impl Syncer {
     fn fallback_reason(&self) -> Option<String> {
         let wanted = self.applied.as_ref()?.spec.backend;
         let used = self.dataplane.backend();
-        (wanted != used)
-            .then(|| format!("the plan asks for {wanted}; this agent implements only {used} so far"))
+        (wanted != used).then(|| {
+            self.dataplane.fallback_reason().unwrap_or_else(|| {
+                format!("the plan asks for {wanted}; this agent implements only {used} so far")
+            })
+        })
     }
 
     fn update_conditions(&mut self) {
@@ -546,7 +550,7 @@ impl Syncer {
                     )
                 } else {
                     let message = format!(
-                        "{programmed} without {skipped} invalid entries; {failures} failures (see failures)"
+                        "{programmed} without {skipped} entries (invalid, or refused by the kernel); {failures} failures (see failures)"
                     );
                     (
                         (cond::TRUE, reasons::PARTIALLY_APPLIED, message.clone()),

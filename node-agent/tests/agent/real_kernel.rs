@@ -338,6 +338,12 @@ fn render_prints_what_apply_programs() {
     );
     assert!(!netns.save().contains("SWYD-"), "render touches nothing");
     let out = netns.agent(&["render", "--plan", &plan, "--backend", "ipvs"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("# === IPVS (ipvsadm-restore)"), "{text}");
+    assert!(text.contains("-m set --match-set SWYD-CLUSTER-IP"), "{text}");
+    assert!(!netns.save().contains("SWYD-"), "render touches nothing");
+    let out = netns.agent(&["render", "--plan", &plan, "--backend", "bpf"]);
     assert_eq!(out.status.code(), Some(2));
 }
 

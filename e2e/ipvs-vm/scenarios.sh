@@ -1,0 +1,232 @@
+# The IPVS scenarios, run inside the VM by init.sh after lib.sh (busybox ash).
+#
+#   root namespace = the node (agent, IPVS, swyd-ipvs0)   192.168.100.1 ── veth ── client 192.168.100.2
+#   pod-a 10.244.0.2, pod-b 10.244.0.3, pod-c 10.244.0.4: /32 behind the node (gateway 10.244.0.1)
+#   each pod: `switchyard-lab serve` on tcp 8080 / udp 5353 (answers with its name and the source it
+#   saw), and a socat echo on tcp 9000 that holds connections open (for graceful removal)
+#   10.244.9.0/24: "pods on another node", routed to the client, which drops them
+#
+# Order matters: the fallback scenario runs first, while ip_vs has never been loaded.
+
+NODE=192.168.100.1
+CLIENT=192.168.100.2
+PLAN=/tmp/plan.yaml
+STATUS=/tmp/status.yaml
+
+# --- topology ------------------------------------------------------------------------------------
+modprobe veth
+modprobe dummy
+ip link set lo up
+echo 1 >/proc/sys/net/ipv4/ip_forward
+ip netns add client
+ip link add vcl type veth peer name eth0 netns client
+ip addr add $NODE/24 dev vcl
+ip link set vcl up
+ip -n client link set lo up
+ip -n client addr add $CLIENT/24 dev eth0
+ip -n client link set eth0 up
+ip -n client route add default via $NODE
+ip route add 10.244.9.0/24 via $CLIENT
+
+pod() {
+  ip netns add "$1"
+  ip link add "v$1" type veth peer name eth0 netns "$1"
+  ip addr add 10.244.0.1/32 dev "v$1"
+  ip link set "v$1" up
+  ip route add "$2/32" dev "v$1"
+  ip -n "$1" link set lo up
+  ip -n "$1" addr add "$2/32" dev eth0
+  ip -n "$1" link set eth0 up
+  ip -n "$1" route add 10.244.0.1 dev eth0
+  ip -n "$1" route add default via 10.244.0.1
+  ip netns exec "$1" /mnt/host/switchyard-lab serve --name "$1" --tcp 8080 --udp 5353 >"/tmp/$1.log" 2>&1 &
+  ip netns exec "$1" /usr/bin/socat TCP-LISTEN:9000,fork,reuseaddr SYSTEM:"echo $1; exec cat" >/dev/null 2>&1 &
+}
+pod pod-a 10.244.0.2
+pod pod-b 10.244.0.3
+pod pod-c 10.244.0.4
+# Something listening on every node address, port 81: reaching it through a service IP must be refused.
+lab serve --name node --tcp 81 >/tmp/node81.log 2>&1 &
+
+probe() { lab probe "$@" --timeout-ms 2000; }
+# answers COUNT DST [NETNS]: the JSON tally of COUNT TCP probes from the client (or NETNS).
+tally() { lab probe tcp "$2" --netns "${3:-client}" --count "$1" --timeout-ms 2000 2>/dev/null; }
+contains() { case "$1" in *"$2"*) return 0 ;; *) echo "expected '$2' in: $1"; return 1 ;; esac; }
+lacks() { case "$1" in *"$2"*) echo "did not expect '$2' in: $1"; return 1 ;; *) return 0 ;; esac; }
+not() { if "$@" >/dev/null 2>&1; then echo "unexpectedly true: $*"; return 1; fi; }
+# one_pod TALLY N: all N answers came from a single pod.
+one_pod() { echo "$1" | grep -Eq '"answered":\{"pod-.":'"$2"'\}' || { echo "not all from one pod: $1"; return 1; }; }
+# masq_reals VS WEIGHT: how many masquerading real servers of VS have WEIGHT.
+masq_reals() { ipvsadm -Ln -t "$1" | awk -v w="$2" '$3 == "Masq" && $4 == w' | wc -l; }
+count_is() { local n="$1"; shift; [ "$("$@")" -eq "$n" ] || { echo "$*: $("$@") instead of $n"; return 1; }; }
+# real_state VS REAL: "weight/active" of one real server ("" when absent).
+real_state() { ipvsadm -Ln -t "$1" | awk -v r="$2" '$2 == r {print $4 "/" $5}'; }
+state_is() { [ "$(real_state "$1" "$2")" = "$3" ] || { echo "$2 of $1 is '$(real_state "$1" "$2")', want '$3'"; return 1; }; }
+on_dummy() { /usr/sbin/ip -o addr show dev swyd-ipvs0 2>/dev/null | grep -q " $1/"; }
+has_vs() { ipvsadm -Ln | grep -q "$1"; }
+in_status() { grep -q "$1" $STATUS; }
+first_line_from() { /usr/sbin/ip netns exec client sh -c "echo | /usr/bin/socat -T 2 - TCP:$1" 2>/dev/null | head -n 1; }
+eventually 20 probe tcp 10.244.0.2:8080 >/dev/null && eventually 20 probe tcp 10.244.0.4:8080 >/dev/null \
+  || diag "pods did not come up: $(cat /tmp/pod-*.log)"
+
+# write_plan REVISION BACKEND <<services: a bare NodeForwardingPlan spec, replaced atomically.
+write_plan() {
+  {
+    cat <<EOF
+nodeName: vm-node
+nodeIPs: ["$NODE"]
+podCIDRs: ["10.244.0.0/24"]
+backend: $2
+cluster:
+  detectLocal: ClusterCIDR
+  localTrafficCIDRs: ["10.244.0.0/16"]
+  masqueradeBit: 14
+  nodePortAddresses: ["primary"]
+revision: "$1"
+summary: {services: 0, endpoints: 0}
+services:
+EOF
+    cat
+  } >/tmp/plan.tmp && mv /tmp/plan.tmp $PLAN
+}
+applied() { grep -q "observedRevision: $1\$" $STATUS 2>/dev/null; }
+ep() { echo "  - {ip: $1, port: $2, cluster: true, local: true, onNode: true}"; }
+remote_ep() { echo "  - {ip: $1, port: $2, cluster: true}"; }
+svc() { # name ip port [extra yaml lines...]
+  local name="$1" ip="$2" port="$3"
+  shift 3
+  printf '%s\n' "- name: default/$name" "  protocol: TCP" "  family: IPv4" "  clusterIP: $ip" "  port: $port"
+  for line in "$@"; do echo "  $line"; done
+}
+ab() { echo "  endpoints:"; ep 10.244.0.2 "${1:-8080}"; ep 10.244.0.3 "${1:-8080}"; }
+
+# --- 1. fallback: a plan asking for IPVS where the module cannot be loaded ------------------------------
+echo "install ip_vs /bin/false" >/etc/modprobe.d/switchyard-vm-test.conf
+{ svc a-rr:http 10.96.0.10 80 "hasEndpoints: true"; ab; } | write_plan r0 ipvs
+out=$(agent apply --plan $PLAN 2>/tmp/apply.err)
+check "fallback: apply succeeds with ip_vs unloadable" test $? -eq 0
+check "fallback: status says iptables is in use" contains "$out" "backend: iptables"
+check "fallback: status says why (backendReason)" contains "$out" "IPVS is unavailable"
+check "fallback: Degraded/BackendFallback condition" contains "$out" "reason: BackendFallback"
+t=$(tally 10 10.96.0.10:80)
+check "fallback: traffic is forwarded by iptables" contains "$t" '"timed_out":0'
+check "fallback: both endpoints answer" sh -c "echo '$t' | grep -q pod-a && echo '$t' | grep -q pod-b"
+check "fallback: ip_vs stayed unloaded" not grep -q '^ip_vs ' /proc/modules
+agent cleanup >/dev/null 2>&1
+check "fallback: cleanup removes the iptables rules" not sh -c "iptables-save | grep -q SWYD"
+rm /etc/modprobe.d/switchyard-vm-test.conf
+# mh is blacklisted for a while: a kernel error on one virtual server must not stop the others.
+echo "install ip_vs_mh /bin/false" >/etc/modprobe.d/switchyard-vm-test.conf
+
+# --- 2. the IPVS backend under `run` ----------------------------------------------------------------------
+services_r1() {
+  svc a-rr:http 10.96.0.10 80 "scheduler: rr" "hasEndpoints: true"; ab
+  svc b-wrr:http 10.96.0.11 80 "scheduler: wrr" "hasEndpoints: true"; ab
+  svc c-sh:http 10.96.0.12 80 "scheduler: sh" "hasEndpoints: true"; ab; ep 10.244.0.4 8080
+  svc d-affinity:http 10.96.0.13 80 "affinityTimeoutSeconds: 10800" "hasEndpoints: true"; ab
+  svc e-nodeport:http 10.96.0.14 80 "nodePort: 30080" "hasEndpoints: true"; ab
+  svc f-local:http 10.96.0.15 80 "nodePort: 30081" "externalPolicy: Local" "hasEndpoints: true" "endpoints:"
+  ep 10.244.0.2 8080; remote_ep 10.244.9.9 8080
+  svc g-none:http 10.96.0.16 80 "nodePort: 30082" "hasEndpoints: false"
+  svc h-nolocal:http 10.96.0.17 80 "nodePort: 30083" "externalPolicy: Local" "hasEndpoints: true" "endpoints:"
+  remote_ep 10.244.9.9 8080
+  printf '%s\n' "- name: default/i-udp:dns" "  protocol: UDP" "  family: IPv4" "  clusterIP: 10.96.0.18" "  port: 53" \
+    "  hasEndpoints: true" "  endpoints:"
+  ep 10.244.0.2 5353
+  for s in lc:20 dh:21 sed:22 nq:23 mh:24; do
+    svc "s-${s%:*}:http" "10.96.0.${s#*:}" 80 "scheduler: ${s%:*}" "hasEndpoints: true"; ab
+  done
+  svc z-graceful:hold 10.96.0.30 80 "hasEndpoints: true" "endpoints:"; ep 10.244.0.2 9000
+}
+services_r1 | write_plan r1 ipvs
+/mnt/host/switchyard-lab agent run --plan-file $PLAN --status-file $STATUS --resync-period 1s --min-sync-interval 200ms \
+  --poll-interval 100ms --ipvs-graceful-period 120s --metrics-bind 127.0.0.1:10263 >/tmp/agent.log 2>&1 &
+AGENT=$!
+if ! eventually 60 applied r1; then diag "agent log: $(tail -n 20 /tmp/agent.log)"; fi
+check "ipvs: plan r1 applied with the IPVS backend" grep -q "backend: ipvs" $STATUS
+check "ipvs: no backendReason" not in_status backendReason
+list=$(ipvsadm -Ln)
+check "ipvs: rr virtual server with two masquerading real servers" count_is 2 masq_reals 10.96.0.10:80 1
+check "ipvs: service IPs sit on swyd-ipvs0" on_dummy 10.96.0.30
+check "ipvs: sysctl vs/conntrack=1" grep -qx 1 /proc/sys/net/ipv4/vs/conntrack
+check "ipvs: sysctl vs/expire_nodest_conn=1" grep -qx 1 /proc/sys/net/ipv4/vs/expire_nodest_conn
+
+t=$(tally 20 10.96.0.10:80)
+check "rr: exact 10/10 spread" contains "$t" '"answered":{"pod-a":10,"pod-b":10}'
+check "rr: off-cluster client is masqueraded" lacks "$t" "$CLIENT"
+t=$(tally 20 10.96.0.11:80)
+check "wrr: exact 10/10 spread at equal weights" contains "$t" '"answered":{"pod-a":10,"pod-b":10}'
+t=$(tally 20 10.96.0.12:80)
+check "sh: one source pinned to one real server" one_pod "$t" 20
+t=$(tally 20 10.96.0.13:80)
+check "ClientIP affinity: persistence keeps the client on one pod" one_pod "$t" 20
+check "ClientIP affinity: persistent 10800 in IPVS" contains "$list" "10.96.0.13:80 rr persistent 10800"
+t=$(tally 10 $NODE:30080)
+check "NodePort: answered on the node address" contains "$t" '"timed_out":0,"errors":0'
+check "NodePort: eTP=Cluster traffic is masqueraded" lacks "$t" "$CLIENT"
+t=$(tally 10 $NODE:30081)
+check "eTP=Local: only the local endpoint serves the NodePort" contains "$t" '"answered":{"pod-a":10}'
+check "eTP=Local: the client IP is kept" contains "$t" "\"$CLIENT\":10"
+check "no endpoints: ClusterIP REJECTs" contains "$(probe tcp 10.96.0.16:80 --netns client)" refused
+check "no endpoints: NodePort REJECTs" contains "$(probe tcp $NODE:30082 --netns client)" refused
+check "eTP=Local without local endpoints: NodePort DROPs" \
+  contains "$(lab probe tcp $NODE:30083 --netns client --timeout-ms 1000)" timed_out
+check "filter: the node's own port 81 answers on its address" contains "$(probe tcp $NODE:81 --netns client)" answered
+check "filter: other ports of a service IP are REJECTed" contains "$(probe tcp 10.96.0.10:81 --netns client)" refused
+check "UDP: answered through IPVS" contains "$(probe udp 10.96.0.18:53 --netns client)" pod-a
+t=$(tally 10 10.96.0.10:80 pod-a)
+check "hairpin: a pod reaches itself through its service" contains "$t" '"timed_out":0,"errors":0'
+for s in lc:20 dh:21 sed:22 nq:23; do
+  check "scheduler ${s%:*}: programmed" contains "$list" "10.96.0.${s#*:}:80 ${s%:*}"
+  check "scheduler ${s%:*}: all 10 connections answered" contains "$(tally 10 "10.96.0.${s#*:}:80")" '"timed_out":0,"errors":0'
+done
+check "kernel error: the mh service is reported for its entry" in_status "default/s-mh:http"
+check "kernel error: the others are applied (PartiallyApplied)" in_status PartiallyApplied
+rm /etc/modprobe.d/switchyard-vm-test.conf
+check "kernel error: mh is programmed once the module loads (retried)" eventually 20 has_vs "10.96.0.24:80 mh"
+check "kernel error: the failure clears" eventually 20 not in_status "default/s-mh"
+
+# --- 3. drift repair ---------------------------------------------------------------------------------------
+ipvsadm -D -t 10.96.0.10:80
+ip addr del 10.96.0.11/32 dev swyd-ipvs0
+check "drift: a deleted virtual server comes back" eventually 20 count_is 2 masq_reals 10.96.0.10:80 1
+check "drift: a removed service address comes back" eventually 20 on_dummy 10.96.0.11
+check "drift: repairs are counted in status" eventually 10 not in_status "driftRepairs: 0"
+
+# --- 4. graceful removal ------------------------------------------------------------------------------------
+/usr/sbin/ip netns exec client /usr/bin/socat -u EXEC:"sleep 600" TCP:10.96.0.30:80 &
+HOLD=$!
+check "graceful: a held connection is active on pod-a" eventually 10 state_is 10.96.0.30:80 10.244.0.2:9000 1/1
+{ services_r1 | sed '$d'; ep 10.244.0.3 9000; } | write_plan r2 ipvs
+eventually 20 applied r2 || diag "r2 not applied: $(tail -n 5 /tmp/agent.log)"
+check "graceful: the leaving real server has weight 0 and keeps its connection" state_is 10.96.0.30:80 10.244.0.2:9000 0/1
+check "graceful: the new real server takes new connections" contains "$(first_line_from 10.96.0.30:80)" pod-b
+sleep 3
+check "graceful: still there, drained, 3 resyncs later while busy" state_is 10.96.0.30:80 10.244.0.2:9000 0/1
+kill $HOLD
+check "graceful: deleted once its connection closed" eventually 15 state_is 10.96.0.30:80 10.244.0.2:9000 ""
+
+# --- 5. switching the backend to iptables ------------------------------------------------------------------
+services_r1 | write_plan r3 iptables
+check "switch: plan r3 (iptables) applied" eventually 30 applied r3
+check "switch: IPVS virtual servers removed" not has_vs 10.96.0.10
+check "switch: swyd-ipvs0 removed" not /usr/sbin/ip link show swyd-ipvs0
+check "switch: no SWYD ipsets left" not sh -c "ipset list -n | grep -q SWYD"
+check "switch: iptables forwards the rr service" contains "$(tally 10 10.96.0.10:80)" '"timed_out":0,"errors":0'
+services_r1 | write_plan r4 ipvs
+check "switch back: plan r4 (ipvs) applied" eventually 30 applied r4
+check "switch back: no iptables-mode service chains remain" not sh -c "iptables-save -t nat | grep -q SWYD-SVC-"
+check "switch back: IPVS forwards again" contains "$(tally 20 10.96.0.10:80)" '"answered":{"pod-a":10,"pod-b":10}'
+
+# --- 6. cleanup ------------------------------------------------------------------------------------------------
+ipvsadm -A -t 192.0.2.1:80 -s rr
+kill $AGENT
+wait $AGENT 2>/dev/null
+check "stop: the rules stay when the agent stops" has_vs 10.96.0.10:80
+agent cleanup >/tmp/cleanup.out 2>&1
+check "cleanup: exits 0" test $? -eq 0
+check "cleanup: no virtual server of ours left" not sh -c "ipvsadm -Ln | grep -Eq '10\.96\.0\.|192\.168\.100\.1:'"
+check "cleanup: another tool's virtual server is left alone" has_vs 192.0.2.1:80
+check "cleanup: swyd-ipvs0 is gone" not /usr/sbin/ip link show swyd-ipvs0
+check "cleanup: no SWYD ipsets left" not sh -c "ipset list -n | grep -q SWYD"
+check "cleanup: no SWYD iptables rules left" not sh -c "iptables-save | grep -q SWYD"

@@ -1,0 +1,577 @@
+//! The lab scenario suite, shared by the backends: the example cluster (`examples/cluster.yaml`) in the
+//! lab, with the planner's plans applied by one `switchyard-agent` per node, and changes applied as the
+//! live controller would (new plan files, partial syncs). Each backend's test file runs every scenario
+//! with a [`Suite`] whose controller config sets `defaultBackend`; what differs per backend (how to
+//! tamper with the rules, how to see that cleanup removed them) is in [`Suite`]. Needs root (see
+//! `common::lab_allowed`).
+
+use std::{path::PathBuf, time::Duration};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use switchyard_api::{Backend, SyncMode, conditions};
+use switchyard_e2e::{
+    ClusterDescription, Deployed, Place, Proto,
+    checks::{self, Check, Expect, answered, answered_from, spread},
+    demo::example_checks,
+};
+
+fn repo(path: &str) -> PathBuf {
+    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    p.pop();
+    p.push(path);
+    p
+}
+
+fn example() -> ClusterDescription {
+    ClusterDescription::from_file(&repo("examples/cluster.yaml")).unwrap()
+}
+
+/// One backend's run of the suite.
+#[derive(Debug, Clone, Copy)]
+pub struct Suite {
+    /// The backend the controller config asks for (`defaultBackend`).
+    pub backend: Backend,
+}
+
+impl Suite {
+    fn config(&self) -> switchyard_controller::Config {
+        let mut config =
+            switchyard_controller::Config::load(&repo("examples/controller-config.yaml")).unwrap();
+        config.default_backend = self.backend;
+        config
+    }
+
+    /// Removes the service dispatch rules behind the agent's back, as an admin or a firewall reload would.
+    fn tamper(&self, deployed: &Deployed, node: &str) {
+        let argv: &[&str] = match self.backend {
+            Backend::Nftables => &["nft", "flush", "chain", "ip", "switchyard", "services"],
+            _ => &["iptables", "-t", "nat", "-F", "SWYD-SERVICES"],
+        };
+        let out = deployed.exec_in_node(node, argv).unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Creates someone else's object next to ours, which cleanup must leave alone.
+    fn add_foreign_object(&self, deployed: &Deployed, node: &str) {
+        let argv: &[&str] = match self.backend {
+            Backend::Nftables => &["nft", "add", "table", "ip", "other"],
+            _ => &["iptables", "-t", "nat", "-N", "OTHER-CHAIN"],
+        };
+        let out = deployed.exec_in_node(node, argv).unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// After cleanup: nothing of ours is left (in either backend), the foreign object is.
+    fn assert_cleaned(&self, deployed: &Deployed, node: &str) {
+        for table in ["nat", "filter"] {
+            let save = deployed
+                .exec_in_node(node, &["iptables-save", "-t", table])
+                .unwrap();
+            let text = String::from_utf8_lossy(&save.stdout);
+            assert!(!text.contains("SWYD"), "{table} still has our rules:\n{text}");
+        }
+        let tables = deployed.exec_in_node(node, &["nft", "list", "tables"]).unwrap();
+        let tables = String::from_utf8_lossy(&tables.stdout);
+        assert!(
+            !tables.contains("switchyard"),
+            "our nftables tables remain:\n{tables}"
+        );
+        match self.backend {
+            Backend::Nftables => assert!(tables.contains("table ip other"), "{tables}"),
+            _ => {
+                let nat = deployed
+                    .exec_in_node(node, &["iptables-save", "-t", "nat"])
+                    .unwrap();
+                assert!(String::from_utf8_lossy(&nat.stdout).contains(":OTHER-CHAIN"));
+            }
+        }
+    }
+
+    /// The node's rules are in this suite's backend, and only there.
+    fn assert_programmed(&self, deployed: &Deployed, node: &str) {
+        let save = deployed
+            .exec_in_node(node, &["iptables-save", "-t", "nat"])
+            .unwrap();
+        let iptables = String::from_utf8_lossy(&save.stdout).contains(":SWYD-SERVICES");
+        let table = deployed
+            .exec_in_node(node, &["nft", "list", "table", "ip", "switchyard"])
+            .unwrap();
+        let nftables = table.status.success();
+        let want_nftables = self.backend == Backend::Nftables;
+        assert_eq!(
+            (iptables, nftables),
+            (!want_nftables, want_nftables),
+            "{node}: SWYD chains {iptables}, nftables table {nftables}"
+        );
+    }
+
+    /// The example cluster deployed, or `None` when lab tests are skipped.
+    fn deployed(&self, test: &str) -> Option<Deployed> {
+        if !crate::common::lab_allowed(test) {
+            return None;
+        }
+        let deployed = Deployed::up(example(), self.config(), crate::common::options()).unwrap();
+        for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+            deployed
+                .lab
+                .client_route_via(cidr.parse().unwrap(), "node-a")
+                .unwrap();
+        }
+        Some(deployed)
+    }
+}
+
+fn must_pass(deployed: &Deployed, check: Check) {
+    let outcome = checks::run(&deployed.lab, &check).unwrap();
+    assert!(outcome.passed(), "{outcome}");
+}
+
+fn slice_mut<'a>(description: &'a mut ClusterDescription, name: &str) -> &'a mut EndpointSlice {
+    description
+        .endpoint_slices
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some(name))
+        .unwrap()
+}
+
+pub fn example_cluster_forwards_like_kube_proxy(suite: Suite) {
+    let Some(deployed) = suite.deployed("example_cluster_forwards_like_kube_proxy") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for check in example_checks() {
+        let outcome = checks::run(&deployed.lab, &check).unwrap();
+        if !outcome.passed() {
+            failures.push(outcome.to_string());
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for node in ["node-a", "node-b", "node-c"] {
+        let status = deployed.status(node).unwrap().unwrap();
+        assert_eq!(status.backend, Some(suite.backend), "{node}: {status:?}");
+        assert_eq!(status.backend_reason, None, "{node}: {status:?}");
+        suite.assert_programmed(&deployed, node);
+    }
+}
+
+pub fn node_ports_hairpin_and_snat(suite: Suite) {
+    let Some(deployed) = suite.deployed("node_ports_hairpin_and_snat") else {
+        return;
+    };
+    // eTP=Cluster NodePort: reachable through every node, SNATed to the node it entered.
+    for (node, ip) in [
+        ("node-a", "192.168.10.11"),
+        ("node-b", "192.168.10.12"),
+        ("node-c", "192.168.10.13"),
+    ] {
+        let to = format!("{ip}:32701");
+        must_pass(
+            &deployed,
+            Check::tcp(
+                &format!("NodePort via {node}"),
+                Place::Client,
+                &to,
+                4,
+                answered_from(&["nginx-gateway"], ip),
+            ),
+        );
+        must_pass(
+            &deployed,
+            Check::tcp(
+                &format!("heketi via {node}"),
+                Place::Client,
+                &format!("{ip}:31131"),
+                2,
+                answered(&["heketi"]),
+            ),
+        );
+    }
+    // nodePort 30080 → port 80 → named targetPort "http" = 8080 on the pod.
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "named targetPort",
+            Place::Client,
+            "192.168.10.12:30080",
+            3,
+            answered_from(&["web-2"], "192.168.10.200"),
+        ),
+    );
+    // Hairpin: the heketi pod reaching itself through its own Service is masqueraded to its node.
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "hairpin",
+            Place::pod("heketi-5f6b8c7d9-kx2lq"),
+            "10.96.125.27:8080",
+            3,
+            answered_from(&["heketi"], "192.168.10.12"),
+        ),
+    );
+    // ClusterIP from a pod on the same node as a backend and from another node: pod IPs kept.
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "same node",
+            Place::pod("web-1"),
+            "10.96.0.80:80",
+            20,
+            spread(&["apache-6d4cf56db6-a1", "apache-6d4cf56db6-b2"]),
+        ),
+    );
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "other node",
+            Place::pod("legacy-api-0"),
+            "10.96.0.80:80",
+            5,
+            answered_from(&["apache"], "10.244.3.80"),
+        ),
+    );
+}
+
+pub fn source_ranges_filter_load_balancer_traffic_but_not_node_ports(suite: Suite) {
+    let Some(mut deployed) = suite.deployed("source_ranges_filter_load_balancer_traffic_but_not_node_ports")
+    else {
+        return;
+    };
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "allowed client",
+            Place::Client,
+            "203.0.113.10:80",
+            3,
+            answered(&["web-1"]),
+        ),
+    );
+    let mut description = deployed.description().clone();
+    let web = description
+        .services
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("web-lb"))
+        .unwrap();
+    web.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+    deployed.replan(description).unwrap();
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "denied client",
+            Place::Client,
+            "203.0.113.10:80",
+            2,
+            Expect::Dropped,
+        ),
+    );
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "NodePort is never filtered",
+            Place::Client,
+            "192.168.10.11:30080",
+            3,
+            answered(&["web-1"]),
+        ),
+    );
+}
+
+pub fn an_endpoint_change_is_a_partial_sync(suite: Suite) {
+    let Some(mut deployed) = suite.deployed("an_endpoint_change_is_a_partial_sync") else {
+        return;
+    };
+    let mut description = deployed.description().clone();
+    let apache = slice_mut(&mut description, "apache-x7k2p");
+    apache
+        .endpoints
+        .as_mut()
+        .unwrap()
+        .retain(|e| e.addresses[0] != "10.244.1.10");
+    deployed.replan(description).unwrap();
+    for node in ["node-a", "node-b", "node-c"] {
+        let status = deployed.status(node).unwrap().unwrap();
+        assert_eq!(
+            status.last_sync_mode,
+            Some(SyncMode::Partial),
+            "{node}: {status:?}"
+        );
+    }
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "only the remaining backend",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            10,
+            answered(&["apache-6d4cf56db6-b2"]),
+        ),
+    );
+    // Scaling to zero: REJECT (refused at once); scaling back: forwarding again.
+    let mut description = deployed.description().clone();
+    slice_mut(&mut description, "apache-x7k2p").endpoints = Some(vec![]);
+    deployed.replan(description).unwrap();
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "no endpoints",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            2,
+            Expect::Refused,
+        ),
+    );
+    deployed.replan(example()).unwrap();
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "back",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            10,
+            answered(&["apache"]),
+        ),
+    );
+}
+
+pub fn stale_udp_conntrack_entries_are_removed_after_an_endpoint_change(suite: Suite) {
+    let Some(mut deployed) =
+        suite.deployed("stale_udp_conntrack_entries_are_removed_after_an_endpoint_change")
+    else {
+        return;
+    };
+    // DNS from a pod on node-a goes to node-local-dns-a (iTP=Local); the flow is tracked on node-a.
+    must_pass(
+        &deployed,
+        Check::udp(
+            "dns",
+            Place::pod("apache-6d4cf56db6-a1"),
+            "10.96.0.53:53",
+            3,
+            answered(&["node-local-dns-a"]),
+        ),
+    );
+    let flows = |d: &Deployed| -> String {
+        let out = d
+            .exec_in_node(
+                "node-a",
+                &["conntrack", "-L", "-p", "udp", "--orig-dst", "10.96.0.53"],
+            )
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        flows(&deployed).contains("src=10.244.1.53"),
+        "{}",
+        flows(&deployed)
+    );
+    // node-local-dns-a moves to a new address: flows to the old one must go.
+    let mut description = deployed.description().clone();
+    let dns = slice_mut(&mut description, "node-local-dns-z8r2c");
+    for endpoint in dns.endpoints.as_mut().unwrap() {
+        if endpoint.addresses[0] == "10.244.1.53" {
+            endpoint.addresses[0] = "10.244.1.54".into();
+        }
+    }
+    deployed.replan(description).unwrap();
+    let after = flows(&deployed);
+    assert!(
+        !after.contains("src=10.244.1.53"),
+        "stale UDP flows remain:\n{after}"
+    );
+}
+
+pub fn a_killed_agent_leaves_rules_working_and_a_restart_reuses_them(suite: Suite) {
+    let Some(mut deployed) = suite.deployed("a_killed_agent_leaves_rules_working_and_a_restart_reuses_them")
+    else {
+        return;
+    };
+    deployed.stop_agent("node-c");
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "still forwarding",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            5,
+            answered(&["apache"]),
+        ),
+    );
+    // The restarted agent syncs (full, reusing the kernel's rules) and reports afresh.
+    std::fs::remove_file(deployed.status_path("node-c")).unwrap();
+    deployed.start_agent("node-c").unwrap();
+    deployed.wait_applied(Duration::from_secs(20)).unwrap();
+    let status = deployed.status("node-c").unwrap().unwrap();
+    assert_eq!(status.last_sync_mode, Some(SyncMode::Full));
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "after restart",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            5,
+            answered(&["apache"]),
+        ),
+    );
+}
+
+pub fn drift_is_repaired_within_a_resync_period(suite: Suite) {
+    let Some(deployed) = suite.deployed("drift_is_repaired_within_a_resync_period") else {
+        return;
+    };
+    suite.tamper(&deployed, "node-b");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = deployed.status("node-b").unwrap().unwrap();
+        if status.drift_repairs >= 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "drift not repaired: {status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "repaired",
+            Place::pod("web-2"),
+            "10.96.0.80:80",
+            5,
+            answered(&["apache"]),
+        ),
+    );
+}
+
+pub fn bad_plans_keep_the_last_good_rules(suite: Suite) {
+    let Some(deployed) = suite.deployed("bad_plans_keep_the_last_good_rules") else {
+        return;
+    };
+    // A plan entry the agent cannot use: reported, the rest applied.
+    let mut plan = deployed.plan("node-a").unwrap().remove(0);
+    let bad = plan
+        .spec
+        .services
+        .iter_mut()
+        .find(|s| s.name == "default/apache")
+        .unwrap();
+    bad.cluster_ip = "10.96.0.999".into();
+    deployed
+        .write_raw_plan("node-a", &serde_saphyr::to_string(&plan).unwrap())
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        let status = deployed.status("node-a").unwrap().unwrap();
+        if !status.failures.is_empty() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "bad entry not reported");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        status.failures[0].service.contains("default/apache"),
+        "{status:?}"
+    );
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "other services",
+            Place::pod("web-1"),
+            "10.97.97.97:80",
+            3,
+            answered(&["nginx-pod"]),
+        ),
+    );
+
+    // A malformed plan is rejected whole: InvalidPlan, and the last good rules keep forwarding.
+    deployed
+        .write_raw_plan(
+            "node-a",
+            "apiVersion: switchyard.io/v1alpha1\nkind: NodeForwardingPlan\nspec: {nodeName: \"\"}\n",
+        )
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = deployed.status("node-a").unwrap().unwrap();
+        let applied = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::APPLIED)
+            .cloned();
+        if applied
+            .as_ref()
+            .is_some_and(|c| c.status == conditions::status::FALSE)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "malformed plan not reported: {status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    must_pass(
+        &deployed,
+        Check::tcp(
+            "last good rules",
+            Place::pod("web-1"),
+            "10.97.97.97:80",
+            3,
+            answered(&["nginx-pod"]),
+        ),
+    );
+}
+
+pub fn cleanup_removes_exactly_what_the_agent_made(suite: Suite) {
+    let Some(mut deployed) = suite.deployed("cleanup_removes_exactly_what_the_agent_made") else {
+        return;
+    };
+    // Someone else's object in the same namespace must survive.
+    suite.add_foreign_object(&deployed, "node-a");
+    deployed.stop_agent("node-a");
+    let lab_binary = deployed.lab.options().lab_binary.display().to_string();
+    let out = deployed
+        .exec_in_node("node-a", &[&lab_binary, "agent", "cleanup"])
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    suite.assert_cleaned(&deployed, "node-a");
+    let probe = deployed
+        .lab
+        .probe(
+            &Place::pod("web-1"),
+            Proto::Tcp,
+            "10.96.0.80:80".parse().unwrap(),
+            Duration::from_millis(700),
+        )
+        .unwrap();
+    assert!(
+        !probe.is_answered(),
+        "service traffic still forwarded after cleanup"
+    );
+}
+
+pub fn a_cluster_policy_udp_service_spreads_over_every_endpoint(suite: Suite) {
+    let Some(mut deployed) = suite.deployed("a_cluster_policy_udp_service_spreads_over_every_endpoint")
+    else {
+        return;
+    };
+    // node-local-dns with internalTrafficPolicy Cluster: a plain UDP service (nftables: class maps).
+    let mut description = deployed.description().clone();
+    let dns = description
+        .services
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("node-local-dns"))
+        .unwrap();
+    dns.spec.as_mut().unwrap().internal_traffic_policy = Some("Cluster".into());
+    deployed.replan(description).unwrap();
+    must_pass(
+        &deployed,
+        Check::udp(
+            "UDP over the Cluster policy",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.53:53",
+            30,
+            spread(&["node-local-dns-a", "node-local-dns-b"]),
+        ),
+    );
+}

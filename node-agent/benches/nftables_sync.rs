@@ -1,0 +1,316 @@
+//! Agent nftables benchmark, against the real kernel in throwaway network namespaces (root).
+//!
+//! For 1,000 / 5,000 / 10,000 ClusterIP services × 5 endpoints: a full sync in a fresh namespace
+//! (validate + render + one `nft -f -`, through the real [`Syncer`] and edge), a restart's full sync
+//! (a second agent reads the table back with `nft -j list table` and finds nothing to change), the
+//! cheap drift check (netlink), and at the largest size a one-service partial sync (one endpoint
+//! replaced; median of 5). Then the peak RSS of the real `switchyard-agent apply --plan` process at that
+//! size. Prints one table.
+//!
+//! ```text
+//! cargo bench -p switchyard-agent --bench nftables_sync                         # about a minute
+//! SWITCHYARD_BENCH_SMOKE=1 cargo bench -p switchyard-agent --bench nftables_sync  # seconds
+//! SWITCHYARD_BENCH_SIZES=1000,5000 cargo bench -p switchyard-agent --bench nftables_sync
+//! ```
+//!
+//! Syncs run on a thread that has entered the namespace (`setns`), so the `nft` processes and netlink
+//! sockets it opens are in it too; the RSS run is `ip netns exec <ns> switchyard-agent apply`, its
+//! high-water mark read from `/proc/<pid>/status` (VmHWM) while it runs.
+
+use std::collections::HashSet;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchyard_agent::host::FixedAddrs;
+use switchyard_agent::nftables::NftablesDataplane;
+use switchyard_agent::nftables::diff::diff;
+use switchyard_agent::nftables::exec::ExecNft;
+use switchyard_agent::nftables::render;
+use switchyard_agent::sync::{SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock};
+use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
+use switchyard_api::{Backend, IpFamily, NodeForwardingPlan, NodeForwardingPlanSpec};
+
+const ENDPOINTS: u32 = 5;
+
+/// `n` ClusterIP services with 5 endpoints each, every address distinct (the iptables benchmark's plan).
+fn spec(n: u32) -> NodeForwardingPlanSpec {
+    let services = (0..n)
+        .map(|i| {
+            let mut e = entry(
+                &format!("ns{}/svc{i}:http", i / 100),
+                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+                80,
+            );
+            for j in 0..ENDPOINTS {
+                let k = i * ENDPOINTS + j;
+                e = e.with(ep(
+                    &format!("10.{}.{}.{}", 100 + k / 62_500, (k / 250) % 250, k % 250 + 1),
+                    8080,
+                ));
+            }
+            e
+        })
+        .collect();
+    let mut spec = plan("node-a", services);
+    spec.backend = Backend::Nftables;
+    finish(&mut spec);
+    spec
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}
+
+/// A named network namespace, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Result<Self, String> {
+        let name = format!("swyd-nftbench-{}-{tag}", std::process::id());
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map_err(|e| e.to_string())?
+            .success();
+        if !ok {
+            return Err(format!("ip netns add {name} failed"));
+        }
+        Ok(Self(name))
+    }
+
+    /// Runs `work` on a thread inside the namespace.
+    fn within<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        let path = format!("/run/netns/{}", self.0);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns: {e}"))?;
+            work()
+        })
+        .join()
+        .map_err(|_| "the benchmark thread panicked".to_string())?
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn syncer() -> Result<Syncer, String> {
+    let nft = ExecNft::detect().map_err(|e| e.to_string())?;
+    let dataplane = NftablesDataplane::new(nft, FixedAddrs::default());
+    Ok(Syncer::new(
+        Box::new(dataplane),
+        Arc::new(SystemClock),
+        SyncConfig::default(),
+        SyncMetrics::default(),
+    ))
+}
+
+fn applied(result: SyncResult) -> Result<(Duration, u64), String> {
+    match result {
+        SyncResult::Applied { duration, rules, .. } => Ok((duration, rules)),
+        other => Err(format!("sync did not apply: {other:?}")),
+    }
+}
+
+/// Validate, render and write the transaction nowhere: the CPU part of a fresh full sync.
+fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, usize) {
+    let start = Instant::now();
+    let skip: HashSet<usize> = switchyard_api::validate::validate(spec).bad_entries();
+    let transaction = diff(None, &render(spec, IpFamily::IPv4, None, &skip));
+    let mut bytes = Vec::new();
+    let _ = transaction.write(&mut bytes);
+    (start.elapsed(), bytes.len())
+}
+
+struct Row {
+    services: u32,
+    programmed: u64,
+    bytes: usize,
+    render: Duration,
+    full: Duration,
+    restart: Duration,
+    drift_check: Duration,
+    partial: Option<Duration>,
+}
+
+fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
+    let netns = Netns::new(&services.to_string())?;
+    let spec = spec(services);
+    let (render, bytes) = render_only(&spec);
+    let (full, programmed, restart, drift_check, partial) = netns.within(move || {
+        let mut first = syncer()?;
+        let (full, programmed) = applied(first.sync(&[Arc::new(spec.clone())]))?;
+        // A restarted agent: reads the table back, diffs, finds nothing to do.
+        let mut restarted = syncer()?;
+        let (restart, _) = applied(restarted.sync(&[Arc::new(spec.clone())]))?;
+        let started = Instant::now();
+        if let Some(result) = restarted.check_drift() {
+            return Err(format!("unexpected drift: {result:?}"));
+        }
+        let drift_check = started.elapsed();
+        let mut partial = Vec::new();
+        let mut current = spec;
+        for run in 0..partial_runs {
+            // Replace one endpoint of one service (a rolling update's step).
+            let index = current.services.len() / 2;
+            current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
+            finish(&mut current);
+            let (duration, _) = applied(restarted.sync(&[Arc::new(current.clone())]))?;
+            partial.push(duration);
+        }
+        Ok((full, programmed, restart, drift_check, partial))
+    })?;
+    Ok(Row {
+        services,
+        programmed,
+        bytes,
+        render,
+        full,
+        restart,
+        drift_check,
+        partial: (!partial.is_empty()).then(|| median(partial)),
+    })
+}
+
+/// Peak RSS (VmHWM, KiB) and wall time of `switchyard-agent apply --plan` in a fresh namespace.
+fn apply_rss(agent: &Path, services: u32) -> Result<(u64, Duration), String> {
+    let netns = Netns::new(&format!("rss-{services}"))?;
+    let dir = std::env::temp_dir().join(format!("swyd-nftbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file: PathBuf = dir.join("plan.json");
+    let spec = spec(services);
+    let object = NodeForwardingPlan::new(&spec.node_name.clone(), spec);
+    std::fs::write(&file, serde_json::to_vec(&object).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &netns.0])
+        .arg(agent)
+        .args(["apply", "--plan"])
+        .arg(&file)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_path)
+            && let Some(kib) = text
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            peak = peak.max(kib);
+        }
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let elapsed = start.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    if !status.success() {
+        return Err(format!("switchyard-agent apply exited with {status}"));
+    }
+    Ok((peak, elapsed))
+}
+
+fn run() -> Result<(), String> {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
+    // smoke check with tiny sizes (benchmarks are never timed tests).
+    let smoke =
+        std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench");
+    let mut sizes: Vec<u32> = if smoke {
+        vec![20, 100]
+    } else {
+        vec![1_000, 5_000, 10_000]
+    };
+    if let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") {
+        sizes = list.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+    }
+    let partial_runs = if smoke { 2 } else { 5 };
+    let largest = sizes.iter().copied().max().unwrap_or_default();
+    println!(
+        "agent nftables benchmark: ClusterIP services × {ENDPOINTS} endpoints, fresh network namespaces"
+    );
+    println!(
+        "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23}",
+        "services",
+        "rules+el.",
+        "nft bytes",
+        "validate+render",
+        "full sync",
+        "restart (no-op)",
+        "drift check",
+        "1-service partial (med)"
+    );
+    for &services in &sizes {
+        let runs = if services == largest { partial_runs } else { 0 };
+        let row = measure(services, runs)?;
+        println!(
+            "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23}",
+            row.services,
+            row.programmed,
+            row.bytes,
+            ms(row.render),
+            ms(row.full),
+            ms(row.restart),
+            ms(row.drift_check),
+            row.partial.map(ms).unwrap_or_else(|| "-".into())
+        );
+        let _ = std::io::stdout().flush();
+    }
+    let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
+    let (kib, wall) = apply_rss(agent, largest)?;
+    println!(
+        "peak RSS of `switchyard-agent apply --plan` ({largest} services, backend nftables, JSON plan, fresh namespace): {:.1} MiB (VmHWM), {:.1} s",
+        kib as f64 / 1024.0,
+        wall.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    if !is_root() {
+        if std::env::var("SWITCHYARD_SKIP_LAB").as_deref() == Ok("1") {
+            println!("skip nftables_sync: needs root for network namespaces (SWITCHYARD_SKIP_LAB=1)");
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("nftables_sync needs root (network namespaces); set SWITCHYARD_SKIP_LAB=1 to skip it");
+        return ExitCode::FAILURE;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

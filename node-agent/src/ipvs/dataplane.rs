@@ -1,0 +1,606 @@
+//! The IPVS backend of the [`Dataplane`] trait: render, then bring each kernel object to the rendered
+//! state by difference — never by rebuilding.
+//!
+//! ```text
+//! SyncRequest ─► sysctls (full syncs) ─► dummy: ensure swyd-ipvs0, read its addresses
+//!   ─► render(plan, local addresses without the dummy's) ─► Desired
+//!   ─► ipset restore: create sets, add members ─► glue: iptables-restore --noflush (full syncs, or when it
+//!      changed; stale SWYD chains and jump rules of the other backend removed) ─► dummy: add addresses
+//!   ─► IPVS, per virtual server (all on a full sync; on a partial one only those that changed, that are
+//!      draining, or that failed last time): list its real servers, diff::reconcile, apply the operations
+//!      (a kernel error fails that virtual server only: reported for its entry, retried next sync)
+//!   ─► dummy: remove stale addresses ─► ipset restore: delete stale members and sets ─► model
+//! check_drift ─► finish due drains ─► compare kernel (IPVS, addresses, ipsets, glue) with the model
+//! cleanup ───► our virtual servers (address on the dummy, or a NodePort in our sets), every SWYD chain
+//!              and jump rule, our ipsets, the dummy interface
+//! ```
+//!
+//! Which virtual servers are ours is read from the kernel, not remembered: those whose address is on
+//! our dummy interface, and NodePort ones whose node address and port are in our NodePort sets. So a
+//! restarted agent, or `cleanup` on a fresh one, finds them; everything else in the IPVS table is left
+//! alone.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec, ServiceFailure, SyncMode};
+
+use super::diff::{Current, Draining, Op, reconcile};
+use super::dummy::ServiceAddrs;
+use super::glue::{Glue, jump_rules, owned_chains, payload};
+use super::ipset::Ipsets;
+use super::kernel::{Ipvs, Service, VirtualKey};
+use super::render::{Desired, IpvsFacts, VirtualServer, render};
+use super::sets::{self, SavedSet, SavedSets, SetId, ip_port};
+use super::sysctl::{Sysctls, wanted};
+use crate::error::Error;
+use crate::host::{FixedAddrs, HostFeatures, LocalAddrs};
+use crate::iptables::dataplane::IptablesDataplane;
+use crate::iptables::kernel::Iptables;
+use crate::iptables::save::SavedTable;
+use crate::iptables::{JumpRule, Table};
+use crate::sync::Clock;
+use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
+use crate::sync::status::{MAX_REASON, entry_label, short};
+
+/// Most drift reasons reported at once (the rest are counted).
+const MAX_DRIFT_REASONS: usize = 5;
+
+/// The kernel edges IPVS mode drives.
+pub struct IpvsEdges<I> {
+    /// IPVS over generic netlink.
+    pub ipvs: Box<dyn Ipvs>,
+    /// ipset.
+    pub ipsets: Box<dyn Ipsets>,
+    /// The dummy interface holding the service addresses.
+    pub dummy: Box<dyn ServiceAddrs>,
+    /// iptables, for the glue (cloned for cleanup, which reuses the iptables backend's).
+    pub iptables: I,
+    /// The node's local addresses (NodePorts are served on them).
+    pub addrs: Box<dyn LocalAddrs>,
+    /// sysctls.
+    pub sysctls: Box<dyn Sysctls>,
+}
+
+/// Settings of IPVS mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsConfig {
+    /// How long a TCP real server that left the plan may keep its connections (weight 0) before it is
+    /// deleted anyway.
+    pub grace: Duration,
+    /// iptables features for the glue.
+    pub features: HostFeatures,
+    /// The kernel release (`uname -r`), for the sysctls that depend on it.
+    pub kernel_release: String,
+}
+
+impl Default for IpvsConfig {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(30),
+            features: HostFeatures::default(),
+            kernel_release: String::new(),
+        }
+    }
+}
+
+/// What the kernel holds after the last successful sync.
+#[derive(Debug, Clone)]
+struct Model {
+    /// The whole desired state of that sync.
+    desired: Desired,
+    /// The virtual servers that were programmed (failed ones are missing).
+    applied: BTreeMap<VirtualKey, VirtualServer>,
+}
+
+/// The IPVS backend.
+pub struct IpvsDataplane<I> {
+    edges: IpvsEdges<I>,
+    clock: Arc<dyn Clock>,
+    config: IpvsConfig,
+    model: Option<Model>,
+    draining: BTreeMap<VirtualKey, Draining>,
+    /// Virtual servers the kernel refused in the last sync, with the error.
+    failed: BTreeMap<VirtualKey, String>,
+    failures: Vec<ServiceFailure>,
+}
+
+impl<I> std::fmt::Debug for IpvsDataplane<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpvsDataplane")
+            .field("config", &self.config)
+            .field("synced", &self.model.is_some())
+            .field("draining", &self.draining.len())
+            .field("failed", &self.failed.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The same virtual server settings (the owning entry's index may move between plans).
+fn same_settings(a: &VirtualServer, b: &VirtualServer) -> bool {
+    a.scheduler == b.scheduler && a.persistence == b.persistence && a.reals == b.reals
+}
+
+/// A virtual server is ours when its address is on our dummy interface, or when it is a NodePort our
+/// NodePort sets list.
+fn owned(key: &VirtualKey, bound: &BTreeSet<IpAddr>, saved: &SavedSets) -> bool {
+    if bound.contains(&key.addr) {
+        return true;
+    }
+    let member = ip_port(key.addr, key.protocol, key.port);
+    [SetId::NodePort, SetId::NodePortLocal].iter().any(|id| {
+        saved
+            .get(&id.name(key.family()))
+            .is_some_and(|set| set.members.contains(&member))
+    })
+}
+
+/// The model's sets in the form `ipset save` gives (what a partial sync diffs against).
+fn saved_form(desired: &Desired) -> SavedSets {
+    desired
+        .sets
+        .iter()
+        .map(|(name, set)| {
+            let kind = set.kind;
+            (
+                name.clone(),
+                SavedSet {
+                    kind: kind.type_name().to_string(),
+                    family: (kind != sets::SetKind::BitmapPort).then_some(set.family),
+                    members: set.members.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
+    /// A backend with no model: its first sync is full.
+    pub fn new(edges: IpvsEdges<I>, clock: Arc<dyn Clock>, config: IpvsConfig) -> Self {
+        Self {
+            edges,
+            clock,
+            config,
+            model: None,
+            draining: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    fn set_sysctls(&mut self) {
+        for (path, value) in wanted(&self.config.kernel_release) {
+            let current = self.edges.sysctls.get(path).ok();
+            if current.as_deref() == Some(value) {
+                continue;
+            }
+            if let Err(e) = self.edges.sysctls.set(path, value) {
+                // Often read-only in a container; the DaemonSet's init container sets them instead.
+                tracing::warn!(error = %e, "cannot set sysctl {path}={value}");
+            }
+        }
+    }
+
+    fn saved_table(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, Error> {
+        let mut saved = SavedTable::default();
+        self.edges
+            .iptables
+            .save_lines(family, table, &mut |line| saved.feed(line))?;
+        Ok(saved)
+    }
+
+    /// Rewrites the glue of `family`: our chains, our jump rules; the other backend's leftovers go.
+    fn write_glue(&mut self, family: IpFamily, glue: &Glue) -> Result<(), Error> {
+        let ours = jump_rules(family);
+        let mut stale = Vec::new();
+        let mut missing: Vec<JumpRule> = Vec::new();
+        for table in [Table::Filter, Table::Nat] {
+            let saved = self.saved_table(family, table)?;
+            for jump in &saved.jumps {
+                if !ours.iter().any(|rule| rule.table == table && jump.is(rule)) {
+                    tracing::info!(?family, %table, chain = jump.chain, target = jump.target(), "removing a stale jump rule");
+                    self.edges
+                        .iptables
+                        .delete_rule(family, table, jump.chain, &jump.args)?;
+                }
+            }
+            let keep = owned_chains(table);
+            stale.extend(
+                saved
+                    .owned
+                    .keys()
+                    .filter(|name| !keep.contains(name.as_str()))
+                    .map(|name| (table, name.clone())),
+            );
+            missing.extend(
+                ours.iter()
+                    .filter(|rule| rule.table == table && !saved.has_jump(rule))
+                    .cloned(),
+            );
+        }
+        let mut text = payload(glue, &stale, &missing);
+        self.edges.iptables.restore(family, &mut text)
+    }
+
+    /// Lists the kernel's real servers of `key`, reconciles and applies. Returns (changed, deleted).
+    fn reconcile_key(
+        &mut self,
+        key: &VirtualKey,
+        want: Option<&VirtualServer>,
+        service: Option<&Service>,
+    ) -> Result<(bool, bool), Error> {
+        let dests = match service {
+            Some(_) => self.edges.ipvs.destinations(key)?,
+            None => Vec::new(),
+        };
+        let current = service.map(|service| Current {
+            service,
+            dests: &dests,
+        });
+        let mut draining = self.draining.remove(key).unwrap_or_default();
+        let ops = reconcile(
+            key,
+            want,
+            current,
+            &mut draining,
+            self.clock.now(),
+            self.config.grace,
+        );
+        if !draining.is_empty() {
+            self.draining.insert(*key, draining);
+        }
+        let ipvs = &mut self.edges.ipvs;
+        let mut deleted = false;
+        for op in &ops {
+            match op {
+                Op::AddService(s) => ipvs.add_service(s)?,
+                Op::UpdateService(s) => ipvs.update_service(s)?,
+                Op::DeleteService => {
+                    ipvs.delete_service(key)?;
+                    deleted = true;
+                }
+                Op::AddDest(d) => ipvs.add_destination(key, d)?,
+                Op::UpdateDest(d) => {
+                    if d.weight == 0 {
+                        tracing::info!(service = %key, real = %d.real, "draining a real server (weight 0)");
+                    }
+                    ipvs.update_destination(key, d)?
+                }
+                Op::DeleteDest(real) => ipvs.delete_destination(key, real)?,
+            }
+        }
+        Ok((!ops.is_empty(), deleted))
+    }
+
+    fn keyed_services(&mut self) -> Result<BTreeMap<VirtualKey, Service>, Error> {
+        Ok(self
+            .edges
+            .ipvs
+            .services()?
+            .into_iter()
+            .filter_map(|s| Some((s.key()?, s)))
+            .collect())
+    }
+
+    /// One failure per entry, from refused virtual servers and frontends claimed twice.
+    fn entry_failures_of(
+        spec: &NodeForwardingPlanSpec,
+        desired: &Desired,
+        failed: &BTreeMap<VirtualKey, String>,
+    ) -> Vec<ServiceFailure> {
+        let mut by_entry: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        for (key, reason) in failed {
+            if let Some(vs) = desired.virtuals.get(key) {
+                by_entry.entry(vs.entry).or_default().push(reason.clone());
+            }
+        }
+        for (entry, reason) in &desired.conflicts {
+            by_entry.entry(*entry).or_default().push(reason.clone());
+        }
+        by_entry
+            .into_iter()
+            .map(|(entry, reasons)| ServiceFailure {
+                service: entry_label(spec, entry),
+                reason: short(&reasons.join("; "), MAX_REASON),
+            })
+            .collect()
+    }
+
+    /// Finishes drains that are due (on drift checks, which run every resync period, as kube-proxy checks
+    /// its graceful-termination list every minute).
+    fn finish_drains(&mut self, applied: &BTreeMap<VirtualKey, VirtualServer>) -> Result<(), Error> {
+        if self.draining.is_empty() {
+            return Ok(());
+        }
+        let services = self.keyed_services()?;
+        let keys: Vec<VirtualKey> = self.draining.keys().copied().collect();
+        for key in keys {
+            let Some(want) = applied.get(&key) else {
+                self.draining.remove(&key);
+                continue;
+            };
+            if let Err(e) = self.reconcile_key(&key, Some(want), services.get(&key)) {
+                tracing::warn!(error = %e, service = %key, "finishing the drain of real servers failed");
+            }
+        }
+        Ok(())
+    }
+
+    fn drift_of(&mut self, model: &Model) -> Result<Vec<String>, Error> {
+        self.finish_drains(&model.applied)?;
+        let mut reasons = Vec::new();
+        if !self.failed.is_empty() {
+            reasons.push(format!(
+                "{} virtual servers the kernel refused in the last sync are retried",
+                self.failed.len()
+            ));
+        }
+        let services = self.keyed_services()?;
+        let bound = self.edges.dummy.addresses()?;
+        for (key, vs) in &model.applied {
+            let Some(service) = services.get(key) else {
+                reasons.push(format!("virtual server {key} is missing"));
+                continue;
+            };
+            let want = Service::new(*key, &vs.scheduler, vs.persistence);
+            if (service.scheduler.as_str(), service.persistence())
+                != (want.scheduler.as_str(), want.persistence())
+            {
+                reasons.push(format!(
+                    "virtual server {key} has scheduler {} {:?}",
+                    service.scheduler,
+                    service.persistence()
+                ));
+            }
+            let dests = self.edges.ipvs.destinations(key)?;
+            let draining = self.draining.get(key);
+            for real in &vs.reals {
+                match dests.iter().find(|d| d.real == *real) {
+                    None => reasons.push(format!("real server {real} of {key} is missing")),
+                    Some(d) if d.weight != super::diff::WEIGHT => {
+                        reasons.push(format!("real server {real} of {key} has weight {}", d.weight))
+                    }
+                    Some(_) => {}
+                }
+            }
+            for dest in dests.iter().filter(|d| !vs.reals.contains(&d.real)) {
+                if !draining.is_some_and(|d| d.contains_key(&dest.real)) {
+                    reasons.push(format!("real server {} of {key} is not in the plan", dest.real));
+                }
+            }
+        }
+        for key in services.keys() {
+            if bound.contains(&key.addr) && !model.applied.contains_key(key) && !self.failed.contains_key(key)
+            {
+                reasons.push(format!("virtual server {key} is not in the plan"));
+            }
+        }
+        for ip in model.desired.addresses.difference(&bound) {
+            reasons.push(format!(
+                "address {ip} is missing from {}",
+                super::dummy::INTERFACE
+            ));
+        }
+        for ip in bound.difference(&model.desired.addresses) {
+            reasons.push(format!(
+                "address {ip} on {} is not in the plan",
+                super::dummy::INTERFACE
+            ));
+        }
+        let saved = self.edges.ipsets.list()?;
+        reasons.extend(sets::differences(&model.desired.sets, &saved));
+        for (family, glue) in &model.desired.glue {
+            for table in [Table::Filter, Table::Nat] {
+                let saved = self.saved_table(*family, table)?;
+                for chain in glue.chains(table) {
+                    match saved.owned.get(&chain.name) {
+                        None => reasons.push(format!("{family:?} {table} chain {} is missing", chain.name)),
+                        Some(n) if *n != chain.rules.len() => reasons.push(format!(
+                            "{family:?} {table} chain {} has {n} rules, want {}",
+                            chain.name,
+                            chain.rules.len()
+                        )),
+                        Some(_) => {}
+                    }
+                }
+                for rule in jump_rules(*family).iter().filter(|r| r.table == table) {
+                    if !saved.has_jump(rule) {
+                        reasons.push(format!(
+                            "{family:?} {table} jump {} -> {} is missing",
+                            rule.chain,
+                            rule.target()
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(reasons)
+    }
+}
+
+impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
+    fn backend(&self) -> Backend {
+        Backend::Ipvs
+    }
+
+    fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
+        let spec: &NodeForwardingPlanSpec = request.spec;
+        // Whatever happens next, the old model no longer describes the kernel with certainty.
+        let model = self.model.take();
+        let full = request.full || model.is_none();
+        if full {
+            self.set_sysctls();
+        }
+        self.edges.dummy.ensure()?;
+        let bound = self.edges.dummy.addresses()?;
+        let local_addrs = self
+            .edges
+            .addrs
+            .local_addrs()?
+            .into_iter()
+            .filter(|ip| !bound.contains(ip))
+            .collect();
+        let facts = IpvsFacts {
+            local_addrs,
+            random_fully: self.config.features.random_fully,
+            tcp_be_liberal: self.config.features.tcp_be_liberal,
+        };
+        let desired = render(spec, &facts, request.skip);
+
+        let saved_sets = match (&model, full) {
+            (Some(model), false) => saved_form(&model.desired),
+            _ => self.edges.ipsets.list()?,
+        };
+        let (add_members, remove_members) = sets::batches(&desired.sets, &saved_sets);
+        self.edges.ipsets.restore(&add_members)?;
+        for (family, glue) in &desired.glue {
+            let unchanged = !full && model.as_ref().and_then(|m| m.desired.glue.get(family)) == Some(glue);
+            if !unchanged {
+                self.write_glue(*family, glue)?;
+            }
+        }
+        let new_addresses: Vec<IpAddr> = desired.addresses.difference(&bound).copied().collect();
+        self.edges.dummy.change(&new_addresses, &[])?;
+
+        let services = self.keyed_services()?;
+        let (keys, mut applied): (BTreeSet<VirtualKey>, _) = match model {
+            Some(model) if !full => {
+                let changed = desired
+                    .virtuals
+                    .iter()
+                    .filter(|(k, v)| model.applied.get(k).is_none_or(|a| !same_settings(a, v)))
+                    .map(|(k, _)| *k)
+                    .chain(
+                        model
+                            .applied
+                            .keys()
+                            .filter(|k| !desired.virtuals.contains_key(k))
+                            .copied(),
+                    )
+                    .chain(self.draining.keys().copied())
+                    .chain(self.failed.keys().copied())
+                    .collect();
+                (changed, model.applied)
+            }
+            previous => {
+                let mut keys: BTreeSet<VirtualKey> = desired.virtuals.keys().copied().collect();
+                keys.extend(previous.iter().flat_map(|m| m.applied.keys().copied()));
+                keys.extend(services.keys().filter(|k| owned(k, &bound, &saved_sets)).copied());
+                (keys, BTreeMap::new())
+            }
+        };
+        let mut failed = BTreeMap::new();
+        let (mut written, mut removed) = (0, 0);
+        for key in keys {
+            let want = desired.virtuals.get(&key);
+            match self.reconcile_key(&key, want, services.get(&key)) {
+                Ok((changed, deleted)) => {
+                    written += usize::from(changed && !deleted);
+                    removed += usize::from(deleted);
+                    match want {
+                        Some(vs) => applied.insert(key, vs.clone()),
+                        None => applied.remove(&key),
+                    };
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, service = %key, "the kernel refused a virtual server; the rest is applied");
+                    failed.insert(key, e.to_string());
+                    applied.remove(&key);
+                }
+            }
+        }
+
+        let stale_addresses: Vec<IpAddr> = bound.difference(&desired.addresses).copied().collect();
+        self.edges.dummy.change(&[], &stale_addresses)?;
+        self.edges.ipsets.restore(&remove_members)?;
+
+        self.failures = Self::entry_failures_of(spec, &desired, &failed);
+        self.failed = failed;
+        let rules = desired.server_count();
+        self.model = Some(Model { desired, applied });
+        Ok(SyncOutcome {
+            mode: if full { SyncMode::Full } else { SyncMode::Partial },
+            rules,
+            written,
+            removed,
+            drift: None,
+        })
+    }
+
+    /// Also finishes drains that are due, and reports virtual servers the kernel refused last time as
+    /// drift, so the syncer's repair (a full sync) retries them every resync period.
+    fn check_drift(&mut self) -> Result<Option<Drift>, Error> {
+        let Some(model) = self.model.take() else {
+            return Ok(None);
+        };
+        let result = self.drift_of(&model);
+        self.model = Some(model);
+        let mut reasons = result?;
+        if reasons.is_empty() {
+            return Ok(None);
+        }
+        let total = reasons.len();
+        reasons.truncate(MAX_DRIFT_REASONS);
+        if total > reasons.len() {
+            reasons.push(format!("{} more", total - reasons.len()));
+        }
+        Ok(Some(Drift { reasons }))
+    }
+
+    fn cleanup(&mut self) -> Result<Cleanup, Error> {
+        self.forget();
+        self.draining.clear();
+        // The glue is SWYD chains and jump rules like the iptables backend's: its cleanup removes both.
+        // It runs between the two halves: the sets it matches can only go once no rule refers to them.
+        let edges = &mut self.edges;
+        let iptables = edges.iptables.clone();
+        let (services, chains, rest) =
+            remove_objects(&mut *edges.ipvs, &mut *edges.ipsets, &mut *edges.dummy, || {
+                IptablesDataplane::new(iptables, FixedAddrs::default(), HostFeatures::default()).cleanup()
+            })?;
+        Ok(Cleanup {
+            jumps: chains.jumps,
+            objects: services + chains.objects + rest,
+        })
+    }
+
+    fn forget(&mut self) {
+        self.model = None;
+        self.failed.clear();
+        self.failures.clear();
+    }
+
+    fn entry_failures(&self) -> Vec<ServiceFailure> {
+        self.failures.clone()
+    }
+}
+
+/// Removes IPVS mode's kernel objects: our virtual servers, then whatever `between` removes (the
+/// iptables rules that match our sets), then our ipsets and the dummy interface. Returns (virtual
+/// servers, what `between` reported, sets plus interface).
+pub fn remove_objects(
+    ipvs: &mut dyn Ipvs,
+    ipsets: &mut dyn Ipsets,
+    dummy: &mut dyn ServiceAddrs,
+    between: impl FnOnce() -> Result<Cleanup, Error>,
+) -> Result<(usize, Cleanup, usize), Error> {
+    let bound = dummy.addresses()?;
+    let saved = ipsets.list().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot list ipsets; not removing any");
+        SavedSets::new()
+    });
+    let mut services = 0;
+    for service in ipvs.services()? {
+        if let Some(key) = service.key().filter(|k| owned(k, &bound, &saved)) {
+            ipvs.delete_service(&key)?;
+            services += 1;
+        }
+    }
+    let chains = between()?;
+    let destroy: String = saved.keys().map(|name| format!("destroy {name}\n")).collect();
+    ipsets.restore(&destroy)?;
+    let rest = saved.len() + usize::from(dummy.delete()?);
+    Ok((services, chains, rest))
+}

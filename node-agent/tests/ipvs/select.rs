@@ -1,0 +1,135 @@
+//! Backend selection: IPVS when the plan asks for it and the kernel has it, iptables otherwise (saying
+//! why in the status), and a clean switch when the plan's backend changes.
+
+use std::sync::Arc;
+
+use switchyard_agent::error::Error;
+use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::iptables::Table;
+use switchyard_agent::iptables::dataplane::IptablesDataplane;
+use switchyard_agent::ipvs::SelectDataplane;
+use switchyard_agent::ipvs::select::IpvsFactory;
+use switchyard_agent::sync::dataplane::Dataplane;
+use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer};
+use switchyard_api::conditions::{DEGRADED, reasons, status};
+use switchyard_api::testing::finish;
+use switchyard_api::{Backend, IpFamily};
+
+use crate::kernel::{Kernel, tcp};
+
+fn select(kernel: &Kernel, ipvs_available: bool) -> SelectDataplane {
+    let iptables = IptablesDataplane::new(
+        kernel.iptables.clone(),
+        FixedAddrs(crate::fixtures::local_addrs()),
+        HostFeatures::default(),
+    );
+    let on = kernel.clone();
+    let factory: IpvsFactory = Box::new(move || {
+        if ipvs_available {
+            Ok(Box::new(on.dataplane()) as Box<dyn Dataplane>)
+        } else {
+            Err(Error::IpvsUnavailable(
+                "the kernel has no IPVS generic-netlink family (ip_vs is not loaded); modprobe ip_vs failed"
+                    .into(),
+            ))
+        }
+    });
+    SelectDataplane::new(Box::new(iptables), factory)
+}
+
+fn syncer(kernel: &Kernel, dataplane: SelectDataplane) -> Syncer {
+    Syncer::new(
+        Box::new(dataplane),
+        kernel.clock.clone(),
+        SyncConfig::default(),
+        SyncMetrics::default(),
+    )
+}
+
+fn ipvs_plan() -> switchyard_api::NodeForwardingPlanSpec {
+    let mut spec = crate::fixtures::everything();
+    spec.services.retain(|s| s.family == IpFamily::IPv4);
+    spec.backend = Backend::Ipvs;
+    finish(&mut spec);
+    spec
+}
+
+#[test]
+fn without_ipvs_the_agent_forwards_with_iptables_and_says_why() {
+    let kernel = Kernel::new();
+    let mut syncer = syncer(&kernel, select(&kernel, false));
+    syncer.sync(&[Arc::new(ipvs_plan())]);
+    let s = syncer.status();
+    assert_eq!(s.backend, Some(Backend::Iptables));
+    let reason = s.backend_reason.unwrap();
+    assert!(reason.contains("IPVS is unavailable on this node"), "{reason}");
+    assert!(reason.contains("ip_vs is not loaded"), "{reason}");
+    let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        (status::TRUE, reasons::BACKEND_FALLBACK)
+    );
+    assert!(kernel.ipvs.table().is_empty());
+    assert!(
+        kernel
+            .iptables
+            .chains(IpFamily::IPv4, Table::Nat)
+            .iter()
+            .any(|c| c.starts_with("SWYD-SVC-")),
+        "iptables forwards"
+    );
+}
+
+#[test]
+fn with_ipvs_the_plan_picks_the_backend_and_a_switch_cleans_up_the_other() {
+    let kernel = Kernel::new();
+    let mut syncer = syncer(&kernel, select(&kernel, true));
+    let spec = ipvs_plan();
+    syncer.sync(&[Arc::new(spec.clone())]);
+    let s = syncer.status();
+    assert_eq!((s.backend, s.backend_reason), (Some(Backend::Ipvs), None));
+    assert!(kernel.ipvs.table().contains_key(&tcp("10.96.0.1", 80)));
+
+    let mut iptables_plan = spec.clone();
+    iptables_plan.backend = Backend::Iptables;
+    finish(&mut iptables_plan);
+    syncer.sync(&[Arc::new(iptables_plan)]);
+    assert_eq!(syncer.status().backend, Some(Backend::Iptables));
+    assert!(kernel.ipvs.table().is_empty(), "IPVS state removed");
+    assert_eq!(kernel.dummy.state(), None);
+    assert!(kernel.ipsets.sets().is_empty());
+
+    syncer.sync(&[Arc::new(spec)]);
+    assert_eq!(syncer.status().backend, Some(Backend::Ipvs));
+    assert!(
+        !kernel
+            .iptables
+            .chains(IpFamily::IPv4, Table::Nat)
+            .iter()
+            .any(|c| c.starts_with("SWYD-SVC-")),
+        "iptables-mode chains removed"
+    );
+    assert!(syncer.check_drift().is_none());
+}
+
+#[test]
+fn leftovers_of_an_earlier_ipvs_run_are_removed_before_the_first_iptables_sync() {
+    let kernel = Kernel::new();
+    let mut ipvs = kernel.dataplane();
+    crate::kernel::sync(&mut ipvs, &ipvs_plan(), false);
+    assert!(!kernel.ipvs.table().is_empty());
+
+    let mut leftover = kernel.dataplane();
+    let dataplane = select(&kernel, false).with_leftover_cleanup(Box::new(move || leftover.cleanup()));
+    let mut syncer = syncer(&kernel, dataplane);
+    let mut spec = ipvs_plan();
+    spec.backend = Backend::Iptables;
+    finish(&mut spec);
+    syncer.sync(&[Arc::new(spec)]);
+    assert!(kernel.ipvs.table().is_empty());
+    assert_eq!(kernel.dummy.state(), None);
+    assert!(
+        syncer.status().backend_reason.is_none(),
+        "the plan asked for iptables"
+    );
+}
