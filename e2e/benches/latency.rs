@@ -16,7 +16,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use switchyard_api::{Backend, IpFamily, PlanEndpoint, Protocol, ServicePlan, TrafficPolicy, revision};
+use switchyard_api::{
+    Backend, ServicePlan, revision,
+    testing::{EntryExt, entry, ep},
+};
 use switchyard_e2e::{ClusterDescription, Deployed, LabOptions, netns};
 
 const CLUSTER: &str = r#"
@@ -49,32 +52,19 @@ items:
 "#;
 
 fn synthetic(i: usize) -> ServicePlan {
-    let ep = |j: usize| PlanEndpoint {
-        ip: format!("10.250.{}.{}", (i * 5 + j) / 250 % 250, (i * 5 + j) % 250 + 1),
-        port: 8080,
-        cluster: true,
-        local: false,
-        on_node: false,
-        terminating: false,
-    };
-    ServicePlan {
-        name: format!("bench/svc-{i:05}:http"),
-        protocol: Protocol::TCP,
-        family: IpFamily::IPv4,
-        cluster_ip: format!("10.100.{}.{}", i / 250, i % 250 + 1),
-        port: 80,
-        node_port: None,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        source_ranges: vec![],
-        affinity_timeout_seconds: None,
-        external_policy: TrafficPolicy::Cluster,
-        internal_policy: TrafficPolicy::Cluster,
-        health_check_node_port: None,
-        scheduler: None,
-        has_endpoints: true,
-        endpoints: (0..5).map(ep).collect(),
-    }
+    (0..5).fold(
+        entry(
+            &format!("bench/svc-{i:05}:http"),
+            &format!("10.100.{}.{}", i / 250, i % 250 + 1),
+            80,
+        ),
+        |service, j| {
+            service.with(ep(
+                &format!("10.250.{}.{}", (i * 5 + j) / 250 % 250, (i * 5 + j) % 250 + 1),
+                8080,
+            ))
+        },
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -15,10 +15,12 @@
 //! are in it too; the RSS run is `ip netns exec <ns> switchyard-agent apply`, its high-water mark read
 //! from `/proc/<pid>/status` (VmHWM) while it runs.
 
+mod common;
+
 use std::collections::HashSet;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,102 +30,10 @@ use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::exec::ExecIptables;
 use switchyard_agent::iptables::mode::Variant;
 use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
-use switchyard_agent::sync::{SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock};
-use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
-use switchyard_api::{IpFamily, NodeForwardingPlan, NodeForwardingPlanSpec};
+use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
+use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
-const ENDPOINTS: u32 = 5;
-
-/// `n` ClusterIP services with 5 endpoints each, every address distinct.
-fn spec(n: u32) -> NodeForwardingPlanSpec {
-    let services = (0..n)
-        .map(|i| {
-            let mut e = entry(
-                &format!("ns{}/svc{i}:http", i / 100),
-                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
-                80,
-            );
-            for j in 0..ENDPOINTS {
-                let k = i * ENDPOINTS + j;
-                e = e.with(ep(
-                    &format!("10.{}.{}.{}", 100 + k / 62_500, (k / 250) % 250, k % 250 + 1),
-                    8080,
-                ));
-            }
-            e
-        })
-        .collect();
-    plan("node-a", services)
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples.get(samples.len() / 2).copied().unwrap_or_default()
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        == Some("0")
-}
-
-/// A named network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Result<Self, String> {
-        let name = format!("swyd-bench-{}-{tag}", std::process::id());
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .map_err(|e| e.to_string())?
-            .success();
-        if !ok {
-            return Err(format!("ip netns add {name} failed"));
-        }
-        Ok(Self(name))
-    }
-
-    fn exec(&self, script: &str) -> Result<String, String> {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", script])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("{script}: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Runs `work` on a thread inside the namespace.
-    fn within<T: Send + 'static>(
-        &self,
-        work: impl FnOnce() -> Result<T, String> + Send + 'static,
-    ) -> Result<T, String> {
-        let path = format!("/run/netns/{}", self.0);
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("setns: {e}"))?;
-            work()
-        })
-        .join()
-        .map_err(|_| "the benchmark thread panicked".to_string())?
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
+use common::{ENDPOINTS, Netns, applied, apply_rss, is_root, median, ms, spec};
 
 fn syncer(variant: Variant) -> Result<Syncer, String> {
     let iptables = ExecIptables::with_variant(variant).map_err(|e| e.to_string())?;
@@ -138,13 +48,6 @@ fn syncer(variant: Variant) -> Result<Syncer, String> {
         SyncConfig::default(),
         SyncMetrics::default(),
     ))
-}
-
-fn applied(result: SyncResult) -> Result<(Duration, u64), String> {
-    match result {
-        SyncResult::Applied { duration, rules, .. } => Ok((duration, rules)),
-        other => Err(format!("sync did not apply: {other:?}")),
-    }
 }
 
 /// Validate and render alone (the payload written nowhere): the CPU part of a full sync.
@@ -181,7 +84,7 @@ struct Row {
 
 fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, String> {
     let netns = Netns::new(&format!("{variant}-{services}"))?;
-    let spec = spec(services);
+    let spec = spec(services, Backend::Iptables);
     let render = render_only(&spec);
     let (full, rules, partial) = netns.within(move || {
         let mut syncer = syncer(variant)?;
@@ -192,7 +95,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
             // Replace one endpoint of one service (a rolling update's step).
             let index = current.services.len() / 2;
             current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
-            finish(&mut current);
+            switchyard_api::testing::finish(&mut current);
             let (duration, _) = applied(syncer.sync(&[Arc::new(current.clone())]))?;
             partial.push(duration);
         }
@@ -214,57 +117,8 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
     })
 }
 
-/// Peak RSS (VmHWM, KiB) and wall time of `switchyard-agent apply --plan` in a fresh namespace.
-fn apply_rss(agent: &Path, services: u32) -> Result<(u64, Duration), String> {
-    let netns = Netns::new(&format!("rss-{services}"))?;
-    let dir = std::env::temp_dir().join(format!("swyd-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let file: PathBuf = dir.join("plan.json");
-    let spec = spec(services);
-    let object = NodeForwardingPlan::new(&spec.node_name.clone(), spec);
-    std::fs::write(&file, serde_json::to_vec(&object).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &netns.0])
-        .arg(agent)
-        .args(["apply", "--plan"])
-        .arg(&file)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let status_path = format!("/proc/{}/status", child.id());
-    let mut peak = 0u64;
-    let status = loop {
-        if let Ok(text) = std::fs::read_to_string(&status_path)
-            && let Some(kib) = text
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        {
-            peak = peak.max(kib);
-        }
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let elapsed = start.elapsed();
-    let _ = std::fs::remove_dir_all(&dir);
-    if !status.success() {
-        return Err(format!("switchyard-agent apply exited with {status}"));
-    }
-    Ok((peak, elapsed))
-}
-
 fn run() -> Result<(), String> {
-    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
-    // smoke check with tiny sizes (benchmarks are never timed tests).
-    let smoke =
-        std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench");
+    let smoke = common::smoke();
     let mut sizes: Vec<u32> = if smoke {
         vec![20, 100]
     } else {
@@ -305,7 +159,7 @@ fn run() -> Result<(), String> {
         }
     }
     let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
-    let (kib, wall) = apply_rss(agent, largest)?;
+    let (kib, wall) = apply_rss(agent, largest, Backend::Iptables)?;
     println!(
         "peak RSS of `switchyard-agent apply --plan` ({largest} services, JSON plan, fresh namespace, auto mode): {:.1} MiB (VmHWM), {:.1} s",
         kib as f64 / 1024.0,

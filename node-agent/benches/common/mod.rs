@@ -1,0 +1,170 @@
+//! Shared scaffolding of the agent benchmarks (`iptables_sync`, `nftables_sync`): the synthetic plan,
+//! throwaway network namespaces, the smoke-mode rule, and the peak-RSS run of the real binary.
+// Each benchmark uses only part of this module.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use switchyard_agent::sync::SyncResult;
+use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
+use switchyard_api::{Backend, NodeForwardingPlan, NodeForwardingPlanSpec};
+
+/// Endpoints per Service.
+pub const ENDPOINTS: u32 = 5;
+
+/// `n` ClusterIP services with 5 endpoints each, every address distinct, for `backend`.
+pub fn spec(n: u32, backend: Backend) -> NodeForwardingPlanSpec {
+    let services = (0..n)
+        .map(|i| {
+            let mut e = entry(
+                &format!("ns{}/svc{i}:http", i / 100),
+                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+                80,
+            );
+            for j in 0..ENDPOINTS {
+                let k = i * ENDPOINTS + j;
+                e = e.with(ep(
+                    &format!("10.{}.{}.{}", 100 + k / 62_500, (k / 250) % 250, k % 250 + 1),
+                    8080,
+                ));
+            }
+            e
+        })
+        .collect();
+    let mut spec = plan("node-a", services);
+    spec.backend = backend;
+    finish(&mut spec);
+    spec
+}
+
+/// `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then a benchmark runs as a
+/// quick smoke check with tiny sizes (benchmarks are never timed tests).
+pub fn smoke() -> bool {
+    std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench")
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+pub fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Netns(pub String);
+
+impl Netns {
+    pub fn new(tag: &str) -> Result<Self, String> {
+        let name = format!("swyd-bench-{}-{tag}", std::process::id());
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .map_err(|e| e.to_string())?
+            .success();
+        if !ok {
+            return Err(format!("ip netns add {name} failed"));
+        }
+        Ok(Self(name))
+    }
+
+    /// Runs a shell script inside the namespace and returns its stdout.
+    pub fn exec(&self, script: &str) -> Result<String, String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", script])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("{script}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `work` on a thread inside the namespace.
+    pub fn within<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        let path = format!("/run/netns/{}", self.0);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns: {e}"))?;
+            work()
+        })
+        .join()
+        .map_err(|_| "the benchmark thread panicked".to_string())?
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Duration and rule count of an applied sync.
+pub fn applied(result: SyncResult) -> Result<(Duration, u64), String> {
+    match result {
+        SyncResult::Applied { duration, rules, .. } => Ok((duration, rules)),
+        other => Err(format!("sync did not apply: {other:?}")),
+    }
+}
+
+/// Peak RSS (VmHWM, KiB) and wall time of `switchyard-agent apply --plan` in a fresh namespace.
+pub fn apply_rss(agent: &Path, services: u32, backend: Backend) -> Result<(u64, Duration), String> {
+    let netns = Netns::new(&format!("rss-{services}"))?;
+    let dir = std::env::temp_dir().join(format!("swyd-bench-rss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file: PathBuf = dir.join("plan.json");
+    let spec = spec(services, backend);
+    let object = NodeForwardingPlan::new(&spec.node_name.clone(), spec);
+    std::fs::write(&file, serde_json::to_vec(&object).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &netns.0])
+        .arg(agent)
+        .args(["apply", "--plan"])
+        .arg(&file)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_path)
+            && let Some(kib) = text
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            peak = peak.max(kib);
+        }
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let elapsed = start.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    if !status.success() {
+        return Err(format!("switchyard-agent apply exited with {status}"));
+    }
+    Ok((peak, elapsed))
+}
