@@ -20,6 +20,8 @@
 //! would stay Terminating and refuse the next run's service accounts.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cluster;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -30,10 +32,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cluster::{apply_crd, repo, suffix, wait_for};
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::Scope;
 use kube::{Api, Client};
@@ -55,13 +57,6 @@ const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const FIELD_MANAGER: &str = "switchyard-e2e";
 const WAIT: Duration = Duration::from_secs(60);
 
-fn repo(path: &str) -> PathBuf {
-    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    p.pop();
-    p.push(path);
-    p
-}
-
 async fn client_or_skip(test: &str) -> Option<Client> {
     if std::env::var_os("KUBECONFIG").is_none() {
         eprintln!("skip {test}: set KUBECONFIG to run the cluster e2e suite against a real API server");
@@ -80,31 +75,6 @@ async fn client_or_skip(test: &str) -> Option<Client> {
         );
     }
     Some(Client::try_default().await.expect("a client from KUBECONFIG"))
-}
-
-/// Polls `check` every 250 ms until it returns Some, for at most `timeout`.
-async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{:06x}", (std::process::id() ^ nanos) & 0xff_ffff)
 }
 
 // === cleanup ===
@@ -179,31 +149,6 @@ async fn apply_file(client: &Client, file: &str, cleanup: &Cleanup) {
             cleanup.delete(api, &name);
         }
     }
-}
-
-async fn apply_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let text = std::fs::read_to_string(repo("crds/nodeforwardingplans.switchyard.io.yaml")).unwrap();
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
-    crds.patch(
-        "nodeforwardingplans.switchyard.io",
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-    wait_for(WAIT, "the CRD to be established", || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("nodeforwardingplans.switchyard.io").await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
 }
 
 // === identities ===
@@ -526,7 +471,7 @@ async fn agent_reports_status_with_least_privilege_in_a_real_cluster() {
 }
 
 async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
-    apply_crd(client).await;
+    apply_crd(client, FIELD_MANAGER).await;
     apply_file(client, "config/default/namespace.yaml", cleanup).await;
     for file in [
         "config/rbac/service_accounts.yaml",

@@ -7,14 +7,15 @@
 //! a Node, and checks again. Everything it creates carries a random suffix and is deleted at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{path::PathBuf, time::Duration};
+mod cluster;
 
-use k8s_openapi::{
-    api::{
-        core::v1::{Namespace, Node, Service},
-        discovery::v1::EndpointSlice,
-    },
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+use std::time::Duration;
+
+use cluster::{apply_crd, suffix, wait_for};
+
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Service},
+    discovery::v1::EndpointSlice,
 };
 use kube::{
     Api, Client,
@@ -28,13 +29,6 @@ use switchyard_controller::{
     planner::{Planner, Snapshot},
 };
 
-fn repo(path: &str) -> PathBuf {
-    let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    p.pop();
-    p.push(path);
-    p
-}
-
 async fn client_or_skip(test: &str) -> Option<Client> {
     if std::env::var_os("KUBECONFIG").is_none() {
         eprintln!("skip {test}: set KUBECONFIG to run the cluster e2e suite against a real API server");
@@ -43,63 +37,12 @@ async fn client_or_skip(test: &str) -> Option<Client> {
     Some(Client::try_default().await.expect("a client from KUBECONFIG"))
 }
 
-/// Polls `check` every 200 ms until it returns Some, for at most `timeout`.
-async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-pub async fn apply_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let text = std::fs::read_to_string(repo("crds/nodeforwardingplans.switchyard.io.yaml")).unwrap();
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
-    let params = PatchParams::apply("switchyard-e2e").force();
-    crds.patch("nodeforwardingplans.switchyard.io", &params, &Patch::Apply(&crd))
-        .await
-        .unwrap();
-    wait_for(Duration::from_secs(30), "the CRD to be established", || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("nodeforwardingplans.switchyard.io").await.ok()?;
-            let established = crd
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            established.then_some(())
-        }
-    })
-    .await;
-}
-
-fn suffix() -> String {
-    format!(
-        "{:06x}",
-        std::process::id()
-            ^ (std::time::SystemTime::now()
-                .elapsed()
-                .map_or(0, |d| d.subsec_nanos()))
-    )
-}
-
 #[tokio::test]
 async fn controller_keeps_plans_current_in_a_real_cluster() {
     let Some(client) = client_or_skip("controller_keeps_plans_current_in_a_real_cluster").await else {
         return;
     };
-    apply_crd(&client).await;
+    apply_crd(&client, "switchyard-e2e").await;
     let id = suffix();
     let ns = format!("swyd-e2e-{id}");
     let namespaces: Api<Namespace> = Api::all(client.clone());
