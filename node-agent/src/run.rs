@@ -163,6 +163,8 @@ impl Loop {
         self.handle_pending(now);
         if self.retry_current && self.syncer.retry_due() {
             self.sync_current();
+        } else if let Some(result) = tokio::task::block_in_place(|| self.syncer.retry_reapply_if_due()) {
+            self.after(result);
         } else if let Some(result) = tokio::task::block_in_place(|| self.syncer.resync_if_due()) {
             self.after(result);
         }

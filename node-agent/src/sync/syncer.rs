@@ -132,6 +132,9 @@ pub struct Syncer {
     conditions: Vec<PlanCondition>,
     drift_repairs: u64,
     extra_failures: Vec<ServiceFailure>,
+    /// A full sync of the applied plan (drift repair or periodic) failed: it is retried with the
+    /// backoff, carrying the drift it was repairing.
+    failed_reapply: Option<Option<String>>,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -169,6 +172,7 @@ impl Syncer {
             conditions: Vec::new(),
             drift_repairs: 0,
             extra_failures: Vec::new(),
+            failed_reapply: None,
         }
     }
 
@@ -180,6 +184,8 @@ impl Syncer {
 
     /// Applies a node's plan objects (one, or a sharded set).
     pub fn sync(&mut self, objects: &[Arc<NodeForwardingPlanSpec>]) -> SyncResult {
+        // A newer plan supersedes any pending retry of the applied one.
+        self.failed_reapply = None;
         match assemble(objects) {
             Assembly::Incomplete(why) => {
                 self.reject(reasons::INCOMPLETE_SHARDS, format!("plan not applied: {why}"))
@@ -226,12 +232,31 @@ impl Syncer {
         Some(self.reapply(spec, None))
     }
 
+    /// Retries a failed drift repair or periodic full sync once its backoff is due. `None` when no such
+    /// retry is pending or due (a failed new plan is retried by calling [`Self::sync`] again).
+    pub fn retry_reapply_if_due(&mut self) -> Option<SyncResult> {
+        if self.failed_reapply.is_none() || !self.retry_due() {
+            return None;
+        }
+        let spec = Arc::clone(&self.applied.as_ref()?.spec);
+        let drift = self.failed_reapply.take().flatten();
+        tracing::info!(
+            drift = drift.is_some(),
+            "retrying the full sync of the applied plan"
+        );
+        Some(self.reapply(spec, drift))
+    }
+
     /// Applies the already applied plan again (drift repair, periodic full sync), keeping a rejection
     /// of a newer plan visible.
     fn reapply(&mut self, spec: Arc<NodeForwardingPlanSpec>, drift: Option<String>) -> SyncResult {
         let before = self.last.clone();
         self.need_full = true;
-        let result = self.apply(spec, drift);
+        let result = self.apply(spec, drift.clone());
+        if matches!(result, SyncResult::Failed { .. }) {
+            self.failed_reapply = Some(drift);
+            return result;
+        }
         if matches!(result, SyncResult::Applied { .. }) && matches!(before, Last::Rejected { .. }) {
             self.last = before;
             self.update_conditions();
@@ -291,6 +316,7 @@ impl Syncer {
     pub fn cleanup(&mut self) -> Result<Cleanup, Error> {
         self.applied = None;
         self.need_full = true;
+        self.failed_reapply = None;
         self.dataplane.cleanup()
     }
 

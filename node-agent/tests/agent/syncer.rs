@@ -354,6 +354,66 @@ fn a_flushed_chain_is_detected_and_repaired_as_drift() {
 }
 
 #[test]
+fn a_failed_drift_repair_is_retried_with_backoff_until_it_succeeds() {
+    let mut h = Harness::new();
+    let spec = base();
+    h.sync(&spec);
+    assert!(
+        h.iptables
+            .flush_chain(IpFamily::IPv4, Table::Nat, names::SERVICES)
+    );
+    h.iptables
+        .fail_next_restore(None, "RULE_APPEND failed (Invalid argument)");
+    assert!(matches!(h.syncer.check_drift(), Some(SyncResult::Failed { .. })));
+    assert_eq!(
+        condition(&h.syncer.status(), APPLIED),
+        (status::FALSE, reasons::APPLY_FAILED)
+    );
+    assert_eq!(h.syncer.check_drift(), None, "the retry owns the repair now");
+    assert_eq!(h.syncer.resync_if_due(), None);
+    assert_eq!(h.syncer.retry_reapply_if_due(), None, "not before the backoff");
+
+    h.clock.advance(Duration::from_secs(1));
+    h.iptables.fail_next_restore(None, "still failing");
+    assert!(matches!(
+        h.syncer.retry_reapply_if_due(),
+        Some(SyncResult::Failed { .. })
+    ));
+    assert_eq!(h.syncer.retry_reapply_if_due(), None, "the backoff doubled");
+    h.clock.advance(Duration::from_secs(2));
+    let Some(SyncResult::Applied { mode, drift, .. }) = h.syncer.retry_reapply_if_due() else {
+        panic!("the retry succeeds")
+    };
+    assert_eq!(mode, SyncMode::Full);
+    assert!(drift.unwrap().contains("SWYD-SERVICES has 0 rules"));
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&spec));
+    assert_eq!(h.syncer.status().drift_repairs, 1);
+    assert_eq!(
+        condition(&h.syncer.status(), APPLIED),
+        (status::TRUE, reasons::SYNCED)
+    );
+    assert_eq!(h.syncer.retry_reapply_if_due(), None, "nothing left to retry");
+}
+
+#[test]
+fn a_new_plan_supersedes_a_pending_repair_retry() {
+    let mut h = Harness::new();
+    let a = base();
+    h.sync(&a);
+    h.iptables.fail_next_restore(None, "nope");
+    h.clock.advance(Duration::from_secs(3601));
+    assert!(matches!(
+        h.syncer.resync_if_due(),
+        Some(SyncResult::Failed { .. })
+    ));
+    let b = edit(&a, "ns1/api:https", |e| e.endpoints[0].port = 9443);
+    assert_eq!(mode(&h.sync(&b)), SyncMode::Full);
+    h.clock.advance(Duration::from_secs(60));
+    assert_eq!(h.syncer.retry_reapply_if_due(), None);
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&b));
+}
+
+#[test]
 fn a_deleted_jump_rule_is_detected_and_repaired_as_drift() {
     let mut h = Harness::new();
     let spec = base();
