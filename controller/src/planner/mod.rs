@@ -311,18 +311,20 @@ fn plan_slots(
         duplicate
     });
     let mut endpoints = slices::collect(slices, diag);
-    let known: BTreeSet<&str> = templates.iter().map(|t| t.service_key.as_str()).collect();
+    // Slices of Services that exist but are not proxied (headless, another proxy's, invalid) are
+    // expected and already explained by the Service's own warning, if any.
+    let present: BTreeSet<String> = services.iter().filter_map(|s| services::key(s)).collect();
     let orphaned: BTreeSet<&str> = endpoints
         .keys()
         .map(|(service, ..)| service.as_str())
-        .filter(|s| !known.contains(s))
+        .filter(|s| !present.contains(*s))
         .collect();
     for service in orphaned {
         // Transient in a live cluster (slice seen before its Service); worth a line offline.
         diag.warn(
             "EndpointSlice",
             service,
-            "slices for a Service that is absent or not proxied; ignored",
+            "slices for a Service that is not in the input; ignored",
         );
     }
     let zones: BTreeSet<Zone> = nodes.values().map(|n| n.zone.clone()).collect();

@@ -42,6 +42,13 @@ pub struct PortTemplate {
     pub entry: ServicePlan,
 }
 
+/// `namespace/name` of a Service (the namespace defaults like the API server's); `None` without a name.
+pub fn key(service: &Service) -> Option<String> {
+    let name = service.metadata.name.as_deref()?;
+    let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
+    Some(format!("{namespace}/{name}"))
+}
+
 /// Turns one Service into templates; returns nothing for skipped or unusable Services.
 pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> Vec<PortTemplate> {
     let (Some(name), namespace) = (

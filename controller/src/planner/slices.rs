@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Conditions: ready = Ready unset or true; serving = Serving unset or true; terminating = Terminating
-//! true. Endpoints neither ready nor serving are dropped (no policy or cleanup ever uses them). When the
-//! same ip:port appears twice, a non-terminating copy wins over a terminating one.
+//! true. Endpoints neither ready nor serving are dropped (no policy or cleanup ever uses them) before
+//! duplicates are merged. When the same ip:port appears twice, in one slice or in overlapping slices,
+//! a non-terminating copy wins, then a ready one, then a serving one; other ties break on content.
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -132,7 +133,6 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
         ports.push((port_name, number, protocol));
     }
 
-    let mut seen: Vec<IpAddr> = Vec::new();
     let mut endpoints: Vec<EndpointInfo> = Vec::new();
     for (i, endpoint) in slice.endpoints.iter().flatten().enumerate() {
         let Some(text) = endpoint.addresses.first() else {
@@ -159,15 +159,6 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
             );
             continue;
         }
-        if seen.contains(&ip) {
-            diag.warn(
-                "EndpointSlice",
-                &object,
-                format!("endpoints[{i}]: duplicate endpoint {ip}; duplicate skipped"),
-            );
-            continue;
-        }
-        seen.push(ip);
         let conditions = endpoint.conditions.as_ref();
         let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
         let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
@@ -176,7 +167,7 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
             continue;
         }
         let hints = endpoint.hints.as_ref();
-        endpoints.push(EndpointInfo {
+        let info = EndpointInfo {
             ip,
             port: 0,
             ready,
@@ -196,7 +187,20 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
                 .map(|n| n.name.clone())
                 .collect(),
             pod: endpoint.target_ref.as_ref().and_then(|r| r.name.clone()),
-        });
+        };
+        match endpoints.iter_mut().find(|e| e.ip == ip) {
+            Some(existing) => {
+                diag.warn(
+                    "EndpointSlice",
+                    &object,
+                    format!("endpoints[{i}]: duplicate endpoint {ip}; one copy kept"),
+                );
+                if preferred(&info, existing) {
+                    *existing = info;
+                }
+            }
+            None => endpoints.push(info),
+        }
     }
 
     for (port_name, number, protocol) in ports {
@@ -211,11 +215,31 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
                 .iter_mut()
                 .find(|e| e.ip == endpoint.ip && e.port == endpoint.port)
             {
-                // Overlapping slices: the non-terminating copy wins, otherwise the first one stays.
-                Some(existing) if existing.terminating && !endpoint.terminating => *existing = endpoint,
+                // Overlapping slices (during a slice split or merge).
+                Some(existing) if preferred(&endpoint, existing) => *existing = endpoint,
                 Some(_) => {}
                 None => list.push(endpoint),
             }
         }
     }
+}
+
+/// Whether `candidate` should replace `existing`, a copy of the same ip:port: a non-terminating copy
+/// wins, then a ready one, then a serving one; the remaining ties break on the copies' content, so
+/// the result never depends on the order of endpoints or slices.
+fn preferred(candidate: &EndpointInfo, existing: &EndpointInfo) -> bool {
+    let rank = |e: &EndpointInfo| {
+        (
+            !e.terminating,
+            e.ready,
+            e.serving,
+            std::cmp::Reverse((
+                e.node.clone(),
+                e.zone_hints.clone(),
+                e.node_hints.clone(),
+                e.pod.clone(),
+            )),
+        )
+    };
+    rank(candidate) > rank(existing)
 }

@@ -8,7 +8,7 @@ use crate::{
     config::Config,
     planner::{
         Planner, Snapshot,
-        fixtures::{ServiceExt, endpoint, node, service, slice, slice_named, snapshot},
+        fixtures::{EndpointExt, ServiceExt, endpoint, node, service, slice, slice_named, snapshot},
     },
 };
 
@@ -47,6 +47,19 @@ fn bad_objects_are_skipped_with_one_warning_each() {
                 s.port("", 80, "TCP");
             })],
             slices: vec![],
+            warning: (
+                "Service",
+                "ns1/bad",
+                "clusterIP \"10.96.0.300\" is not an IP address; service skipped",
+            ),
+            planned: &[],
+        },
+        Case {
+            name: "unparseable clusterIP, with slices (one warning, not two)",
+            services: vec![service("ns1", "bad", "10.96.0.300", |s| {
+                s.port("", 80, "TCP");
+            })],
+            slices: vec![web_slice(vec![endpoint("10.244.1.9", "node-a")])],
             warning: (
                 "Service",
                 "ns1/bad",
@@ -207,7 +220,7 @@ fn bad_objects_are_skipped_with_one_warning_each() {
             warning: (
                 "EndpointSlice",
                 "ns1/bad-abc",
-                "duplicate endpoint 10.244.1.9; duplicate skipped",
+                "duplicate endpoint 10.244.1.9; one copy kept",
             ),
             planned: &["ns1/bad"],
         },
@@ -252,7 +265,7 @@ fn bad_objects_are_skipped_with_one_warning_each() {
             warning: (
                 "EndpointSlice",
                 "ns1/ghost",
-                "slices for a Service that is absent or not proxied; ignored",
+                "slices for a Service that is not in the input; ignored",
             ),
             planned: &[],
         },
@@ -378,4 +391,53 @@ fn bad_nodes_are_warned_and_the_rest_planned() {
     );
     assert_eq!(planner.node_names().collect::<Vec<_>>(), vec!["node-a", "node-z"]);
     assert!(spec_of(&planner, "node-z").node_ips.is_empty());
+}
+
+#[test]
+fn slices_of_services_that_are_not_proxied_are_not_warned_about() {
+    let headless = service("ns1", "db", "None", |s| {
+        s.port("", 5432, "TCP");
+    });
+    let db_slice = slice(
+        "ns1",
+        "db",
+        &[("", 5432, "TCP")],
+        vec![endpoint("10.244.1.9", "node-a")],
+    );
+    let (good_svc, good_slice) = good();
+    let planner = plan(&snapshot(vec![headless, good_svc], vec![db_slice, good_slice]));
+    let warnings = &planner.diagnostics().warnings;
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[test]
+fn duplicate_endpoints_in_a_slice_keep_the_usable_copy_whatever_their_order() {
+    let svc = service("ns1", "web", "10.96.0.2", |s| {
+        s.port("", 80, "TCP");
+    });
+    let terminating = endpoint("10.244.1.9", "node-a").conditions(false, true, true);
+    let ready = endpoint("10.244.1.9", "node-b");
+    let gone = endpoint("10.244.1.9", "node-c").conditions(false, false, true);
+    let orders = [
+        vec![terminating.clone(), ready.clone(), gone.clone()],
+        vec![gone.clone(), ready.clone(), terminating.clone()],
+        vec![ready, gone, terminating],
+    ];
+    let specs: Vec<_> = orders
+        .into_iter()
+        .map(|endpoints| {
+            let eps = slice("ns1", "web", &[("", 80, "TCP")], endpoints);
+            let planner = plan(&snapshot(vec![svc.clone()], vec![eps]));
+            let entry = entry_of(&planner, "node-b", "ns1/web");
+            assert_eq!(entry.endpoints.len(), 1, "{entry:?}");
+            let kept = &entry.endpoints[0];
+            assert!(
+                !kept.terminating && kept.on_node,
+                "the ready copy on node-b: {kept:?}"
+            );
+            spec_of(&planner, "node-b")
+        })
+        .collect();
+    assert_eq!(specs[0], specs[1]);
+    assert_eq!(specs[1], specs[2]);
 }
