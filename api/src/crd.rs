@@ -145,6 +145,20 @@ mod tests {
     }
 
     #[test]
+    fn the_spec_is_atomic_so_a_forced_apply_replaces_hand_added_fields() {
+        let crd = crd();
+        let schema = crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|s| s.properties.as_ref())
+            .and_then(|p| p.get("spec"))
+            .cloned()
+            .unwrap();
+        assert_eq!(schema.x_kubernetes_map_type.as_deref(), Some("atomic"));
+    }
+
+    #[test]
     fn printer_columns_show_desired_and_observed_revision_side_by_side() {
         let names: Vec<String> = printer_columns().into_iter().map(|c| c.name).collect();
         let desired = names.iter().position(|n| n == "Desired").unwrap();

@@ -108,6 +108,9 @@ use crate::status::NodeForwardingPlanStatus;
     selectable = ".spec.nodeName"
 )]
 #[serde(rename_all = "camelCase")]
+// Atomic: a forced server-side apply by the controller replaces the whole spec, so fields a hand edit
+// added (which the controller never sets) cannot survive next to a restored revision.
+#[schemars(extend("x-kubernetes-map-type" = "atomic"))]
 pub struct NodeForwardingPlanSpec {
     /// The Node this plan is for.
     #[schemars(length(min = 1, max = 253))]
