@@ -18,6 +18,10 @@
 //! token of a pod on that node authenticates as. The `switchyard-system` namespace is left in place
 //! when the test created it: a bare API server has no namespace controller, so a deleted namespace
 //! would stay Terminating and refuse the next run's service accounts.
+//!
+//! The API server must authorize with RBAC (`--authorization-mode=RBAC` or `Node,RBAC`; a bare
+//! kube-apiserver defaults to AlwaysAllow) and have ValidatingAdmissionPolicy enabled (GA since
+//! 1.30); the test checks the first up front and fails with that reason.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cluster;
@@ -34,6 +38,9 @@ use std::time::Duration;
 
 use cluster::{apply_crd, repo, suffix, wait_for};
 use futures::FutureExt;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
@@ -217,6 +224,35 @@ async fn write_status_as(client: &Client, name: &str, revision: &str) -> Result<
         )
         .await
         .map(drop)
+}
+
+/// The identity checks mean something only when the API server authorizes with RBAC; a bare
+/// kube-apiserver started without `--authorization-mode` allows everything. Fail with that reason
+/// rather than with a puzzling "want a denial" later.
+async fn require_rbac_authorizer(agent: &Client) {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("switchyard.io".into()),
+                resource: Some("nodeforwardingplans".into()),
+                verb: Some("patch".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(agent.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SelfSubjectAccessReview as the agent");
+    let allowed = answer.status.is_some_and(|s| s.allowed);
+    assert!(
+        !allowed,
+        "the API server lets the agent's service account patch plan specs: it does not authorize \
+         with RBAC (a bare kube-apiserver defaults to --authorization-mode=AlwaysAllow); start it \
+         with --authorization-mode=Node,RBAC (or RBAC) to run the least-privilege checks"
+    );
 }
 
 fn denied(result: Result<(), kube::Error>, what: &str) -> kube::core::Status {
@@ -605,6 +641,7 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
 
     // The agent identity: reads its plan, but cannot change a spec (RBAC: 403).
     let agent = client_as(AGENT_SA, Some(&names.node_a)).await;
+    require_rbac_authorizer(&agent).await;
     let agent_plans: Api<NodeForwardingPlan> = Api::all(agent.clone());
     agent_plans
         .get(&names.node_a)

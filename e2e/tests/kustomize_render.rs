@@ -637,11 +637,9 @@ fn controller_rbac_reads_inputs_writes_plan_specs_and_nothing_else() {
     want.extend(grant(
         GROUP,
         PLANS,
-        &["get", "list", "watch", "create", "patch", "update", "delete"],
+        &["get", "list", "watch", "create", "patch", "delete"],
         None,
     ));
-    want.extend(grant("", "events", &["create", "patch"], None));
-    want.extend(grant("events.k8s.io", "events", &["create", "patch"], None));
     assert!(
         verbs_on(&have, GROUP, PLAN_STATUS).is_empty(),
         "the controller must not write plan status"
@@ -685,12 +683,12 @@ fn agent_rbac_reads_plans_and_writes_only_their_status() {
     );
     assert_eq!(
         verbs_on(&have, GROUP, PLAN_STATUS),
-        set(&["patch", "update"]),
+        set(&["patch"]),
         "the agent writes status through the status subresource (server-side apply is a PATCH)"
     );
     let mut want: BTreeSet<Grant> = BTreeSet::new();
     want.extend(grant(GROUP, PLANS, &["get", "list", "watch"], None));
-    want.extend(grant(GROUP, PLAN_STATUS, &["patch", "update"], None));
+    want.extend(grant(GROUP, PLAN_STATUS, &["patch"], None));
     assert_eq!(have, want, "ClusterRole {AGENT} grants nothing else");
 
     let binding: ClusterRoleBinding = tree.resource("ClusterRoleBinding", AGENT).typed();
@@ -839,6 +837,10 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_plan_status() {
     assert!(
         expressions.contains(&format!("'{NODE_NAME_EXTRA}' in request.userInfo.extra")),
         "the policy checks that the node name is present before indexing"
+    );
+    assert!(
+        expressions.contains("has(request.userInfo.extra)"),
+        "a user without extras has no `extra` field: the policy guards with has() first"
     );
     assert!(
         validations
