@@ -5,6 +5,15 @@ if [ "$(id -u)" != 0 ]; then
   echo "make demo builds network namespaces, veth pairs and iptables rules: it needs root (try: sudo make demo)" >&2
   exit 2
 fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo is not on PATH: install Rust >= 1.89 with rustup (https://rustup.rs); under sudo keep its PATH: sudo env \"PATH=\$PATH\" make demo" >&2
+  exit 2
+fi
+if ! command -v cc >/dev/null 2>&1; then
+  echo "installing gcc (the Rust build needs a C linker)"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev
+fi
 declare -A tools=([ip]=iproute2 [iptables-restore]=iptables [conntrack]=conntrack [nft]=nftables)
 missing=()
 for tool in "${!tools[@]}"; do
