@@ -370,7 +370,7 @@ pub fn render_text(
         ));
         out.push_str(&ruleset.full_payload());
         out.push_str(&format!(
-            "# === {family:?}: jump rules, each ensured with {iptables} -C, else inserted at position 1 in this order ===\n"
+            "# === {family:?}: jump rules: `apply` looks for each in {iptables}-save output and inserts the missing ones at the top inside the same restore; by hand: ===\n"
         ));
         for jump in jump_rules(family) {
             let args: Vec<String> = jump.args.iter().map(|a| quote(a)).collect();

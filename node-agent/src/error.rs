@@ -219,6 +219,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The payload line a restore failed on, as the kernel tool saw it (without its number).
+    pub fn failing_line(&self) -> Option<&str> {
+        let Self::IptablesRestore { context, .. } = self else {
+            return None;
+        };
+        let marked = context.lines().find(|l| l.starts_with('>'))?;
+        let numbered = marked.trim_start_matches('>').trim_start();
+        Some(numbered.split_once(' ').map_or("", |(_, text)| text))
+    }
+
     /// A short, stable label for failure metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

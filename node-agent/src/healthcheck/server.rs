@@ -68,20 +68,28 @@ async fn handle(State(shared): State<Shared>) -> Response {
     response
 }
 
-/// Binds `port` on every address: dual-stack `[::]` where IPv6 works, else `0.0.0.0`.
+/// Binds `port` on every address: dual-stack `[::]` where IPv6 works (IPV6_V6ONLY cleared
+/// explicitly, so IPv4 load-balancer probes reach it whatever `net.ipv6.bindv6only` says), else
+/// `0.0.0.0`.
 fn bind(port: u16) -> Result<TcpListener, Error> {
-    let listener = match TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))) {
+    let wrap = |source| Error::BindHealthCheck { port, source };
+    let listener = match bind_dual_stack(port) {
         Ok(listener) => listener,
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            return Err(Error::BindHealthCheck { port, source: e });
-        }
-        Err(_) => TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
-            .map_err(|source| Error::BindHealthCheck { port, source })?,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(wrap(e)),
+        Err(_) => TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))).map_err(wrap)?,
     };
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| Error::BindHealthCheck { port, source })?;
+    listener.set_nonblocking(true).map_err(wrap)?;
     Ok(listener)
+}
+
+fn bind_dual_stack(port: u16) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }
 
 impl HealthServers {

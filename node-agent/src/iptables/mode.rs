@@ -65,12 +65,12 @@ impl std::fmt::Display for Variant {
     }
 }
 
-/// kube-proxy's `iptables-wrapper` choice: legacy only when it shows strictly more rules. `None` means
-/// that variant's save commands are missing or failed.
+/// kube-proxy's `iptables-wrapper` choice: legacy only when it shows strictly more rules, or when it
+/// is the only variant that works. `None` means that variant's save commands are missing or failed.
 pub fn choose(legacy_rules: Option<usize>, nft_rules: Option<usize>) -> Variant {
     match (legacy_rules, nft_rules) {
         (Some(legacy), Some(nft)) if legacy > nft => Variant::Legacy,
-        (Some(legacy), None) if legacy > 0 => Variant::Legacy,
+        (Some(_), None) => Variant::Legacy,
         _ => Variant::Nft,
     }
 }
@@ -93,7 +93,7 @@ mod tests {
             (Some(5), Some(5), Variant::Nft),
             (None, Some(0), Variant::Nft),
             (Some(4), None, Variant::Legacy),
-            (Some(0), None, Variant::Nft),
+            (Some(0), None, Variant::Legacy),
             (None, None, Variant::Nft),
         ];
         for (legacy, nft, want) in cases {

@@ -1,7 +1,8 @@
 //! `run --plan-file`: the plan file polled for changes.
 //!
 //! ```text
-//! every poll interval: read file ─► content hash changed? ─► parse ─► PlanUpdate::Objects
+//! every poll interval: stat ─► (inode, size, mtime, ctime) changed? ─► read file ─► content hash
+//!                      changed? ─► parse ─► PlanUpdate::Objects
 //!                                                               └──► PlanUpdate::Invalid (rules stay)
 //!                      unreadable ─► PlanUpdate::Invalid (and the next readable content is applied
 //!                                    again, even if it is the same as before)
@@ -30,12 +31,42 @@ pub struct FileSource {
 #[derive(Debug, Default)]
 pub struct PlanFile {
     hash: Option<u64>,
+    /// The file's metadata when `hash` was taken: an unchanged stat skips reading a large plan.
+    stamp: Option<Stamp>,
     error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    inode: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            inode: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 impl PlanFile {
     /// Looks at the file; `Some` when there is something new to say.
     pub fn poll(&mut self, path: &Path) -> Option<PlanUpdate> {
+        let stamp = Stamp::of(path);
+        if stamp.is_some() && stamp == self.stamp && self.hash.is_some() {
+            return None;
+        }
+        self.stamp = stamp;
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(source) => {
@@ -45,6 +76,7 @@ impl PlanFile {
                 };
                 // Whatever comes back later, even the same content, must be parsed and applied again.
                 self.hash = None;
+                self.stamp = None;
                 return self.failed(e.to_string());
             }
         };

@@ -34,6 +34,13 @@ impl ModeLabel {
     }
 }
 
+/// `kind="iptables_restore"` and the like: what failed (the error's metric label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// [`crate::error::Error::metric_label`].
+    pub kind: String,
+}
+
 fn duration_histogram() -> Histogram {
     // 1 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -48,6 +55,8 @@ pub struct SyncMetrics {
     pub syncs: Family<ModeLabel, Counter>,
     /// Syncs the kernel refused (restore or jump-rule failures).
     pub sync_failures: Counter,
+    /// The same failures by what failed (`iptables_restore`, `nft_transaction`, `ipvs_request`, ...).
+    pub restore_failures: Family<KindLabel, Counter>,
     /// Drift found and repaired.
     pub drift_repairs: Counter,
     /// Drift checks run.
@@ -76,6 +85,19 @@ impl Default for SyncMetrics {
             sync_duration: Family::new_with_constructor(duration_histogram),
             syncs: Family::default(),
             sync_failures: Counter::default(),
+            restore_failures: {
+                // Exported at 0 from the start, so alerts can use rate() on a known series.
+                let family = Family::<KindLabel, Counter>::default();
+                for kind in [
+                    "iptables_restore",
+                    "nft_transaction",
+                    "ipvs_request",
+                    "command_failed",
+                ] {
+                    let _ = family.get_or_create(&KindLabel { kind: kind.into() });
+                }
+                family
+            },
             drift_repairs: Counter::default(),
             drift_checks: Counter::default(),
             rejected_plans: Counter::default(),
@@ -103,6 +125,11 @@ impl SyncMetrics {
             "sync_failures",
             "Syncs the kernel refused",
             self.sync_failures.clone(),
+        );
+        registry.register(
+            "restore_failures",
+            "Kernel transactions refused, by what failed",
+            self.restore_failures.clone(),
         );
         registry.register(
             "drift_repairs",

@@ -22,6 +22,6 @@ pub mod syncer;
 
 pub use clock::{Clock, FakeClock, SystemClock, rfc3339};
 pub use dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
-pub use metrics::SyncMetrics;
+pub use metrics::{KindLabel, SyncMetrics};
 pub use plan_set::{Assembly, assemble};
 pub use syncer::{SyncConfig, SyncResult, Syncer};

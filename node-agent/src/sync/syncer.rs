@@ -32,7 +32,7 @@ use switchyard_api::{
 use super::backoff::Backoff;
 use super::clock::{Clock, rfc3339};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
-use super::metrics::{ModeLabel, SyncMetrics};
+use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::plan_set::{Assembly, assemble};
 use super::status::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, stale_flows, udp_fingerprints, udp_targets};
@@ -474,11 +474,22 @@ impl Syncer {
                 let delay = self.backoff.next_delay();
                 self.retry_at = Some(now + delay);
                 self.metrics.sync_failures.inc();
+                self.metrics
+                    .restore_failures
+                    .get_or_create(&KindLabel {
+                        kind: e.metric_label().into(),
+                    })
+                    .inc();
                 let since = match &self.last {
                     Last::Failed { since, .. } => *since,
                     _ => now,
                 };
-                let message = short(&e.to_string(), MAX_REASON);
+                let mut message = e.to_string();
+                if let Some(line) = e.failing_line() {
+                    // The status is where an operator looks first: name the refused rule there too.
+                    message.push_str(&format!("; the refused line: {line}"));
+                }
+                let message = short(&message, MAX_REASON);
                 self.last = Last::Failed {
                     message: message.clone(),
                     since,
@@ -554,7 +565,13 @@ impl Syncer {
                     .map(|a| a.spec.revision.as_str())
                     .unwrap_or_default();
                 let programmed = format!("revision {revision} is programmed");
-                if let (0, Some(fallback)) = (failures, self.fallback_reason()) {
+                let fallback = self.fallback_reason();
+                // With failures the reason is PartiallyApplied; the fallback still shows in the message.
+                let also_fallback = fallback
+                    .as_ref()
+                    .map(|f| format!("; backend fallback: {f}"))
+                    .unwrap_or_default();
+                if let (0, Some(fallback)) = (failures, fallback) {
                     (
                         (cond::TRUE, reasons::SYNCED, programmed),
                         (cond::TRUE, reasons::BACKEND_FALLBACK, fallback),
@@ -571,12 +588,12 @@ impl Syncer {
                         (
                             cond::TRUE,
                             reasons::PARTIALLY_APPLIED,
-                            format!("{failures} health check ports failed (see failures)"),
+                            format!("{failures} health check ports failed (see failures){also_fallback}"),
                         ),
                     )
                 } else {
                     let message = format!(
-                        "{programmed} without {skipped} entries (invalid, or refused by the kernel); {failures} failures (see failures)"
+                        "{programmed} without {skipped} entries (invalid, or refused by the kernel); {failures} failures (see failures){also_fallback}"
                     );
                     (
                         (cond::TRUE, reasons::PARTIALLY_APPLIED, message.clone()),

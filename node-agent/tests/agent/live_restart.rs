@@ -314,6 +314,7 @@ async fn healthz_is_kube_proxy_like_and_metrics_name_everything() {
     for name in [
         "switchyard_agent_sync_duration_seconds",
         "switchyard_agent_sync_failures_total",
+        "switchyard_agent_restore_failures",
         "switchyard_agent_rules",
         "switchyard_agent_drift_repairs_total",
         "switchyard_agent_plan_age_seconds",

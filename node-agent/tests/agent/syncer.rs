@@ -153,6 +153,22 @@ fn a_restore_failure_keeps_the_old_rules_reports_and_retries_full_with_backoff()
     assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::APPLY_FAILED));
     assert_eq!(s.observed_revision.as_deref(), Some(a.revision.as_str()));
     assert!(s.conditions[0].message.contains("RULE_APPEND failed"));
+    assert!(
+        s.conditions[0].message.contains("the refused line: *nat"),
+        "the status names the refused payload line: {}",
+        s.conditions[0].message
+    );
+    assert_eq!(h.syncer.metrics().sync_failures.get(), 1);
+    assert_eq!(
+        h.syncer
+            .metrics()
+            .restore_failures
+            .get_or_create(&switchyard_agent::sync::KindLabel {
+                kind: "iptables_restore".into()
+            })
+            .get(),
+        1
+    );
 
     // Retried after 1 s, then 2 s, then 4 s while it keeps failing.
     for delay in [1, 2, 4] {
