@@ -426,16 +426,12 @@ impl ServicePlan {
         self.endpoints.iter().filter(|ep| ep.local)
     }
 
-    /// Local ready endpoints counted as distinct IPs: what the health-check server reports.
-    pub fn local_ready_endpoint_ips(&self) -> usize {
-        let mut ips: Vec<&str> = self
-            .endpoints
+    /// IPs of this node's ready endpoints, whatever policy uses them: kube-proxy's health-check
+    /// server counts `IsLocal && IsReady` endpoints over every port and family of a Service.
+    pub fn ready_ips_on_node(&self) -> impl Iterator<Item = &str> {
+        self.endpoints
             .iter()
-            .filter(|ep| ep.local && !ep.terminating)
+            .filter(|ep| ep.on_node && !ep.terminating)
             .map(|ep| ep.ip.as_str())
-            .collect();
-        ips.sort_unstable();
-        ips.dedup();
-        ips.len()
     }
 }

@@ -3,7 +3,10 @@
 //! For 1,000 / 5,000 / 10,000 ClusterIP services × 5 endpoints, with iptables-nft and iptables-legacy:
 //! a full sync (validate + render + `iptables-restore`, through the real [`Syncer`] and edge), then at
 //! the largest size a one-service partial sync (one endpoint replaced; median of 5), the rule count,
-//! and the peak RSS of the real `switchyard-agent apply --plan` process at that size. Prints one table.
+//! and the peak RSS of the real `switchyard-agent apply --plan` process at that size. Prints one table
+//! and, at 10,000 Services (not in smoke mode), one `target … met|MISSED` line per target: partial sync
+//! ≤ 50 ms (each iptables variant), peak RSS ≤ 30 MiB. A partial sync that the agent did not apply as a
+//! partial one fails the benchmark.
 //!
 //! ```text
 //! cargo bench -p switchyard-agent --bench iptables_sync         # minutes, most of it iptables-nft-restore
@@ -33,7 +36,14 @@ use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
-use common::{ENDPOINTS, Netns, applied, apply_rss, is_root, median, ms, spec};
+use common::{
+    ENDPOINTS, Netns, applied, applied_partial, apply_rss, is_root, median, ms, record, spec, target,
+};
+
+/// Where the targets are judged.
+const TARGET_SERVICES: u32 = 10_000;
+const PARTIAL_TARGET: Duration = Duration::from_millis(50);
+const RSS_TARGET_MIB: f64 = 30.0;
 
 fn syncer(variant: Variant) -> Result<Syncer, String> {
     let iptables = ExecIptables::with_variant(variant).map_err(|e| e.to_string())?;
@@ -96,8 +106,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
             let index = current.services.len() / 2;
             current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
             switchyard_api::testing::finish(&mut current);
-            let (duration, _) = applied(syncer.sync(&[Arc::new(current.clone())]))?;
-            partial.push(duration);
+            partial.push(applied_partial(syncer.sync(&[Arc::new(current.clone())]))?);
         }
         Ok((full, rules, partial))
     })?;
@@ -156,6 +165,14 @@ fn run() -> Result<(), String> {
                 row.partial.map(ms).unwrap_or_else(|| "-".into())
             );
             let _ = std::io::stdout().flush();
+            if let Some(partial) = row.partial.filter(|_| !smoke && services == TARGET_SERVICES) {
+                target(
+                    &format!("agent (iptables-{variant}) one-service partial sync at 10,000 Services"),
+                    &ms(partial),
+                    "≤ 50 ms",
+                    partial <= PARTIAL_TARGET,
+                );
+            }
         }
     }
     let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
@@ -165,6 +182,15 @@ fn run() -> Result<(), String> {
         kib as f64 / 1024.0,
         wall.as_secs_f64()
     );
+    if !smoke && largest == TARGET_SERVICES {
+        let mib = kib as f64 / 1024.0;
+        target(
+            "agent (iptables) peak RSS at 10,000 Services",
+            &format!("{mib:.1} MiB"),
+            "≤ 30 MiB",
+            mib <= RSS_TARGET_MIB,
+        );
+    }
     Ok(())
 }
 
@@ -172,6 +198,7 @@ fn main() -> ExitCode {
     if !is_root() {
         if std::env::var("SWITCHYARD_SKIP_LAB").as_deref() == Ok("1") {
             println!("skip iptables_sync: needs root for network namespaces (SWITCHYARD_SKIP_LAB=1)");
+            record("agent iptables benchmark", "skipped: needs root", "-", "-");
             return ExitCode::SUCCESS;
         }
         eprintln!("iptables_sync needs root (network namespaces); set SWITCHYARD_SKIP_LAB=1 to skip it");

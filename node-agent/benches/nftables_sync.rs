@@ -5,7 +5,9 @@
 //! (a second agent reads the table back with `nft -j list table` and finds nothing to change), the
 //! cheap drift check (netlink), and at the largest size a one-service partial sync (one endpoint
 //! replaced; median of 5). Then the peak RSS of the real `switchyard-agent apply --plan` process at that
-//! size. Prints one table.
+//! size. Prints one table and, at 10,000 Services (not in smoke mode), one `target … met|MISSED` line per
+//! target: full sync ≤ 10 s, one-service partial sync ≤ 20 ms, peak RSS ≤ 30 MiB. A partial sync that
+//! the agent did not apply as a partial one fails the benchmark.
 //!
 //! ```text
 //! cargo bench -p switchyard-agent --bench nftables_sync                         # about a minute
@@ -34,7 +36,15 @@ use switchyard_agent::nftables::render;
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
-use common::{ENDPOINTS, Netns, applied, apply_rss, is_root, median, ms, spec};
+use common::{
+    ENDPOINTS, Netns, applied, applied_partial, apply_rss, is_root, median, ms, record, spec, target,
+};
+
+/// Where the targets are judged.
+const TARGET_SERVICES: u32 = 10_000;
+const FULL_TARGET: Duration = Duration::from_secs(10);
+const PARTIAL_TARGET: Duration = Duration::from_millis(20);
+const RSS_TARGET_MIB: f64 = 30.0;
 
 fn syncer() -> Result<Syncer, String> {
     let nft = ExecNft::detect().map_err(|e| e.to_string())?;
@@ -90,8 +100,7 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
             let index = current.services.len() / 2;
             current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
             switchyard_api::testing::finish(&mut current);
-            let (duration, _) = applied(restarted.sync(&[Arc::new(current.clone())]))?;
-            partial.push(duration);
+            partial.push(applied_partial(restarted.sync(&[Arc::new(current.clone())]))?);
         }
         Ok((full, programmed, restart, drift_check, partial))
     })?;
@@ -148,6 +157,22 @@ fn run() -> Result<(), String> {
             row.partial.map(ms).unwrap_or_else(|| "-".into())
         );
         let _ = std::io::stdout().flush();
+        if !smoke && services == TARGET_SERVICES {
+            target(
+                "agent (nftables) full sync at 10,000 Services",
+                &ms(row.full),
+                "≤ 10 s",
+                row.full <= FULL_TARGET,
+            );
+            if let Some(partial) = row.partial {
+                target(
+                    "agent (nftables) one-service partial sync at 10,000 Services",
+                    &ms(partial),
+                    "≤ 20 ms",
+                    partial <= PARTIAL_TARGET,
+                );
+            }
+        }
     }
     let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
     let (kib, wall) = apply_rss(agent, largest, Backend::Nftables)?;
@@ -156,6 +181,15 @@ fn run() -> Result<(), String> {
         kib as f64 / 1024.0,
         wall.as_secs_f64()
     );
+    if !smoke && largest == TARGET_SERVICES {
+        let mib = kib as f64 / 1024.0;
+        target(
+            "agent (nftables) peak RSS at 10,000 Services",
+            &format!("{mib:.1} MiB"),
+            "≤ 30 MiB",
+            mib <= RSS_TARGET_MIB,
+        );
+    }
     Ok(())
 }
 
@@ -163,6 +197,7 @@ fn main() -> ExitCode {
     if !is_root() {
         if std::env::var("SWITCHYARD_SKIP_LAB").as_deref() == Ok("1") {
             println!("skip nftables_sync: needs root for network namespaces (SWITCHYARD_SKIP_LAB=1)");
+            record("agent nftables benchmark", "skipped: needs root", "-", "-");
             return ExitCode::SUCCESS;
         }
         eprintln!("nftables_sync needs root (network namespaces); set SWITCHYARD_SKIP_LAB=1 to skip it");

@@ -1,15 +1,17 @@
 //! Shared scaffolding of the agent benchmarks (`iptables_sync`, `nftables_sync`): the synthetic plan,
-//! throwaway network namespaces, the smoke-mode rule, and the peak-RSS run of the real binary.
+//! throwaway network namespaces, the smoke-mode rule, the peak-RSS run of the real binary, and the target
+//! lines `make bench` collects into its summary table.
 // Each benchmark uses only part of this module.
 #![allow(dead_code)]
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use switchyard_agent::sync::SyncResult;
 use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
-use switchyard_api::{Backend, NodeForwardingPlan, NodeForwardingPlanSpec};
+use switchyard_api::{Backend, NodeForwardingPlan, NodeForwardingPlanSpec, SyncMode};
 
 /// Endpoints per Service.
 pub const ENDPOINTS: u32 = 5;
@@ -120,6 +122,53 @@ pub fn applied(result: SyncResult) -> Result<(Duration, u64), String> {
     match result {
         SyncResult::Applied { duration, rules, .. } => Ok((duration, rules)),
         other => Err(format!("sync did not apply: {other:?}")),
+    }
+}
+
+/// Duration of an applied sync that must have been partial (a full one would measure something else).
+pub fn applied_partial(result: SyncResult) -> Result<Duration, String> {
+    match result {
+        SyncResult::Applied {
+            mode: SyncMode::Partial,
+            duration,
+            ..
+        } => Ok(duration),
+        SyncResult::Applied { mode, .. } => Err(format!(
+            "a one-service change was applied as a {mode:?} sync, not a partial one"
+        )),
+        other => Err(format!("sync did not apply: {other:?}")),
+    }
+}
+
+/// A measurement against a target: prints `target <what> <target>: <value> met|MISSED` and records it for
+/// `make bench`'s summary table.
+pub fn target(what: &str, value: &str, target: &str, met: bool) {
+    let verdict = if met { "met" } else { "MISSED" };
+    println!("target {what} {target}: {value} {verdict}");
+    record(what, value, target, verdict);
+}
+
+/// Appends `SUMMARY|what|value|target|verdict` to the file named by SWITCHYARD_BENCH_SUMMARY (`make bench`
+/// sets it; unset, nothing is recorded).
+pub fn record(what: &str, value: &str, target: &str, verdict: &str) {
+    let Some(path) = std::env::var_os("SWITCHYARD_BENCH_SUMMARY") else {
+        return;
+    };
+    let clean = |s: &str| s.replace(['|', '\n'], " ");
+    let line = format!(
+        "SUMMARY|{}|{}|{}|{}\n",
+        clean(what),
+        clean(value),
+        clean(target),
+        clean(verdict)
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(line.as_bytes()));
+    if let Err(error) = written {
+        eprintln!("cannot append to {}: {error}", path.to_string_lossy());
     }
 }
 

@@ -50,13 +50,7 @@ pub fn desired(
     let mut local: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for entry in entries() {
         let ips = local.entry(entry.service_key()).or_default();
-        ips.extend(
-            entry
-                .endpoints
-                .iter()
-                .filter(|ep| ep.local && !ep.terminating)
-                .map(|ep| ep.ip.as_str()),
-        );
+        ips.extend(entry.ready_ips_on_node());
     }
     let mut ports: BTreeMap<u16, HcService> = BTreeMap::new();
     let mut conflicts = Vec::new();
@@ -168,6 +162,10 @@ mod tests {
                     .hc_node_port(32000)
                     .with(ep("10.244.1.5", 8443).local())
                     .with(ep("10.244.1.7", 8443).local()),
+                // The IPv6 side of the same Service, not externally accessible (no LB IP of its
+                // family, no NodePort): its endpoints are only in the Cluster set, yet they are this
+                // node's ready endpoints and count, as in kube-proxy.
+                entry("ns/web:http", "fd00:96::1", 80).with(ep("fd00:244:1::5", 8080).on_node()),
                 // No local endpoint.
                 entry("ns/far:p", "10.96.0.2", 80)
                     .lb_ip("203.0.113.2")
@@ -192,7 +190,7 @@ mod tests {
         let web = &ports[&32000];
         assert_eq!(
             (web.namespace.as_str(), web.name.as_str(), web.local_endpoints),
-            ("ns", "web", 2)
+            ("ns", "web", 3)
         );
         assert_eq!(ports[&32001].name, "far");
         assert_eq!(ports[&32001].local_endpoints, 0);
