@@ -63,22 +63,28 @@ fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, Error> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
         // JSON: one value, or several concatenated (as `kubectl get -o json` of separate calls gives).
-        let mut documents = Vec::new();
-        for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
-            documents.push(value.map_err(|e| {
+        let json: Result<Vec<Value>, serde_json::Error> = serde_json::Deserializer::from_str(text)
+            .into_iter::<Value>()
+            .collect();
+        return match json {
+            Ok(documents) => Ok(documents),
+            // Flow-style YAML starts the same way; only when that fails too is it reported as JSON.
+            Err(e) => parse_yaml(text).map_err(|_| {
                 error(format!(
                     "invalid JSON at line {} column {}: {e}",
                     e.line(),
                     e.column()
                 ))
-            })?);
-        }
-        return Ok(documents);
+            }),
+        };
     }
+    parse_yaml(text).map_err(|e| error(format!("invalid YAML: {e}")))
+}
+
+fn parse_yaml(text: &str) -> Result<Vec<Value>, serde_saphyr::Error> {
     let mut options = switchyard_api::yaml::large_file_options();
     options.leading_zero_numbers_as_strings = true;
-    let documents: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options)
-        .map_err(|e| error(format!("invalid YAML: {e}")))?;
+    let documents: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options)?;
     Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
 }
 
@@ -234,6 +240,15 @@ items:
             .filter_map(|n| n.metadata.name.clone())
             .collect();
         assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn flow_style_yaml_is_not_mistaken_for_json() {
+        let yaml = "{kind: Node, metadata: {name: a}}
+";
+        let mut loaded = Loaded::default();
+        load_text("node.yaml", yaml, &mut loaded).unwrap();
+        assert_eq!(loaded.snapshot.nodes.len(), 1);
     }
 
     #[test]
