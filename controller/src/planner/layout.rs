@@ -25,6 +25,11 @@ use crate::{Error, config::Config};
 pub const MAX_SHARDS: u32 = 1024;
 /// Allowance for metadata, labels and managed fields the API server adds around the spec.
 const OBJECT_OVERHEAD_BYTES: usize = 4096;
+/// From this shard count on, a Service too big for any object on its own (all its entries share a
+/// shard) no longer drives the count up: more shards cannot make it fit, and the node would end up
+/// with MAX_SHARDS objects. Its shard goes over the budget instead (the API server's limit is
+/// ~1.5 MiB, so a write failure and its log line tell the operator).
+const OVERSIZED_CHECK_FROM: u32 = 8;
 
 /// A node's plan objects, primary first.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +74,27 @@ impl ZoneCache {
             })
             .clone()
     }
+}
+
+/// Bytes per shard (of `count`) taken by Services whose entries on this node alone exceed `budget`.
+fn oversized_bytes(node: &NodeInfo, slots: &[Slot], count: u32, budget: usize) -> Vec<usize> {
+    let mut per_service: HashMap<u64, usize> = HashMap::new();
+    for slot in slots {
+        let planned = slot
+            .overrides
+            .get(&node.name)
+            .or_else(|| slot.by_zone.get(&node.zone));
+        if let Some(planned) = planned {
+            *per_service.entry(slot.shard_hash).or_default() += planned.fingerprint.bytes + 1;
+        }
+    }
+    let mut exempt = vec![0; count as usize];
+    for (hash, bytes) in per_service {
+        if bytes > budget {
+            exempt[(hash % u64::from(count)) as usize] += bytes;
+        }
+    }
+    exempt
 }
 
 /// How one node's plan is laid out, with its revisions.
@@ -144,9 +170,18 @@ impl Layout {
                 acc.sum.add(own.fingerprint.digest);
                 acc.bytes = acc.bytes.saturating_sub(base.fingerprint.bytes) + own.fingerprint.bytes;
             }
+            let budget = config
+                .max_plan_bytes
+                .saturating_sub(header_bytes + OBJECT_OVERHEAD_BYTES);
+            let exempt = if count >= OVERSIZED_CHECK_FROM {
+                oversized_bytes(node, slots, count, budget)
+            } else {
+                vec![0; count as usize]
+            };
             let fits = accs
                 .iter()
-                .all(|a| a.bytes + header_bytes + OBJECT_OVERHEAD_BYTES <= config.max_plan_bytes);
+                .zip(&exempt)
+                .all(|(a, exempt)| a.bytes.saturating_sub(*exempt) <= budget);
             if fits || count >= MAX_SHARDS {
                 break accs;
             }

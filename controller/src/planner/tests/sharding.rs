@@ -142,3 +142,37 @@ fn replanning_a_sharded_plan_matches_a_full_rebuild() {
     let fresh = Planner::build(&after, &config).unwrap();
     assert_eq!(planner.all_plans(), fresh.all_plans());
 }
+
+#[test]
+fn a_service_bigger_than_any_object_does_not_multiply_the_shards() {
+    let mut snapshot = big_cluster(300, None);
+    // One Service with 2,000 endpoints: ~100 KB on its own, over the 64 KiB budget whatever the count.
+    snapshot.services.push(service("ns1", "huge", "10.96.200.1", |s| {
+        s.port("http", 80, "TCP");
+    }));
+    let eps = (0..2000)
+        .map(|i| endpoint(&format!("10.245.{}.{}", i / 250, i % 250 + 1), "node-z"))
+        .collect();
+    snapshot
+        .slices
+        .push(slice("ns1", "huge", &[("http", 8080, "TCP")], eps));
+    let shards = objects(&snapshot, 64 * 1024);
+    assert!(
+        shards.len() <= 16,
+        "the oversized Service must not push the count to the maximum: {} shards",
+        shards.len()
+    );
+    let mut oversized = 0;
+    for spec in &shards {
+        let bytes = serde_json::to_vec(spec).unwrap().len();
+        if spec.services.iter().any(|e| e.name == "ns1/huge:http") {
+            oversized += 1;
+        } else {
+            assert!(
+                bytes <= 64 * 1024,
+                "shard without the huge Service is {bytes} bytes"
+            );
+        }
+    }
+    assert_eq!(oversized, 1, "the huge Service sits in one shard");
+}
