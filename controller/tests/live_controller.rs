@@ -464,3 +464,205 @@ async fn shutdown_releases_the_lease() {
         "{lease}"
     );
 }
+
+fn lease_options(timing: Timing) -> Options {
+    let mut options = Options::new(config(1 << 20));
+    options.leader_elect = true;
+    options.identity = "me".into();
+    options.timing = timing;
+    options
+}
+
+#[tokio::test]
+async fn a_hung_lease_call_steps_the_leader_down_within_the_renew_deadline() {
+    let timing = Timing {
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(1),
+        retry_period: Duration::from_millis(100),
+    };
+    // The lease's GET and PUT: a hung one must not keep this replica writing while another one takes the
+    // lease over once it expires.
+    for method in [Method::PUT, Method::GET] {
+        let server = FakeApiServer::new();
+        seed(&server, &shape());
+        let ctl = Controller::start(&server, lease_options(timing)).await;
+        assert!(eventually(Duration::from_secs(10), || server.keys(Kind::Plan).len() == 3).await);
+        server.hang(method.clone(), "/leases/", None);
+        let hung = tokio::time::Instant::now();
+        assert!(
+            eventually(Duration::from_secs(10), || !*ctl.running.leader.borrow()).await,
+            "{method}: still leading"
+        );
+        // The last renew was at most one retry period before the hang; the slack is for a loaded machine,
+        // well below the lease duration after which another replica may write.
+        let after = hung.elapsed();
+        assert!(
+            after < timing.renew_deadline + Duration::from_millis(700),
+            "{method}: stepped down after {after:?}"
+        );
+        server.clear_requests();
+        server.put(Kind::EndpointSlice, slice(5, &shape(), 3));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(
+            ctl.plan_writes().is_empty(),
+            "{method}: writes after stepping down: {:?}",
+            names(&ctl.plan_writes())
+        );
+        ctl.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn losing_the_lease_mid_write_keeps_the_node_queued() {
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    let mut options = lease_options(Timing {
+        lease_duration: Duration::from_secs(2),
+        renew_deadline: Duration::from_millis(1500),
+        retry_period: Duration::from_millis(100),
+    });
+    // One write a second: the second node waits for the budget while the lease is lost.
+    options.config.write_qps = 1.0;
+    options.config.write_burst = 1;
+    let ctl = Controller::start(&server, options).await;
+    assert!(eventually(Duration::from_secs(10), || !server.keys(Kind::Plan).is_empty()).await);
+    server.put(Kind::Lease, lease("usurper", Timestamp::now()));
+    assert!(eventually(Duration::from_secs(5), || !*ctl.running.leader.borrow()).await);
+    // The usurper stops renewing: once its lease expires we lead again and write every node, including
+    // the one whose write was cut short.
+    assert!(
+        eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await,
+        "{:?}",
+        server.keys(Kind::Plan)
+    );
+    assert!(*ctl.running.leader.borrow());
+    let metrics = ctl.running.metrics.render();
+    assert!(
+        metrics.contains("switchyard_controller_plan_write_failures_total 0"),
+        "{metrics}"
+    );
+    ctl.stop().await;
+}
+
+fn sharded_shape() -> Shape {
+    Shape {
+        services: 400,
+        ..shape()
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_secondary_shard_is_recreated() {
+    let server = FakeApiServer::new();
+    seed(&server, &sharded_shape());
+    let ctl = Controller::start(&server, Options::new(config(64 * 1024))).await;
+    assert!(eventually(Duration::from_secs(30), || server.keys(Kind::Plan).len() >= 6).await);
+    settle(&ctl, Duration::from_millis(500)).await;
+    let shard = "node-0001.shard-1";
+    let original = server.get(Kind::Plan, shard).expect("a secondary shard");
+
+    server.clear_requests();
+    server.remove(Kind::Plan, shard);
+    assert!(
+        eventually(Duration::from_secs(10), || server
+            .get(Kind::Plan, shard)
+            .is_some())
+        .await,
+        "{shard} was not recreated"
+    );
+    assert_eq!(server.get(Kind::Plan, shard).unwrap()["spec"], original["spec"]);
+    settle(&ctl, Duration::from_millis(300)).await;
+    assert_eq!(names(&ctl.plan_writes()), vec![shard]);
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_plan_deleted_while_the_watch_was_down_is_recreated_after_the_relist() {
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    settle(&ctl, Duration::from_millis(400)).await;
+
+    // The deletion's event is lost; only the relist after 410 Gone shows the plan missing.
+    server.clear_requests();
+    server.remove_unseen(Kind::Plan, "node-0002");
+    server.expire_watches();
+    assert!(
+        eventually(Duration::from_secs(10), || server
+            .get(Kind::Plan, "node-0002")
+            .is_some())
+        .await,
+        "the plan missing from the relist was not recreated"
+    );
+    settle(&ctl, Duration::from_millis(300)).await;
+    assert_eq!(names(&ctl.plan_writes()), vec!["node-0002"]);
+    ctl.stop().await;
+}
+
+/// Waits until the server received a request that matches.
+async fn received(server: &FakeApiServer, matches: impl Fn(&Recorded) -> bool) -> bool {
+    eventually(Duration::from_secs(10), || server.requests().iter().any(&matches)).await
+}
+
+#[tokio::test]
+async fn a_hung_relist_confirmation_does_not_block_event_intake() {
+    let server = FakeApiServer::new();
+    let shape = shape();
+    seed(&server, &shape);
+    let mut options = Options::new(config(1 << 20));
+    options.api_timeout = Duration::from_millis(300);
+    let ctl = Controller::start(&server, options).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    settle(&ctl, Duration::from_millis(400)).await;
+
+    // The Services relist comes back empty; the list that would confirm it never answers.
+    server.hang(Method::GET, "/api/v1/services", Some("limit=1"));
+    for key in server.keys(Kind::Service) {
+        server.remove_unseen(Kind::Service, &key);
+    }
+    server.expire_watches();
+    assert!(
+        received(&server, |r| r.path == "/api/v1/services"
+            && r.query.split('&').any(|p| p == "limit=1"))
+        .await
+    );
+    server.clear_requests();
+    server.put(Kind::EndpointSlice, slice(5, &shape, 3));
+    assert!(
+        eventually(Duration::from_secs(10), || !ctl.plan_writes().is_empty()).await,
+        "the slice change was not taken in while the confirmation hung"
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_hung_orphan_sweep_does_not_block_event_intake() {
+    let server = FakeApiServer::new();
+    let shape = shape();
+    seed(&server, &shape);
+    let mut options = Options::new(config(1 << 20));
+    options.api_timeout = Duration::from_millis(300);
+    options.orphan_sweep_period = Duration::from_millis(200);
+    let ctl = Controller::start(&server, options).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    settle(&ctl, Duration::from_millis(400)).await;
+
+    // The GET that would confirm the Node is gone never answers.
+    server.hang(Method::GET, "/api/v1/nodes/node-0001", None);
+    server.remove(Kind::Node, "node-0001");
+    assert!(
+        received(&server, |r| r.method == Method::GET
+            && r.path == "/api/v1/nodes/node-0001")
+        .await
+    );
+    server.clear_requests();
+    server.put(Kind::EndpointSlice, slice(5, &shape, 3));
+    assert!(
+        eventually(Duration::from_secs(10), || !ctl.plan_writes().is_empty()).await,
+        "the slice change was not taken in while the sweep hung"
+    );
+    // Nothing was deleted on a Node GET that never answered.
+    assert!(server.get(Kind::Plan, "node-0001").is_some());
+    ctl.stop().await;
+}

@@ -120,6 +120,8 @@ pub struct Engine {
     restored: Vec<String>,
     /// Empty relists waiting for confirmation (the objects known before them stay in the caches).
     suspects: BTreeSet<SuspectEmpty>,
+    /// Plan objects listed (or written) since the plan watch's relist began; `None` outside a relist.
+    relisted_plans: Option<BTreeSet<String>>,
 }
 
 impl Engine {
@@ -138,6 +140,7 @@ impl Engine {
             pending: BTreeMap::new(),
             restored: Vec::new(),
             suspects: BTreeSet::new(),
+            relisted_plans: None,
         }
     }
 
@@ -238,6 +241,9 @@ impl Engine {
                     consistent,
                 };
                 self.observed.insert(name.clone(), observed);
+                if let Some(seen) = self.relisted_plans.as_mut() {
+                    seen.insert(name.clone());
+                }
                 if self.plans_synced && self.differs_from_desired(&name) {
                     self.restored.push(name);
                     self.pending.entry(node).or_default();
@@ -248,24 +254,40 @@ impl Engine {
                     return;
                 };
                 if let Some(observed) = self.observed.remove(&name) {
-                    let wanted = self
-                        .planner
-                        .as_ref()
-                        .is_some_and(|p| p.revision(&observed.node).is_some());
-                    if wanted && self.desired_revision(&name).is_some() {
-                        self.restored.push(name);
-                        self.pending.entry(observed.node).or_default();
-                    }
+                    self.restore_if_wanted(name, observed.node);
                 }
             }
-            watcher::Event::Init => {}
+            watcher::Event::Init => self.relisted_plans = Some(BTreeSet::new()),
             watcher::Event::InitDone => {
+                // Plans deleted while the watch was down are missing from the relist: forget them, or
+                // `work_for` would take them for up to date and never rewrite them.
+                if let Some(seen) = self.relisted_plans.take() {
+                    let gone: Vec<String> = self
+                        .observed
+                        .keys()
+                        .filter(|name| !seen.contains(*name))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        if let Some(observed) = self.observed.remove(&name) {
+                            self.restore_if_wanted(name, observed.node);
+                        }
+                    }
+                }
                 self.plans_synced = true;
                 let nodes: BTreeSet<String> = self.observed.values().map(|o| o.node.clone()).collect();
                 for node in nodes {
                     self.pending.entry(node).or_default();
                 }
             }
+        }
+    }
+
+    /// A plan object of `node` disappeared: queue the node when the object is still wanted.
+    fn restore_if_wanted(&mut self, name: String, node: String) {
+        if self.desired_revision_of(&node, &name).is_some() {
+            self.restored.push(name);
+            self.pending.entry(node).or_default();
         }
     }
 
@@ -300,7 +322,13 @@ impl Engine {
         let observed_node = self.observed.get(name).map(|o| o.node.as_str());
         let planner = self.planner.as_ref()?;
         let node = observed_node.or_else(|| planner.node_names().find(|n| *n == name))?;
-        let revisions = planner.shard_revisions(node)?;
+        self.desired_revision_of(node, name)
+    }
+
+    /// The revision the controller wants for `node`'s plan object `name` (a secondary shard's name does
+    /// not say its node, so callers that no longer observe it pass the node they knew).
+    fn desired_revision_of(&self, node: &str, name: &str) -> Option<&str> {
+        let revisions = self.planner.as_ref()?.shard_revisions(node)?;
         (0..revisions.len())
             .find(|&i| plan_object_name(node, i as u32) == name)
             .and_then(|i| revisions.get(i).map(String::as_str))
@@ -463,6 +491,10 @@ impl Engine {
     /// Records that an object was written with the given revision (so the watch echo is not mistaken for
     /// an edit and an immediate retry does not rewrite it).
     pub fn written(&mut self, node: &str, name: &str, revision: &str) {
+        // Written during a relist: the list may predate the write, which must not count as a deletion.
+        if let Some(seen) = self.relisted_plans.as_mut() {
+            seen.insert(name.to_string());
+        }
         self.observed.insert(
             name.to_string(),
             Observed {
@@ -626,6 +658,44 @@ mod tests {
         engine.confirm_empty(SuspectEmpty::Services);
         assert!(engine.dirty());
         assert_eq!(engine.service_count(), 0);
+    }
+
+    /// Writes every pending node and feeds the objects back as the plan watch would.
+    fn write_all(engine: &mut Engine) -> Vec<NodeForwardingPlan> {
+        let mut written = Vec::new();
+        while let Some((node, _)) = engine.next_pending() {
+            for object in engine.work_for(&node, None).unwrap().apply {
+                engine.observe(Input::Plan(Event::Apply(object.clone())));
+                written.push(object);
+            }
+        }
+        written
+    }
+
+    #[test]
+    fn a_relist_forgets_plans_deleted_while_the_watch_was_down() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        let plans = write_all(&mut engine);
+        assert_eq!(plans.len(), 3);
+        assert!(engine.take_restored().is_empty());
+
+        engine.observe(Input::Plan(Event::Init));
+        for plan in plans
+            .iter()
+            .filter(|p| p.metadata.name.as_deref() != Some("node-b"))
+        {
+            engine.observe(Input::Plan(Event::InitApply(plan.clone())));
+        }
+        engine.observe(Input::Plan(Event::InitDone));
+        assert_eq!(engine.take_restored(), vec!["node-b"]);
+        let mut apply = BTreeMap::new();
+        while let Some((node, _)) = engine.next_pending() {
+            apply.insert(node.clone(), engine.work_for(&node, None).unwrap().apply.len());
+        }
+        let want: BTreeMap<String, usize> =
+            [("node-a".into(), 0), ("node-b".into(), 1), ("node-c".into(), 0)].into();
+        assert_eq!(apply, want);
     }
 
     #[test]

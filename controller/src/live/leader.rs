@@ -4,7 +4,7 @@
 //! ```text
 //! every retryPeriod: GET lease ─► decide(lease, me, now) ─► Renew | Acquire | Follow ─► PUT/POST (resourceVersion
 //!   guards against two replicas racing) ─► leader flag (tokio watch) ─► the writer checks it before each write
-//! no successful renew within renewDeadline ─► step down
+//! no successful renew within renewDeadline ─► step down, even while a lease call still hangs
 //! ```
 
 use std::time::Duration;
@@ -15,7 +15,7 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{Api, api::PostParams};
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
 
 /// Lease timing, client-go's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +90,11 @@ fn spec_for(
 
 /// Runs the election until `shutdown` turns true; publishes leadership on `leader`. Releases the lease
 /// on the way out when held.
+///
+/// kube's client has no read timeout (the watches need none), so every round is bounded here: a leader's
+/// round may last only until its renew deadline, and the leader steps down once the deadline has passed
+/// since its last successful renew, whatever is still in flight. Otherwise a hung renew would keep this
+/// replica writing after another one took the expired lease over.
 pub async fn run(
     api: Api<Lease>,
     name: String,
@@ -98,85 +103,118 @@ pub async fn run(
     leader: watch::Sender<bool>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut last_renew: Option<tokio::time::Instant> = None;
+    // When the round of the last successful renew started: the lease's renewTime is no earlier, so the
+    // deadline measured from here never outlives the lease as other replicas see it.
+    let mut last_renew: Option<Instant> = None;
     loop {
-        let now = Timestamp::now();
-        let observed = api.get_opt(&name).await;
-        let held = match observed {
-            Ok(lease) => match decide(lease.as_ref(), &identity, now) {
-                Decision::Follow { holder } => {
-                    tracing::debug!(%holder, "following the leader");
-                    false
+        let deadline = last_renew.map(|t| t + timing.renew_deadline);
+        let started = Instant::now();
+        if *leader.borrow() && deadline.is_none_or(|d| started >= d) {
+            step_down(&leader, &identity);
+        }
+        let limit = match deadline {
+            Some(d) if *leader.borrow() => d.saturating_duration_since(started),
+            _ => timing.renew_deadline,
+        };
+        let round = tokio::time::timeout(limit, try_acquire_or_renew(&api, &name, &identity, timing));
+        let outcome = tokio::select! {
+            outcome = round => outcome,
+            _ = shutdown.wait_for(|stop| *stop) => break,
+        };
+        let still_within = || *leader.borrow() && deadline.is_some_and(|d| Instant::now() < d);
+        let held = match outcome {
+            Ok(Ok(held)) => {
+                if held {
+                    last_renew = Some(started);
                 }
-                decision => {
-                    let transitions = match decision {
-                        Decision::Acquire { transitions } => Some(transitions),
-                        _ => None,
-                    };
-                    let spec = spec_for(
-                        &identity,
-                        timing,
-                        now,
-                        transitions,
-                        lease.as_ref().and_then(|l| l.spec.as_ref()),
-                    );
-                    let result = match lease {
-                        Some(mut lease) => {
-                            lease.spec = Some(spec);
-                            api.replace(&name, &PostParams::default(), &lease)
-                                .await
-                                .map(|_| ())
-                        }
-                        None => {
-                            let lease = Lease {
-                                metadata: ObjectMeta {
-                                    name: Some(name.clone()),
-                                    ..ObjectMeta::default()
-                                },
-                                spec: Some(spec),
-                            };
-                            api.create(&PostParams::default(), &lease).await.map(|_| ())
-                        }
-                    };
-                    match result {
-                        Ok(()) => {
-                            if transitions.is_some() {
-                                tracing::info!(%identity, "acquired the leader lease");
-                            }
-                            last_renew = Some(tokio::time::Instant::now());
-                            true
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "updating the leader lease failed");
-                            last_renew.is_some_and(|t| t.elapsed() < timing.renew_deadline)
-                                && *leader.borrow()
-                        }
-                    }
-                }
-            },
-            Err(error) => {
-                tracing::warn!(%error, "reading the leader lease failed");
-                last_renew.is_some_and(|t| t.elapsed() < timing.renew_deadline) && *leader.borrow()
+                held
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "reading or updating the leader lease failed");
+                still_within()
+            }
+            Err(_) => {
+                tracing::warn!(timeout = ?limit, "the leader lease call did not answer in time");
+                still_within()
             }
         };
-        if *leader.borrow() != held {
-            if !held {
-                tracing::warn!(%identity, "lost the leader lease; plan writes stop");
-            }
-            leader.send_replace(held);
+        if held {
+            leader.send_if_modified(|leading| !std::mem::replace(leading, true));
+        } else {
+            step_down(&leader, &identity);
+        }
+        // A leader wakes at its renew deadline at the latest, to step down on time.
+        let mut wake = Instant::now() + timing.retry_period;
+        if held && let Some(t) = last_renew {
+            wake = wake.min(t + timing.renew_deadline);
         }
         tokio::select! {
-            _ = tokio::time::sleep(timing.retry_period) => {}
-            _ = shutdown.changed() => {}
-        }
-        if *shutdown.borrow() {
-            break;
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = shutdown.wait_for(|stop| *stop) => break,
         }
     }
     if *leader.borrow() {
         leader.send_replace(false);
-        release(&api, &name, &identity).await;
+        // Bounded like a round: a hung API server must not hold up the shutdown.
+        if tokio::time::timeout(timing.renew_deadline, release(&api, &name, &identity))
+            .await
+            .is_err()
+        {
+            tracing::warn!("releasing the leader lease timed out; it expires on its own");
+        }
     }
+}
+
+fn step_down(leader: &watch::Sender<bool>, identity: &str) {
+    if leader.send_if_modified(|leading| std::mem::replace(leading, false)) {
+        tracing::warn!(%identity, "lost the leader lease; plan writes stop");
+    }
+}
+
+/// One round: read the lease and renew or take it when we may. `Ok(true)` when we hold it afterwards.
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+    timing: Timing,
+) -> Result<bool, kube::Error> {
+    let now = Timestamp::now();
+    let lease = api.get_opt(name).await?;
+    let transitions = match decide(lease.as_ref(), identity, now) {
+        Decision::Follow { holder } => {
+            tracing::debug!(%holder, "following the leader");
+            return Ok(false);
+        }
+        Decision::Acquire { transitions } => Some(transitions),
+        Decision::Renew => None,
+    };
+    let spec = spec_for(
+        identity,
+        timing,
+        now,
+        transitions,
+        lease.as_ref().and_then(|l| l.spec.as_ref()),
+    );
+    match lease {
+        Some(mut lease) => {
+            lease.spec = Some(spec);
+            api.replace(name, &PostParams::default(), &lease).await?;
+        }
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec),
+            };
+            api.create(&PostParams::default(), &lease).await?;
+        }
+    }
+    if transitions.is_some() {
+        tracing::info!(%identity, "acquired the leader lease");
+    }
+    Ok(true)
 }
 
 /// Gives the lease up so another replica takes over at once instead of waiting for it to expire.

@@ -52,7 +52,8 @@ pub struct Metrics {
     pub plans_restored: Counter,
     /// Writes that waited for the write budget.
     pub throttled_writes: Counter,
-    /// Input objects the planner skipped as invalid.
+    /// Input objects the planner skipped as invalid: each counted once, not once per re-plan (again only
+    /// if it breaks again after a full re-plan found it fixed).
     pub skipped_objects: Family<KindLabel, Counter>,
     /// Planning run durations.
     pub planning_duration: Family<ModeLabel, Histogram>,

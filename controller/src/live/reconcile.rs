@@ -5,7 +5,9 @@
 //! node ─► Engine::work_for ─► for each stale shard (others first, primary last):
 //!            leader? ─► write budget ─► PATCH …/nodeforwardingplans/<name>?fieldManager=switchyard-controller&force=true
 //!        ─► delete shards no longer needed ─► metrics (written, unchanged, bytes, network programming latency)
-//! error ─► error_policy ─► requeue after 0.5 s · 2^failures (capped at 5 min): never a tight loop
+//! error ─► error_policy ─► requeue after 0.5 s · 2^failures (capped at 5 min, at least a 429's
+//!          retryAfterSeconds): never a tight loop
+//! every API call here is bounded by Context::api_timeout (kube's client has no read timeout)
 //! ```
 
 use std::{
@@ -38,6 +40,8 @@ pub enum Action {
 pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
 /// Longest retry delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Default longest wait for one API call outside the watches.
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Everything a reconcile needs.
 pub struct Context {
@@ -53,6 +57,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Whether this replica leads.
     pub leader: watch::Receiver<bool>,
+    /// Longest wait for one API call.
+    pub api_timeout: Duration,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -64,6 +70,7 @@ impl Context {
         budget: WriteBudget,
         metrics: Arc<Metrics>,
         leader: watch::Receiver<bool>,
+        api_timeout: Duration,
     ) -> Self {
         Self {
             engine,
@@ -72,12 +79,24 @@ impl Context {
             budget,
             metrics,
             leader,
+            api_timeout,
             failures: Mutex::new(HashMap::new()),
         }
     }
 
     fn is_leader(&self) -> bool {
         *self.leader.borrow()
+    }
+
+    /// Runs one API call for at most `api_timeout`. kube's client has no read timeout (a global one
+    /// would cut the watches), so without this a hung call would stall its caller for good.
+    pub async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        tokio::time::timeout(self.api_timeout, call)
+            .await
+            .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))))
     }
 }
 
@@ -113,8 +132,7 @@ pub async fn reconcile(
         }
         let name = object.metadata.name.clone().unwrap_or_default();
         let params = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
-        ctx.plans
-            .patch(&name, &params, &Patch::Apply(object))
+        ctx.bounded(ctx.plans.patch(&name, &params, &Patch::Apply(object)))
             .await
             .map_err(|source| Error::ApplyPlan {
                 name: name.clone(),
@@ -133,7 +151,10 @@ pub async fn reconcile(
         if !ctx.is_leader() {
             return Err(Error::NotLeader);
         }
-        match ctx.plans.delete(name, &DeleteParams::default()).await {
+        match ctx
+            .bounded(ctx.plans.delete(name, &DeleteParams::default()))
+            .await
+        {
             Ok(_) => {
                 ctx.metrics.plans_deleted.inc();
             }
@@ -177,9 +198,28 @@ pub fn error_policy(node: Arc<String>, error: &Error, ctx: Arc<Context>) -> Acti
         }
         Err(_) => 1,
     };
-    let delay = backoff(failures);
+    // The API server's retryAfterSeconds (sent with a 429) is a floor: retrying sooner only adds load.
+    let delay = backoff(failures).max(retry_after(error).unwrap_or_default());
     tracing::warn!(%node, %error, failures, retry_in = ?delay, "writing the plan failed");
     Action::Requeue(delay)
+}
+
+/// How long a 429 asked us to wait. kube's error does not carry the `Retry-After` header, but the
+/// API server puts the same value in the Status body's `details.retryAfterSeconds`.
+pub fn retry_after(error: &Error) -> Option<Duration> {
+    let source = match error {
+        Error::ApplyPlan { source, .. }
+        | Error::DeletePlan { source, .. }
+        | Error::GetNode { source, .. } => source,
+        _ => return None,
+    };
+    match source {
+        kube::Error::Api(status) if status.code == 429 => {
+            let seconds = status.details.as_ref()?.retry_after_seconds;
+            (seconds > 0).then(|| Duration::from_secs(u64::from(seconds)).min(BACKOFF_MAX))
+        }
+        _ => None,
+    }
 }
 
 /// 0.5 s · 2^(failures-1), capped at 5 min.
@@ -197,7 +237,7 @@ pub async fn sweep_orphans(ctx: &Context) -> Result<usize, Error> {
     };
     let mut deleted = 0;
     for (node, names) in orphans {
-        match ctx.nodes.get_opt(&node).await {
+        match ctx.bounded(ctx.nodes.get_opt(&node)).await {
             Ok(None) => {}
             Ok(Some(_)) => continue,
             Err(source) => return Err(Error::GetNode { name: node, source }),
@@ -206,7 +246,10 @@ pub async fn sweep_orphans(ctx: &Context) -> Result<usize, Error> {
             if !ctx.is_leader() {
                 return Err(Error::NotLeader);
             }
-            match ctx.plans.delete(&name, &DeleteParams::default()).await {
+            match ctx
+                .bounded(ctx.plans.delete(&name, &DeleteParams::default()))
+                .await
+            {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(source) => return Err(Error::DeletePlan { name, source }),
@@ -232,5 +275,28 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(1));
         assert_eq!(backoff(4), Duration::from_secs(4));
         assert_eq!(backoff(30), BACKOFF_MAX);
+    }
+
+    fn apply_error(status: serde_json::Value) -> Error {
+        Error::ApplyPlan {
+            name: "node-a".into(),
+            source: kube::Error::Api(Box::new(serde_json::from_value(status).unwrap())),
+        }
+    }
+
+    #[test]
+    fn a_429_retry_after_is_honoured_as_the_minimum_delay() {
+        // As the API server sends it (priority and fairness): the header's value is also in the body.
+        let throttled = apply_error(serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 429,
+            "reason": "TooManyRequests", "message": "too many requests",
+            "details": {"retryAfterSeconds": 7},
+        }));
+        assert_eq!(retry_after(&throttled), Some(Duration::from_secs(7)));
+        let plain = apply_error(serde_json::json!({"code": 429, "reason": "TooManyRequests"}));
+        assert_eq!(retry_after(&plain), None);
+        let other = apply_error(serde_json::json!({"code": 500, "details": {"retryAfterSeconds": 7}}));
+        assert_eq!(retry_after(&other), None);
+        assert_eq!(retry_after(&Error::NotLeader), None);
     }
 }

@@ -6,8 +6,12 @@
 //! orphan sweep (leader only, periodic) ─► GET node 404 ─► delete its plans
 //! shutdown ─► stop writing, release the lease
 //! ```
+//!
+//! The loop's own API calls (confirming an empty relist, the orphan sweep) are bounded by
+//! `Options::api_timeout`: while one waits, no watch event is taken in.
 
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -22,10 +26,14 @@ use super::{
     engine::{Engine, SuspectEmpty},
     leader::{self, Timing},
     metrics::{Health, KindLabel, Metrics, ModeLabel, router},
-    reconcile::{Action, Context, error_policy, reconcile, sweep_orphans},
+    reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
     watch as watches,
 };
-use crate::{Config, Error};
+use crate::{Config, Error, planner::Warning};
+
+/// After a failed or timed-out confirmation of an empty relist, wait this long before the next one
+/// (instead of retrying on every tick).
+const CONFIRM_RETRY: Duration = Duration::from_secs(1);
 
 /// How the live controller runs.
 #[derive(Debug, Clone)]
@@ -46,6 +54,9 @@ pub struct Options {
     pub metrics_bind: Option<SocketAddr>,
     /// How often plans of deleted nodes are looked for.
     pub orphan_sweep_period: Duration,
+    /// Longest wait for one API call outside the watches (writes, the orphan sweep, confirming an empty
+    /// relist); a call that takes longer fails and is retried later.
+    pub api_timeout: Duration,
 }
 
 impl Options {
@@ -60,6 +71,7 @@ impl Options {
             timing: Timing::default(),
             metrics_bind: None,
             orphan_sweep_period: Duration::from_secs(60),
+            api_timeout: API_CALL_TIMEOUT,
         }
     }
 }
@@ -136,6 +148,7 @@ pub async fn run(
         WriteBudget::new(config.write_qps, config.write_burst),
         Arc::clone(&metrics),
         leader_rx.clone(),
+        options.api_timeout,
     ));
     let wake = Arc::new(Notify::new());
     let writer = tokio::spawn(write_loop(Arc::clone(&ctx), Arc::clone(&wake), stop_rx.clone()));
@@ -144,6 +157,8 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.orphan_sweep_period);
     let mut last_plan: Option<tokio::time::Instant> = None;
+    let mut confirm_after: Option<tokio::time::Instant> = None;
+    let mut skipped = SkippedObjects::default();
     let mut leader_seen = *leader_rx.borrow();
     tokio::pin!(shutdown);
     loop {
@@ -161,11 +176,14 @@ pub async fn run(
             }
             _ = tick.tick() => {
                 health.beat();
-                confirm_suspect_relists(&client, &engine).await;
+                if confirm_after.is_none_or(|t| tokio::time::Instant::now() >= t) {
+                    let confirmed = confirm_suspect_relists(&client, &engine, options.api_timeout).await;
+                    confirm_after = (!confirmed).then(|| tokio::time::Instant::now() + CONFIRM_RETRY);
+                }
                 let due = last_plan.is_none_or(|t| t.elapsed() >= config.min_plan_interval);
                 let ready = engine.lock().is_ok_and(|e| e.synced() && e.dirty());
                 if due && ready {
-                    plan_once(&engine, &metrics);
+                    plan_once(&engine, &metrics, &mut skipped);
                     last_plan = Some(tokio::time::Instant::now());
                     health.set_ready();
                     wake.notify_one();
@@ -197,7 +215,28 @@ pub async fn run(
     Ok(())
 }
 
-fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics) {
+/// Invalid objects already counted in `skipped_objects`: every re-plan reports them again, but each one
+/// counts once. A full re-plan reports every current one, so it also forgets those fixed since (which
+/// keeps the set bounded, and counts an object again only when it breaks again).
+#[derive(Debug, Default)]
+struct SkippedObjects {
+    counted: BTreeSet<Warning>,
+}
+
+impl SkippedObjects {
+    /// The warnings of one planning run that were not counted yet.
+    fn new_ones<'a>(&mut self, warnings: &'a [Warning], full: bool) -> Vec<&'a Warning> {
+        let fresh = warnings.iter().filter(|w| !self.counted.contains(*w)).collect();
+        if full {
+            self.counted = warnings.iter().cloned().collect();
+        } else {
+            self.counted.extend(warnings.iter().cloned());
+        }
+        fresh
+    }
+}
+
+fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics, skipped: &mut SkippedObjects) {
     let Ok(mut engine) = engine.lock() else { return };
     let start = std::time::Instant::now();
     match engine.plan() {
@@ -207,7 +246,7 @@ fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics) {
                 .planning_duration
                 .get_or_create(&ModeLabel { mode: mode.into() })
                 .observe(start.elapsed().as_secs_f64());
-            for warning in &outcome.diagnostics.warnings {
+            for warning in skipped.new_ones(&outcome.diagnostics.warnings, outcome.full) {
                 tracing::warn!(kind = warning.kind, object = %warning.object, reason = %warning.reason, "skipped invalid input");
                 metrics
                     .skipped_objects
@@ -224,21 +263,27 @@ fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics) {
 }
 
 /// A relist that suddenly returned nothing is confirmed with an independent list before it may empty
-/// any plan.
-async fn confirm_suspect_relists(client: &Client, engine: &Arc<Mutex<Engine>>) {
+/// any plan. Returns false when a list failed or timed out (the suspects stay; retry later).
+async fn confirm_suspect_relists(client: &Client, engine: &Arc<Mutex<Engine>>, timeout: Duration) -> bool {
     let suspects = engine.lock().map(|e| e.suspects()).unwrap_or_default();
+    let mut confirmed = true;
     for suspect in suspects {
         let params = ListParams::default().limit(1);
-        let empty = match suspect {
-            SuspectEmpty::Services => Api::<Service>::all(client.clone())
-                .list(&params)
-                .await
-                .map(|l| l.items.is_empty()),
-            SuspectEmpty::Slices => Api::<EndpointSlice>::all(client.clone())
-                .list(&params)
-                .await
-                .map(|l| l.items.is_empty()),
+        let list = async {
+            match suspect {
+                SuspectEmpty::Services => Api::<Service>::all(client.clone())
+                    .list(&params)
+                    .await
+                    .map(|l| l.items.is_empty()),
+                SuspectEmpty::Slices => Api::<EndpointSlice>::all(client.clone())
+                    .list(&params)
+                    .await
+                    .map(|l| l.items.is_empty()),
+            }
         };
+        let empty = tokio::time::timeout(timeout, list)
+            .await
+            .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))));
         match empty {
             Ok(true) => {
                 tracing::warn!(
@@ -259,10 +304,12 @@ async fn confirm_suspect_relists(client: &Client, engine: &Arc<Mutex<Engine>>) {
                 }
             }
             Err(error) => {
-                tracing::warn!(?suspect, %error, "confirming an empty relist failed; keeping the last known objects")
+                tracing::warn!(?suspect, %error, "confirming an empty relist failed; keeping the last known objects");
+                confirmed = false;
             }
         }
     }
+    confirmed
 }
 
 async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) {
@@ -289,6 +336,14 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
         let node = Arc::new(node);
         let action = match reconcile(Arc::clone(&node), trigger, Arc::clone(&ctx)).await {
             Ok(action) => action,
+            Err(Error::NotLeader) => {
+                // The node already left the queue: put it back (not a failure), for when this replica
+                // leads again; otherwise its remaining writes would wait for an unrelated change.
+                if let Ok(mut engine) = ctx.engine.lock() {
+                    engine.requeue(&node, trigger);
+                }
+                Action::AwaitChange
+            }
             Err(error) => error_policy(Arc::clone(&node), &error, Arc::clone(&ctx)),
         };
         if let Ok(engine) = ctx.engine.lock() {
@@ -305,5 +360,32 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
                 wake.notify_one();
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn warning(object: &str) -> Warning {
+        Warning {
+            kind: "Service",
+            object: object.into(),
+            reason: "no cluster IP".into(),
+        }
+    }
+
+    #[test]
+    fn each_skipped_object_counts_once() {
+        let mut skipped = SkippedObjects::default();
+        let (a, b, c) = (warning("ns/a"), warning("ns/b"), warning("ns/c"));
+        assert_eq!(skipped.new_ones(&[a.clone(), b.clone()], true).len(), 2);
+        // Re-plans report them again: nothing new.
+        assert!(skipped.new_ones(std::slice::from_ref(&a), false).is_empty());
+        assert!(skipped.new_ones(&[a.clone(), b.clone()], true).is_empty());
+        assert_eq!(skipped.new_ones(std::slice::from_ref(&c), false), vec![&c]);
+        // A full re-plan without `b` forgets it: `b` breaking again is a new occurrence.
+        assert!(skipped.new_ones(&[a, c], true).is_empty());
+        assert_eq!(skipped.new_ones(std::slice::from_ref(&b), false), vec![&b]);
     }
 }

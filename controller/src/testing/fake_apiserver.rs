@@ -4,8 +4,8 @@
 //! kube::Client ─► tower-test mock service ─► FakeApiServer::serve (routes by method + path)
 //!     LIST  → items + resourceVersion         WATCH → an open stream of ADDED/MODIFIED/DELETED events
 //!     GET / POST / PUT (optimistic concurrency) / PATCH (server-side apply, main or status) / DELETE
-//!     every request is recorded; failures can be injected per method and path; watches can be closed
-//!     (a restart) or expired with 410 Gone (watchers relist)
+//!     every request is recorded; failures can be injected per method and path, or requests left hanging
+//!     without an answer; watches can be closed (a restart) or expired with 410 Gone (watchers relist)
 //! ```
 //!
 //! It is state-based, not a script: tests assert on the requests it received and the objects it holds,
@@ -211,6 +211,26 @@ struct Failure {
     remaining: usize,
 }
 
+/// Requests that are never answered (a hung API server or connection).
+#[derive(Debug, Clone)]
+struct Hang {
+    method: Method,
+    path_contains: String,
+    /// One `key=value` pair the query must hold, if any.
+    query_pair: Option<String>,
+}
+
+impl Hang {
+    fn matches(&self, method: &Method, path: &str, query: &str) -> bool {
+        self.method == method
+            && path.contains(&self.path_contains)
+            && self
+                .query_pair
+                .as_deref()
+                .is_none_or(|pair| query.split('&').any(|p| p == pair))
+    }
+}
+
 #[derive(Default)]
 struct State {
     objects: BTreeMap<Kind, BTreeMap<String, Value>>,
@@ -218,6 +238,7 @@ struct State {
     watchers: Vec<Watcher>,
     log: Vec<Recorded>,
     failures: Vec<Failure>,
+    hangs: Vec<Hang>,
     /// Kinds whose writes are only counted (scale simulations): bodies are neither kept nor parsed.
     count_only: Vec<Kind>,
 }
@@ -414,6 +435,29 @@ impl FakeApiServer {
         }
     }
 
+    /// Leaves every later request with this method whose path contains `path_contains` (and whose query
+    /// holds `query_pair`, e.g. `limit=1`, when given) without an answer, for good: the request is
+    /// recorded, then its response never comes, as with a hung API server or connection.
+    pub fn hang(&self, method: Method, path_contains: &str, query_pair: Option<&str>) {
+        if let Ok(mut state) = self.state.lock() {
+            state.hangs.push(Hang {
+                method,
+                path_contains: path_contains.to_string(),
+                query_pair: query_pair.map(str::to_string),
+            });
+        }
+    }
+
+    /// Removes an object without telling the watchers, as if the event was lost while a watch was
+    /// down; a relist (see [`Self::expire_watches`]) shows the object gone.
+    pub fn remove_unseen(&self, kind: Kind, key: &str) {
+        if let Ok(mut state) = self.state.lock()
+            && state.objects.get_mut(&kind).and_then(|m| m.remove(key)).is_some()
+        {
+            state.bump();
+        }
+    }
+
     /// Ends every open watch stream (as an API server restart would).
     pub fn close_watches(&self) {
         if let Ok(mut state) = self.state.lock() {
@@ -483,17 +527,29 @@ impl FakeApiServer {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let hung = match self.state.lock() {
+            Ok(mut state) => {
+                state.log.push(Recorded {
+                    method: parts.method.clone(),
+                    path: path.clone(),
+                    query: query.clone(),
+                    content_type,
+                    body: body.clone(),
+                    body_len,
+                });
+                state
+                    .hangs
+                    .iter()
+                    .any(|h| h.matches(&parts.method, &path, &query))
+            }
+            Err(_) => false,
+        };
+        if hung {
+            return std::future::pending().await;
+        }
         let Ok(mut state) = self.state.lock() else {
             return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "poisoned");
         };
-        state.log.push(Recorded {
-            method: parts.method.clone(),
-            path: path.clone(),
-            query: query.clone(),
-            content_type,
-            body: body.clone(),
-            body_len,
-        });
         if let Some(failure) = state
             .failures
             .iter_mut()
