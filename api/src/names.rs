@@ -20,6 +20,9 @@ pub const MANAGED_BY: &str = "switchyard-controller";
 pub const LABEL_BACKEND: &str = "switchyard.io/backend";
 /// Service annotation overriding the IPVS scheduler.
 pub const ANNOTATION_IPVS_SCHEDULER: &str = "switchyard.io/ipvs-scheduler";
+/// Service annotation: IPVS real-server weights by the endpoint's node, `node-a=3,node-b=1`
+/// (1..65535; nodes not listed weigh 1). Used by weighted schedulers (wrr, wlc).
+pub const ANNOTATION_IPVS_WEIGHTS: &str = "switchyard.io/ipvs-weights";
 
 /// Well-known Kubernetes labels and annotations the planner reads.
 pub mod k8s {

@@ -395,6 +395,11 @@ pub struct PlanEndpoint {
     /// Terminating (used only as a fallback when nothing is ready).
     #[serde(default, skip_serializing_if = "is_false")]
     pub terminating: bool,
+    /// IPVS real-server weight from the Service's `switchyard.io/ipvs-weights` annotation, by the
+    /// endpoint's node; absent means 1. The iptables and nftables backends spread evenly and ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub weight: Option<u16>,
 }
 
 impl ServicePlan {

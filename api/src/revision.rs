@@ -152,6 +152,7 @@ mod tests {
                 local: false,
                 on_node: false,
                 terminating: false,
+                weight: None,
             }],
         }
     }

@@ -29,6 +29,7 @@ pub fn ep(ip: &str, port: u16) -> PlanEndpoint {
         local: false,
         on_node: false,
         terminating: false,
+        weight: None,
     }
 }
 
@@ -42,6 +43,8 @@ pub trait EndpointExt {
     fn not_cluster(self) -> Self;
     /// Terminating.
     fn terminating(self) -> Self;
+    /// IPVS weight.
+    fn weight(self, weight: u16) -> Self;
 }
 
 impl EndpointExt for PlanEndpoint {
@@ -60,6 +63,10 @@ impl EndpointExt for PlanEndpoint {
     }
     fn terminating(mut self) -> Self {
         self.terminating = true;
+        self
+    }
+    fn weight(mut self, weight: u16) -> Self {
+        self.weight = Some(weight);
         self
     }
 }

@@ -254,6 +254,9 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
         if ep.port == 0 {
             c.push(format_args!("endpoints[{i}].port"), "must be 1..65535");
         }
+        if ep.weight == Some(0) {
+            c.push(format_args!("endpoints[{i}].weight"), "must be 1..65535");
+        }
         if !seen.insert((&ep.ip, ep.port)) {
             c.push(
                 format_args!("endpoints[{i}]"),
@@ -302,6 +305,7 @@ mod tests {
             local: false,
             on_node: false,
             terminating: false,
+            weight: None,
         }
     }
 
@@ -412,6 +416,11 @@ mod tests {
                 "endpoint port",
                 |e| e.endpoints[0].port = 0,
                 "spec.services[1].endpoints[0].port",
+            ),
+            (
+                "endpoint weight",
+                |e| e.endpoints[0].weight = Some(0),
+                "spec.services[1].endpoints[0].weight",
             ),
             (
                 "dup endpoint",

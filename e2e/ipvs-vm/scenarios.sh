@@ -121,7 +121,8 @@ echo "install ip_vs_mh /bin/false" >/etc/modprobe.d/switchyard-vm-test.conf
 # --- 2. the IPVS backend under `run` ----------------------------------------------------------------------
 services_r1() {
   svc a-rr:http 10.96.0.10 80 "scheduler: rr" "hasEndpoints: true"; ab
-  svc b-wrr:http 10.96.0.11 80 "scheduler: wrr" "hasEndpoints: true"; ab
+  svc b-wrr:http 10.96.0.11 80 "scheduler: wrr" "hasEndpoints: true" "endpoints:"
+  echo "  - {ip: 10.244.0.2, port: 8080, cluster: true, local: true, onNode: true, weight: 3}"; ep 10.244.0.3 8080
   svc c-sh:http 10.96.0.12 80 "scheduler: sh" "hasEndpoints: true"; ab; ep 10.244.0.4 8080
   svc d-affinity:http 10.96.0.13 80 "affinityTimeoutSeconds: 10800" "hasEndpoints: true"; ab
   svc e-nodeport:http 10.96.0.14 80 "nodePort: 30080" "hasEndpoints: true"; ab
@@ -155,7 +156,8 @@ t=$(tally 20 10.96.0.10:80)
 check "rr: exact 10/10 spread" contains "$t" '"answered":{"pod-a":10,"pod-b":10}'
 check "rr: off-cluster client is masqueraded" lacks "$t" "$CLIENT"
 t=$(tally 20 10.96.0.11:80)
-check "wrr: exact 10/10 spread at equal weights" contains "$t" '"answered":{"pod-a":10,"pod-b":10}'
+check "wrr: exact 15/5 spread at the planned weights 3:1" contains "$t" '"answered":{"pod-a":15,"pod-b":5}'
+check "wrr: the planned weight 3 is programmed" count_is 1 masq_reals 10.96.0.11:80 3
 t=$(tally 20 10.96.0.12:80)
 check "sh: one source pinned to one real server" one_pod "$t" 20
 t=$(tally 20 10.96.0.13:80)
@@ -192,6 +194,8 @@ ip addr del 10.96.0.11/32 dev swyd-ipvs0
 check "drift: a deleted virtual server comes back" eventually 20 count_is 2 masq_reals 10.96.0.10:80 1
 check "drift: a removed service address comes back" eventually 20 on_dummy 10.96.0.11
 check "drift: repairs are counted in status" eventually 10 not in_status "driftRepairs: 0"
+ipvsadm -e -t 10.96.0.11:80 -r 10.244.0.2:8080 -m -w 1
+check "drift: a changed weight gets its planned value back" eventually 20 count_is 1 masq_reals 10.96.0.11:80 3
 
 # --- 4. graceful removal ------------------------------------------------------------------------------------
 /usr/sbin/ip netns exec client /usr/bin/socat -u EXEC:"sleep 600" TCP:10.96.0.30:80 &

@@ -394,6 +394,12 @@ fn planned_entry(
             local: categorized.local[i],
             on_node: node.is_some() && ep.node.as_deref() == node,
             terminating: ep.terminating,
+            weight: template
+                .weights
+                .as_ref()
+                .zip(ep.node.as_ref())
+                .and_then(|(weights, node)| weights.get(node).copied())
+                .filter(|&w| w != 1),
         })
         .collect();
     let fingerprint = fingerprint(&entry)?;

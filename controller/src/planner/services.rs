@@ -9,14 +9,19 @@
 //! Invalid parts are dropped with a warning naming the Service; only an unusable ClusterIP or name drops
 //! the whole Service.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Service;
 use switchyard_api::{
     IpFamily, Protocol, ServicePlan, TrafficPolicy,
     ip::{is_zero_cidr, parse_cidr_sloppy, parse_ip_sloppy},
-    names::{ANNOTATION_IPVS_SCHEDULER, IPVS_SCHEDULERS, k8s::LABEL_SERVICE_PROXY_NAME, service_port_name},
+    names::{
+        ANNOTATION_IPVS_SCHEDULER, ANNOTATION_IPVS_WEIGHTS, IPVS_SCHEDULERS, k8s::LABEL_SERVICE_PROXY_NAME,
+        service_port_name,
+    },
     validate::MAX_AFFINITY_SECONDS,
 };
 
@@ -40,6 +45,30 @@ pub struct PortTemplate {
     pub policies: Policies,
     /// The entry with `hasEndpoints: false` and no endpoints.
     pub entry: ServicePlan,
+    /// IPVS weights by node name (`switchyard.io/ipvs-weights`), shared by the Service's ports.
+    pub weights: Option<Arc<IpvsWeights>>,
+}
+
+/// IPVS real-server weights by the endpoint's node.
+pub type IpvsWeights = BTreeMap<String, u16>;
+
+/// Parses `node-a=3, node-b=1`; every problem is reported, and any problem voids the annotation.
+pub fn parse_ipvs_weights(text: &str) -> Result<IpvsWeights, String> {
+    let mut weights = IpvsWeights::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((node, weight)) = item.split_once('=') else {
+            return Err(format!("{item:?} is not node=weight"));
+        };
+        let (node, weight) = (node.trim(), weight.trim());
+        let weight = match weight.parse::<u16>() {
+            Ok(w) if w >= 1 => w,
+            _ => return Err(format!("weight {weight:?} of {node:?} is not 1..65535")),
+        };
+        if node.is_empty() || weights.insert(node.to_string(), weight).is_some() {
+            return Err(format!("node {node:?} is empty or listed twice"));
+        }
+    }
+    Ok(weights)
 }
 
 /// `namespace/name` of a Service (the namespace defaults like the API server's); `None` without a name.
@@ -219,6 +248,23 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
                 None
             }
         });
+    let weights = service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_IPVS_WEIGHTS))
+        .and_then(|text| match parse_ipvs_weights(text) {
+            Ok(weights) if weights.is_empty() => None,
+            Ok(weights) => Some(Arc::new(weights)),
+            Err(why) => {
+                diag.warn(
+                    "Service",
+                    &object,
+                    format!("{ANNOTATION_IPVS_WEIGHTS}: {why}; every endpoint weighs 1"),
+                );
+                None
+            }
+        });
 
     let mut out = Vec::new();
     let mut seen_ports: Vec<(String, Protocol)> = Vec::new();
@@ -335,6 +381,7 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
                 port_name: port_name.clone(),
                 policies,
                 entry,
+                weights: weights.clone(),
             });
         }
     }

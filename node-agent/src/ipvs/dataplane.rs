@@ -356,16 +356,17 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
             }
             let dests = self.edges.ipvs.destinations(key)?;
             let draining = self.draining.get(key);
-            for real in &vs.reals {
+            for (real, weight) in &vs.reals {
                 match dests.iter().find(|d| d.real == *real) {
                     None => reasons.push(format!("real server {real} of {key} is missing")),
-                    Some(d) if d.weight != super::diff::WEIGHT => {
-                        reasons.push(format!("real server {real} of {key} has weight {}", d.weight))
-                    }
+                    Some(d) if d.weight != *weight => reasons.push(format!(
+                        "real server {real} of {key} has weight {}, not {weight}",
+                        d.weight
+                    )),
                     Some(_) => {}
                 }
             }
-            for dest in dests.iter().filter(|d| !vs.reals.contains(&d.real)) {
+            for dest in dests.iter().filter(|d| !vs.reals.contains_key(&d.real)) {
                 if !draining.is_some_and(|d| d.contains_key(&dest.real)) {
                     reasons.push(format!("real server {} of {key} is not in the plan", dest.real));
                 }

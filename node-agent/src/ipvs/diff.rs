@@ -23,9 +23,6 @@ use switchyard_api::Protocol;
 use super::kernel::{Destination, FWD_MASQUERADE, RealKey, Service, VirtualKey};
 use super::render::VirtualServer;
 
-/// The weight of every real server in the plan (kube-proxy uses 1).
-pub const WEIGHT: u32 = 1;
-
 /// One change to the kernel's IPVS table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -37,7 +34,7 @@ pub enum Op {
     DeleteService,
     /// Add a real server.
     AddDest(Destination),
-    /// Change a real server (weight back to 1, or 0 to drain it).
+    /// Change a real server (its planned weight back, or 0 to drain it).
     UpdateDest(Destination),
     /// Delete a real server.
     DeleteDest(RealKey),
@@ -63,8 +60,8 @@ fn same_service(service: &Service, want: &Service) -> bool {
         && service.netmask == want.netmask
 }
 
-fn serving(dest: &Destination) -> bool {
-    dest.weight == WEIGHT
+fn serving(dest: &Destination, weight: u32) -> bool {
+    dest.weight == weight
         && dest.forward == FWD_MASQUERADE
         && dest.upper_threshold == 0
         && dest.lower_threshold == 0
@@ -91,7 +88,7 @@ pub fn reconcile(
             desired
                 .reals
                 .iter()
-                .map(|real| Op::AddDest(Destination::new(*real, WEIGHT))),
+                .map(|(real, weight)| Op::AddDest(Destination::new(*real, *weight))),
         );
         return ops;
     };
@@ -99,15 +96,21 @@ pub fn reconcile(
     if !same_service(current.service, &want) {
         ops.push(Op::UpdateService(want));
     }
-    for real in &desired.reals {
+    for (real, weight) in &desired.reals {
         match current.dests.iter().find(|d| d.real == *real) {
-            None => ops.push(Op::AddDest(Destination::new(*real, WEIGHT))),
-            Some(dest) if !serving(dest) => ops.push(Op::UpdateDest(Destination::new(*real, WEIGHT))),
+            None => ops.push(Op::AddDest(Destination::new(*real, *weight))),
+            Some(dest) if !serving(dest, *weight) => {
+                ops.push(Op::UpdateDest(Destination::new(*real, *weight)))
+            }
             Some(_) => {}
         }
         draining.remove(real);
     }
-    for dest in current.dests.iter().filter(|d| !desired.reals.contains(&d.real)) {
+    for dest in current
+        .dests
+        .iter()
+        .filter(|d| !desired.reals.contains_key(&d.real))
+    {
         if key.protocol != Protocol::TCP {
             draining.remove(&dest.real);
             ops.push(Op::DeleteDest(dest.real));
@@ -152,7 +155,7 @@ mod tests {
             entry: 0,
             scheduler: "rr".into(),
             persistence: None,
-            reals: reals.iter().copied().collect::<BTreeSet<_>>(),
+            reals: reals.iter().map(|r| (*r, 1)).collect(),
         }
     }
 
@@ -201,7 +204,7 @@ mod tests {
             ]
         );
         want.persistence = Some(10800);
-        want.reals = [real(1), real(2)].into();
+        want.reals = [(real(1), 1), (real(2), 1)].into();
         let dests = [dest(real(1), 1, 0), dest(real(2), 1, 0)];
         let current = Current {
             service: &service,
@@ -214,6 +217,26 @@ mod tests {
             [Op::DeleteService]
         );
         assert!(reconcile(&k, None, None, &mut Draining::new(), now, GRACE).is_empty());
+    }
+
+    #[test]
+    fn planned_weights_are_programmed_and_restored() {
+        let now = Instant::now();
+        let k = key(Protocol::TCP);
+        let mut want = desired(&[real(1), real(2)]);
+        want.reals.insert(real(1), 3);
+        let ops = reconcile(&k, Some(&want), None, &mut Draining::new(), now, GRACE);
+        assert_eq!(ops[1], Op::AddDest(Destination::new(real(1), 3)));
+        assert_eq!(ops[2], Op::AddDest(Destination::new(real(2), 1)));
+        let service = Service::new(k, "rr", None);
+        // Someone set real(1) back to 1: the planned 3 is restored, real(2) is left alone.
+        let dests = [dest(real(1), 1, 0), dest(real(2), 1, 0)];
+        let current = Current {
+            service: &service,
+            dests: &dests,
+        };
+        let ops = reconcile(&k, Some(&want), Some(current), &mut Draining::new(), now, GRACE);
+        assert_eq!(ops, [Op::UpdateDest(Destination::new(real(1), 3))]);
     }
 
     #[test]

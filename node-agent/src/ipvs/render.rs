@@ -36,6 +36,8 @@ use crate::iptables::node_port_ips;
 
 /// The scheduler when neither the entry nor the cluster names one (kube-proxy's default).
 pub const DEFAULT_SCHEDULER: &str = "rr";
+/// The weight of a real server whose endpoint has none in the plan (kube-proxy uses 1 for all).
+pub const DEFAULT_WEIGHT: u32 = 1;
 
 /// What the edge discovered about the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,8 +59,8 @@ pub struct VirtualServer {
     pub scheduler: String,
     /// Persistence timeout (ClientIP affinity).
     pub persistence: Option<u32>,
-    /// Real servers, each with weight 1.
-    pub reals: BTreeSet<RealKey>,
+    /// Real servers and their weights (the plan's, 1 where it gives none).
+    pub reals: BTreeMap<RealKey, u32>,
 }
 
 /// Everything IPVS mode programs for a plan.
@@ -217,14 +219,15 @@ impl<'a> Sets<'a> {
     }
 }
 
-fn reals(endpoints: &[&PlanEndpoint]) -> BTreeSet<RealKey> {
+fn reals(endpoints: &[&PlanEndpoint]) -> BTreeMap<RealKey, u32> {
     endpoints
         .iter()
         .filter_map(|ep| {
-            Some(RealKey {
+            let real = RealKey {
                 addr: parse_ip(&ep.ip)?,
                 port: ep.port,
-            })
+            };
+            Some((real, ep.weight.map_or(DEFAULT_WEIGHT, u32::from)))
         })
         .collect()
 }
@@ -250,7 +253,7 @@ fn render_entry(
         .unwrap_or_else(|| DEFAULT_SCHEDULER.to_string());
     let internal_reals = reals(&endpoint_sets.internal);
     let external_reals = reals(&endpoint_sets.external);
-    let add = |desired: &mut Desired, key: VirtualKey, reals: &BTreeSet<RealKey>| {
+    let add = |desired: &mut Desired, key: VirtualKey, reals: &BTreeMap<RealKey, u32>| {
         if let Some(owner) = desired.virtuals.get(&key) {
             let why = format!(
                 "virtual server {key} already belongs to spec.services[{}]",
@@ -276,7 +279,7 @@ fn render_entry(
     };
     let key = |addr: IpAddr, port: u16| VirtualKey { addr, protocol, port };
     // REJECT when the service has nothing anywhere; DROP when this node's policy set is empty.
-    let verdict = |reals: &BTreeSet<RealKey>| match (entry.has_endpoints, reals.is_empty()) {
+    let verdict = |reals: &BTreeMap<RealKey, u32>| match (entry.has_endpoints, reals.is_empty()) {
         (false, _) => Some(SetId::NoEndpoints),
         (true, true) => Some(SetId::NoLocalEndpoints),
         (true, false) => None,
@@ -475,7 +478,7 @@ mod tests {
         assert_eq!(cluster.reals.len(), 2);
         let node_port = &desired.virtuals[&vs("192.168.10.11", 30080)];
         assert_eq!(
-            node_port.reals.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+            node_port.reals.keys().map(|r| r.to_string()).collect::<Vec<_>>(),
             ["10.244.1.1:8080"]
         );
         assert!(

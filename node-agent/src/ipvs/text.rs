@@ -76,10 +76,10 @@ pub fn render_text(
             service_flag(key),
             vs.scheduler
         );
-        for real in &vs.reals {
+        for (real, weight) in &vs.reals {
             let _ = writeln!(
                 out,
-                "-a {} -r {} -m -w 1",
+                "-a {} -r {} -m -w {weight}",
                 service_flag(key),
                 endpoint(real.addr, real.port)
             );

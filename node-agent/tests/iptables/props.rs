@@ -79,7 +79,7 @@ prop_compose! {
             let on_node = node == 1;
             entry.endpoints.push(PlanEndpoint {
                 ip, port, cluster: cluster && has_endpoints, local: local && on_node && has_endpoints, on_node,
-                terminating,
+                terminating, weight: None,
             });
         }
         entry.endpoints.sort();
@@ -89,7 +89,7 @@ prop_compose! {
             if entry.endpoints.is_empty() {
                 entry.endpoints.push(PlanEndpoint {
                     ip: addr(family, "10.244.2.99".into(), "fd00:10:244:2::99".into()),
-                    port: 80, cluster: true, local: false, on_node: false, terminating: false,
+                    port: 80, cluster: true, local: false, on_node: false, terminating: false, weight: None,
                 });
             }
             entry.endpoints[0].cluster = true;

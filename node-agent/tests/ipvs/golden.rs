@@ -34,7 +34,7 @@ fn text(spec: &NodeForwardingPlanSpec, facts: &IpvsFacts) -> String {
 }
 
 /// The iptables fixture plan (every frontend kind, both policies, affinity, UDP/SCTP, IPv6) with a
-/// cluster default scheduler and one annotation.
+/// cluster default scheduler, one scheduler annotation and one weighted endpoint.
 #[test]
 fn render_everything() {
     let mut spec = everything();
@@ -43,6 +43,7 @@ fn render_everything() {
     for entry in &mut spec.services {
         if entry.name == "ns1/multi:p80" {
             entry.scheduler = Some("sh".into());
+            entry.endpoints[0].weight = Some(3);
         }
     }
     finish(&mut spec);

@@ -362,6 +362,76 @@ fn backend_node_label_overrides_the_default() {
 }
 
 #[test]
+fn ipvs_weights_annotation_weighs_endpoints_by_their_node() {
+    let weighted = service("ns1", "a", "10.96.0.1", |s| {
+        s.port("", 80, "TCP")
+            .annotate("switchyard.io/ipvs-weights", "node-a=3, node-b=1");
+    });
+    let eps = slice(
+        "ns1",
+        "a",
+        &[("", 8080, "TCP")],
+        vec![
+            endpoint("10.244.1.5", "node-a"),
+            endpoint("10.244.2.5", "node-b"),
+            endpoint("10.244.3.5", "node-c"),
+        ],
+    );
+    let planner = plan(&snapshot(vec![weighted], vec![eps]));
+    for node in ["node-a", "node-b", "node-c"] {
+        let weights: Vec<(String, Option<u16>)> = entry_of(&planner, node, "ns1/a")
+            .endpoints
+            .iter()
+            .map(|e| (e.ip.clone(), e.weight))
+            .collect();
+        assert_eq!(
+            weights,
+            [
+                ("10.244.1.5".to_string(), Some(3)),
+                ("10.244.2.5".to_string(), None),
+                ("10.244.3.5".to_string(), None),
+            ],
+            "the same weights on every node ({node})"
+        );
+    }
+    assert!(planner.diagnostics().warnings.is_empty());
+}
+
+#[test]
+fn invalid_ipvs_weights_warn_and_weigh_every_endpoint_1() {
+    for bad in [
+        "node-a=0",
+        "node-a=70000",
+        "node-a",
+        "node-a=2,node-a=3",
+        "=2",
+        "node-a=x",
+    ] {
+        let svc = service("ns1", "a", "10.96.0.1", |s| {
+            s.port("", 80, "TCP").annotate("switchyard.io/ipvs-weights", bad);
+        });
+        let eps = slice(
+            "ns1",
+            "a",
+            &[("", 8080, "TCP")],
+            vec![endpoint("10.244.1.5", "node-a")],
+        );
+        let planner = plan(&snapshot(vec![svc], vec![eps]));
+        assert_eq!(
+            entry_of(&planner, "node-a", "ns1/a").endpoints[0].weight,
+            None,
+            "{bad}"
+        );
+        let warnings = &planner.diagnostics().warnings;
+        assert_eq!(warnings.len(), 1, "{bad}: {warnings:?}");
+        assert!(
+            warnings[0].reason.contains("switchyard.io/ipvs-weights"),
+            "{bad}: {warnings:?}"
+        );
+    }
+}
+
+#[test]
 fn ipvs_scheduler_annotation_is_carried_and_validated() {
     let good = service("ns1", "a", "10.96.0.1", |s| {
         s.port("", 80, "TCP")
