@@ -67,17 +67,24 @@ impl SelectDataplane {
         self.unavailable.as_deref()
     }
 
-    fn ipvs_ready(&mut self) -> bool {
+    /// Sets IPVS up on first use. After a failure it is tried again only on full syncs (at start,
+    /// after failures, on drift, periodically), so a module that becomes loadable later is picked up
+    /// without retrying on every partial sync.
+    fn ipvs_ready(&mut self, full: bool) -> bool {
         if self.ipvs.is_some() {
             return true;
         }
-        let Some(mut factory) = self.factory.take() else {
+        if self.unavailable.is_some() && !full {
+            return false;
+        }
+        let Some(factory) = self.factory.as_mut() else {
             return false;
         };
         match factory() {
             Ok(dataplane) => {
                 tracing::info!("IPVS is available; using it");
                 self.ipvs = Some(dataplane);
+                self.unavailable = None;
                 true
             }
             Err(e) => {
@@ -109,7 +116,7 @@ impl Dataplane for SelectDataplane {
     fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
         let wanted = request.spec.backend;
         self.wanted = Some(wanted);
-        let target = if wanted == Backend::Ipvs && self.ipvs_ready() {
+        let target = if wanted == Backend::Ipvs && self.ipvs_ready(request.full) {
             Backend::Ipvs
         } else {
             Backend::Iptables

@@ -52,16 +52,21 @@ impl NftablesOr {
         }
     }
 
-    fn nft_ready(&mut self) -> bool {
+    /// Sets nftables up on first use; after a failure it is tried again only when `retry` (full syncs).
+    fn nft_ready(&mut self, retry: bool) -> bool {
         if self.nft.is_some() {
             return true;
         }
-        let Some(mut factory) = self.factory.take() else {
+        if self.unavailable.is_some() && !retry {
+            return false;
+        }
+        let Some(factory) = self.factory.as_mut() else {
             return false;
         };
         match factory() {
             Ok(dataplane) => {
                 self.nft = Some(dataplane);
+                self.unavailable = None;
                 true
             }
             Err(e) => {
@@ -77,7 +82,7 @@ impl NftablesOr {
     fn remove_leftovers(&mut self, use_nft: bool) {
         let leftover = if use_nft {
             Some(&mut self.other)
-        } else if self.nft_ready() {
+        } else if self.nft_ready(false) {
             self.nft.as_mut()
         } else {
             None
@@ -118,7 +123,7 @@ impl Dataplane for NftablesOr {
     fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
         let wanted = request.spec.backend;
         self.wanted = Some(wanted);
-        let use_nft = wanted == Backend::Nftables && self.nft_ready();
+        let use_nft = wanted == Backend::Nftables && self.nft_ready(request.full);
         match self.using_nft {
             None => self.remove_leftovers(use_nft),
             Some(previous) if previous != use_nft => {

@@ -81,6 +81,57 @@ fn without_ipvs_the_agent_forwards_with_iptables_and_says_why() {
 }
 
 #[test]
+fn ipvs_that_becomes_available_later_is_picked_up_on_the_next_full_sync() {
+    let kernel = Kernel::new();
+    let iptables = IptablesDataplane::new(
+        kernel.iptables.clone(),
+        FixedAddrs(crate::fixtures::local_addrs()),
+        HostFeatures::default(),
+    );
+    let loadable = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (on, now_loadable, counted) = (kernel.clone(), Arc::clone(&loadable), Arc::clone(&attempts));
+    let factory: IpvsFactory = Box::new(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if now_loadable.load(std::sync::atomic::Ordering::SeqCst) {
+            Ok(Box::new(on.dataplane()) as Box<dyn Dataplane>)
+        } else {
+            Err(Error::IpvsUnavailable("modprobe ip_vs failed".into()))
+        }
+    });
+    let mut syncer = syncer(&kernel, SelectDataplane::new(Box::new(iptables), factory));
+    let first = ipvs_plan();
+    syncer.sync(&[Arc::new(first.clone())]);
+    assert_eq!(syncer.status().backend, Some(Backend::Iptables));
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // The module becomes loadable; a partial sync does not probe again.
+    loadable.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut second = first.clone();
+    second.services.pop();
+    finish(&mut second);
+    syncer.sync(&[Arc::new(second.clone())]);
+    assert_eq!(syncer.status().backend, Some(Backend::Iptables));
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // The periodic full sync probes again, switches, and removes the iptables rules.
+    kernel.clock.advance(std::time::Duration::from_secs(3601));
+    assert!(syncer.resync_if_due().is_some());
+    let s = syncer.status();
+    assert_eq!(s.backend, Some(Backend::Ipvs));
+    assert_eq!(s.backend_reason, None);
+    assert!(!kernel.ipvs.table().is_empty());
+    assert!(
+        !kernel
+            .iptables
+            .chains(IpFamily::IPv4, Table::Nat)
+            .iter()
+            .any(|c| c.starts_with("SWYD-SVC-")),
+        "the iptables service chains are gone"
+    );
+}
+
+#[test]
 fn with_ipvs_the_plan_picks_the_backend_and_a_switch_cleans_up_the_other() {
     let kernel = Kernel::new();
     let mut syncer = syncer(&kernel, select(&kernel, true));
