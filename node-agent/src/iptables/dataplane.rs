@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use switchyard_api::{
-    Backend, ClusterSettings, IpFamily, NodeForwardingPlanSpec, Protocol, ServicePlan, SyncMode,
+    Backend, ClusterSettings, IpFamily, NodeForwardingPlanSpec, Protocol, ServiceFailure, ServicePlan,
+    SyncMode,
 };
 
 use super::kernel::{Iptables, RestoreInput};
@@ -36,9 +37,14 @@ use super::stream::{PayloadJob, Programmed, StreamMode, Streamed};
 use crate::error::Error;
 use crate::host::{HostFeatures, LocalAddrs};
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
+use crate::sync::status::{MAX_REASON, entry_label, short};
 
 /// Most drift reasons reported at once (the rest are counted).
 const MAX_DRIFT_REASONS: usize = 5;
+/// Most entries one sync leaves out because the kernel refused their rules; each costs one more
+/// restore, and more than a few means something host-wide (a missing module) that isolating entries
+/// cannot fix.
+const MAX_REFUSED_ENTRIES: usize = 8;
 
 /// Everything besides the entries that shapes the rendered rules of a family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +74,8 @@ pub struct IptablesDataplane<I, A> {
     features: HostFeatures,
     families: BTreeMap<IpFamily, FamilyModel>,
     last: Option<LastApplied>,
+    /// Entries the kernel refused in the last sync (left out so the rest could be applied).
+    refused: Vec<ServiceFailure>,
 }
 
 /// The families a plan needs: those of its entries and node IPs, IPv4 when there are none.
@@ -108,6 +116,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             features,
             families: BTreeMap::new(),
             last: None,
+            refused: Vec::new(),
         }
     }
 
@@ -139,6 +148,63 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             }
         }
         Ok(None)
+    }
+
+    /// One attempt at every family; an error says which family's restore failed.
+    fn sync_families(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, (Option<IpFamily>, Error)> {
+        let spec: &NodeForwardingPlanSpec = request.spec;
+        let mut families = families_of(spec);
+        families.extend(self.families.keys().copied());
+        // Local addresses matter only when NodePorts are restricted to some of them.
+        let local = if spec.cluster.node_port_addresses.is_empty() {
+            Vec::new()
+        } else {
+            self.addrs.local_addrs().map_err(|e| (None, e))?
+        };
+        // Cloned, not taken: a failed attempt must leave it for the retry without the refused entry.
+        let last = self.last.clone();
+        let previous_entries: HashMap<(&str, Protocol, IpFamily), &ServicePlan> = last
+            .as_ref()
+            .map(|last| {
+                last.spec
+                    .services
+                    .iter()
+                    .enumerate()
+                    .filter(|(index, _)| !last.skip.contains(index))
+                    .map(|(_, entry)| (entry.key(), entry))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut outcome = SyncOutcome {
+            mode: SyncMode::Partial,
+            rules: 0,
+            written: 0,
+            removed: 0,
+            drift: None,
+        };
+        for family in families {
+            let facts = HostFacts {
+                random_fully: self.features.random_fully,
+                tcp_be_liberal: self.features.tcp_be_liberal,
+                node_port_ips: node_port_ips(spec, family, &local),
+            };
+            let result = self
+                .sync_family(request, family, facts, &previous_entries)
+                .map_err(|e| (Some(family), e))?;
+            if result.full {
+                outcome.mode = SyncMode::Full;
+            }
+            outcome.rules += result.rules as u64;
+            outcome.written += result.written;
+            outcome.removed += result.removed;
+            outcome.drift = outcome.drift.or(result.drift);
+        }
+        drop(previous_entries);
+        self.last = Some(LastApplied {
+            spec: Arc::clone(request.spec),
+            skip: request.skip.clone(),
+        });
+        Ok(outcome)
     }
 
     fn sync_family(
@@ -309,56 +375,42 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
     }
 
     fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
-        let spec: &NodeForwardingPlanSpec = request.spec;
-        let mut families = families_of(spec);
-        families.extend(self.families.keys().copied());
-        // Local addresses matter only when NodePorts are restricted to some of them.
-        let local = if spec.cluster.node_port_addresses.is_empty() {
-            Vec::new()
-        } else {
-            self.addrs.local_addrs()?
-        };
-        let last = self.last.take();
-        let previous_entries: HashMap<(&str, Protocol, IpFamily), &ServicePlan> = last
-            .as_ref()
-            .map(|last| {
-                last.spec
-                    .services
-                    .iter()
-                    .enumerate()
-                    .filter(|(index, _)| !last.skip.contains(index))
-                    .map(|(_, entry)| (entry.key(), entry))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut outcome = SyncOutcome {
-            mode: SyncMode::Partial,
-            rules: 0,
-            written: 0,
-            removed: 0,
-            drift: None,
-        };
-        for family in families {
-            let facts = HostFacts {
-                random_fully: self.features.random_fully,
-                tcp_be_liberal: self.features.tcp_be_liberal,
-                node_port_ips: node_port_ips(spec, family, &local),
+        self.refused.clear();
+        let mut skip = request.skip.clone();
+        loop {
+            let attempt = SyncRequest {
+                spec: request.spec,
+                skip: &skip,
+                full: request.full,
             };
-            let result = self.sync_family(request, family, facts, &previous_entries)?;
-            if result.full {
-                outcome.mode = SyncMode::Full;
+            let (family, error) = match self.sync_families(attempt) {
+                Ok(outcome) => return Ok(outcome),
+                Err(failed) => failed,
+            };
+            // A restore is atomic, so the kernel still holds the previous rules: leave the refused
+            // entry out and apply everything else, as the plan's other entries deserve.
+            let refused = family
+                .filter(|_| self.refused.len() < MAX_REFUSED_ENTRIES)
+                .and_then(|family| refused_entry(request.spec, family, &skip, &error));
+            let Some(index) = refused else {
+                return Err(error);
+            };
+            let label = entry_label(request.spec, index);
+            tracing::warn!(entry = %label, %error, "the kernel refused this entry's rules; applying the others without it");
+            let mut reason = format!("refused by the kernel: {error}");
+            if let Some(line) = error.failing_line() {
+                reason.push_str(&format!("; the refused line: {line}"));
             }
-            outcome.rules += result.rules as u64;
-            outcome.written += result.written;
-            outcome.removed += result.removed;
-            outcome.drift = outcome.drift.or(result.drift);
+            self.refused.push(ServiceFailure {
+                service: label,
+                reason: short(&reason, MAX_REASON),
+            });
+            skip.insert(index);
         }
-        drop(previous_entries);
-        self.last = Some(LastApplied {
-            spec: Arc::clone(request.spec),
-            skip: request.skip.clone(),
-        });
-        Ok(outcome)
+    }
+
+    fn entry_failures(&self) -> Vec<ServiceFailure> {
+        self.refused.clone()
     }
 
     fn check_drift(&mut self) -> Result<Option<Drift>, Error> {
@@ -439,6 +491,49 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
         self.families.clear();
         self.last = None;
     }
+}
+
+/// The entry whose rule a restore error names: the entry name that starts the failing rule's
+/// comment, or the hash in a per-service chain name (declarations carry no comment).
+fn refused_entry(
+    spec: &NodeForwardingPlanSpec,
+    family: IpFamily,
+    skip: &HashSet<usize>,
+    error: &Error,
+) -> Option<usize> {
+    let line = error.failing_line()?;
+    let commented = line.split_once("--comment ").map(|(_, rest)| {
+        let rest = rest.strip_prefix('"').unwrap_or(rest);
+        rest.split([' ', '"']).next().unwrap_or_default()
+    });
+    let candidates = || {
+        spec.services
+            .iter()
+            .enumerate()
+            .filter(move |(index, entry)| entry.family == family && !skip.contains(index))
+    };
+    if let Some(name) = commented.filter(|n| !n.is_empty())
+        && let Some((index, _)) = candidates().find(|(_, entry)| entry.name == name)
+    {
+        return Some(index);
+    }
+    let hashes: Vec<&str> = line
+        .split(|c: char| c.is_whitespace() || c == ':')
+        .filter_map(|token| {
+            ["SWYD-SVC-", "SWYD-SVL-", "SWYD-EXT-", "SWYD-FW-"]
+                .iter()
+                .find_map(|prefix| token.strip_prefix(prefix))
+        })
+        .collect();
+    if hashes.is_empty() {
+        return None;
+    }
+    candidates()
+        .find(|(_, entry)| {
+            let hash = names::port_proto_hash(&entry.name, entry.protocol.lower());
+            hashes.contains(&hash.as_str())
+        })
+        .map(|(index, _)| index)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! ```text
 //! FakeIptables (cloneable handle, shared state)
 //!   ├─ Iptables impl ─► Tracer::restore / insert_rule / delete_rule / save    (what the agent calls)
-//!   └─ test controls ─► fail_next_restore, flush_chain, remove_jump, remove_chain, dump, restores
+//!   └─ test controls ─► fail_next_restore, refuse_lines_containing, flush_chain, remove_jump, remove_chain, dump, restores
 //! ```
 //!
 //! Tests keep one handle and give a clone to the code under test, then compare the modelled kernel
@@ -29,6 +29,8 @@ struct State {
     kernels: BTreeMap<IpFamily, Tracer>,
     fail_next: Option<String>,
     fail_family: Option<IpFamily>,
+    /// Lines containing this are refused by every restore (a rule the kernel cannot load).
+    refuse: Option<String>,
     restores: Vec<(IpFamily, String)>,
     saves: usize,
     rule_commands: usize,
@@ -52,6 +54,7 @@ impl FakeIptables {
                 kernels,
                 fail_next: None,
                 fail_family: None,
+                refuse: None,
                 restores: Vec::new(),
                 saves: 0,
                 rule_commands: 0,
@@ -69,6 +72,12 @@ impl FakeIptables {
         let mut state = self.lock();
         state.fail_next = Some(reason.to_string());
         state.fail_family = family;
+    }
+
+    /// Makes every restore fail at the first line containing `pattern` (a rule the kernel cannot
+    /// load, e.g. a missing match module), as `iptables-restore` reports it; `None` stops it.
+    pub fn refuse_lines_containing(&self, pattern: Option<&str>) {
+        self.lock().refuse = pattern.map(str::to_string);
     }
 
     /// `iptables -F <chain>` behind the agent's back; false when the chain does not exist.
@@ -175,6 +184,17 @@ impl Iptables for FakeIptables {
                 line: Some(1),
                 stderr: format!("line 1: {reason}"),
                 context: context_lines(&mut text.as_str(), 1),
+            });
+        }
+        if let Some(pattern) = &state.refuse
+            && let Some(index) = text.lines().position(|l| l.contains(pattern.as_str()))
+        {
+            let line = index + 1;
+            return Err(Error::IptablesRestore {
+                binary: "fake-iptables-restore".into(),
+                line: Some(line),
+                stderr: format!("line {line}: RULE_APPEND failed (No such file or directory)"),
+                context: context_lines(&mut text.as_str(), line),
             });
         }
         let Some(kernel) = state.kernels.get_mut(&family) else {

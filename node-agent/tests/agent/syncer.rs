@@ -268,6 +268,64 @@ fn a_bad_entry_is_skipped_and_reported_while_the_rest_applies() {
 }
 
 #[test]
+fn an_entry_the_kernel_refuses_is_left_out_and_reported_while_the_rest_applies() {
+    let mut h = Harness::new();
+    let spec = base();
+    // Every rule of ns1/api carries its name in a comment; the kernel refuses the first one.
+    h.iptables.refuse_lines_containing(Some("ns1/api:https"));
+    let SyncResult::Applied { mode, .. } = h.sync(&spec) else {
+        panic!("the other entries are applied")
+    };
+    assert_eq!(mode, SyncMode::Full);
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(!dump.contains(&names::cluster_policy_chain("ns1/api:https", "tcp")));
+    assert!(dump.contains(&names::cluster_policy_chain("ns1/web:http", "tcp")));
+    assert!(dump.contains("--to-destination 10.244.2.53:53"));
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::PARTIALLY_APPLIED));
+    assert_eq!(s.failures.len(), 1);
+    assert_eq!(s.failures[0].service, "ns1/api:https TCP IPv4");
+    assert!(
+        s.failures[0].reason.contains("refused by the kernel")
+            && s.failures[0]
+                .reason
+                .contains("the refused line: -A SWYD-"),
+        "{}",
+        s.failures[0].reason
+    );
+
+    // An edit elsewhere is a partial sync; the refused entry is tried again and left out again.
+    let next = edit(&spec, "ns1/web:http", |e| e.endpoints[0].port = 9090);
+    assert!(matches!(h.sync(&next), SyncResult::Applied { .. }));
+    assert!(
+        h.iptables
+            .dump(IpFamily::IPv4)
+            .contains("--to-destination 10.244.2.5:9090")
+    );
+    assert_eq!(h.syncer.status().failures.len(), 1);
+
+    // Once the kernel takes it, the failure clears and the entry is programmed.
+    h.iptables.refuse_lines_containing(None);
+    let again = edit(&next, "ns1/api:https", |e| e.endpoints[0].port = 9443);
+    assert!(matches!(h.sync(&again), SyncResult::Applied { .. }));
+    assert!(h.syncer.status().failures.is_empty());
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&again));
+}
+
+#[test]
+fn a_host_wide_refusal_is_not_mistaken_for_one_entry() {
+    let mut h = Harness::new();
+    // A rule no entry owns (the masquerade rule) cannot be isolated: the sync fails, nothing changes.
+    h.iptables.refuse_lines_containing(Some("MASQUERADE"));
+    assert!(matches!(h.sync(&base()), SyncResult::Failed { .. }));
+    assert!(
+        !h.iptables
+            .dump(IpFamily::IPv4)
+            .contains(&names::cluster_policy_chain("ns1/web:http", "tcp"))
+    );
+}
+
+#[test]
 fn failures_are_capped_but_counted() {
     let mut h = Harness::new();
     let mut spec = base();
