@@ -131,7 +131,6 @@ pub fn reconcile(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
 
     use super::*;
 
