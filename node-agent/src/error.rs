@@ -216,13 +216,23 @@ pub enum Error {
     /// No usable `nft` binary was found.
     #[error("no usable nft: {0}")]
     FindNft(String),
+    /// A dual-stack sync failed for one family after the other was applied.
+    #[error("{source} ({applied} already has the new rules; the failed family keeps its previous ones)")]
+    FamiliesPartlyApplied {
+        /// The families already programmed (`IPv4`).
+        applied: String,
+        /// Why the next family failed.
+        source: Box<Error>,
+    },
 }
 
 impl Error {
     /// The payload line a restore failed on, as the kernel tool saw it (without its number).
     pub fn failing_line(&self) -> Option<&str> {
-        let Self::IptablesRestore { context, .. } = self else {
-            return None;
+        let context = match self {
+            Self::IptablesRestore { context, .. } => context,
+            Self::FamiliesPartlyApplied { source, .. } => return source.failing_line(),
+            _ => return None,
         };
         let marked = context.lines().find(|l| l.starts_with('>'))?;
         let numbered = marked.trim_start_matches('>').trim_start();
@@ -261,6 +271,7 @@ impl Error {
             Self::NftListing { .. } => "nft_listing",
             Self::NftNetlink { .. } => "nft_netlink",
             Self::FindNft(_) => "find_nft",
+            Self::FamiliesPartlyApplied { source, .. } => source.metric_label(),
         }
     }
 }

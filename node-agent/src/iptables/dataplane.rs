@@ -182,15 +182,27 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             removed: 0,
             drift: None,
         };
+        let mut applied: Vec<String> = Vec::new();
         for family in families {
             let facts = HostFacts {
                 random_fully: self.features.random_fully,
                 tcp_be_liberal: self.features.tcp_be_liberal,
                 node_port_ips: node_port_ips(spec, family, &local),
             };
-            let result = self
-                .sync_family(request, family, facts, &previous_entries)
-                .map_err(|e| (Some(family), e))?;
+            let result = match self.sync_family(request, family, facts, &previous_entries) {
+                Ok(result) => result,
+                // A family restored before this one keeps its new rules (each restore commits on its
+                // own): say so rather than claim the previous rules stay everywhere.
+                Err(e) if !applied.is_empty() => {
+                    let error = Error::FamiliesPartlyApplied {
+                        applied: applied.join(", "),
+                        source: Box::new(e),
+                    };
+                    return Err((Some(family), error));
+                }
+                Err(e) => return Err((Some(family), e)),
+            };
+            applied.push(format!("{family:?}"));
             if result.full {
                 outcome.mode = SyncMode::Full;
             }

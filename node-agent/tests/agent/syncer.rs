@@ -287,9 +287,7 @@ fn an_entry_the_kernel_refuses_is_left_out_and_reported_while_the_rest_applies()
     assert_eq!(s.failures[0].service, "ns1/api:https TCP IPv4");
     assert!(
         s.failures[0].reason.contains("refused by the kernel")
-            && s.failures[0]
-                .reason
-                .contains("the refused line: -A SWYD-"),
+            && s.failures[0].reason.contains("the refused line: -A SWYD-"),
         "{}",
         s.failures[0].reason
     );
@@ -616,6 +614,38 @@ fn dual_stack_plans_program_both_families() {
         v6.contains("-A PREROUTING -m comment --comment \"switchyard service portals\" -j SWYD-SERVICES")
     );
     assert!(!h.iptables.dump(IpFamily::IPv4).contains("fd00"));
+}
+
+#[test]
+fn a_dual_stack_sync_failing_in_one_family_says_which_one_has_the_new_rules() {
+    let mut h = Harness::new();
+    let mut spec = base();
+    spec.services
+        .push(entry("ns1/web:http", "fd00:10:96::1", 80).with(ep("fd00:10:244:2::5", 8080)));
+    spec.node_ips.push("fd00:192:168:10::11".into());
+    finish(&mut spec);
+    h.iptables
+        .fail_next_restore(Some(IpFamily::IPv6), "ip6tables-restore: out of memory");
+    let SyncResult::Failed { message } = h.sync(&spec) else {
+        panic!("the IPv6 restore failed")
+    };
+    assert!(
+        message.contains("out of memory") && message.contains("IPv4 already has the new rules"),
+        "{message}"
+    );
+    assert!(
+        h.iptables
+            .dump(IpFamily::IPv4)
+            .contains(&names::cluster_policy_chain("ns1/web:http", "tcp"))
+    );
+    // The retry programs both.
+    h.clock.advance(Duration::from_secs(1));
+    assert!(matches!(h.sync(&spec), SyncResult::Applied { .. }));
+    assert!(
+        h.iptables
+            .dump(IpFamily::IPv6)
+            .contains("--to-destination [fd00:10:244:2::5]:8080")
+    );
 }
 
 fn udp_flow(client: &str, dst: &str, dport: u16, endpoint: &str) -> Flow {
