@@ -42,11 +42,28 @@ demo: ## The example cluster in the network-namespace lab: plans, agents, `kubec
 plan: ## Plan the example cluster offline and print the `kubectl get nfp` table
 	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
 
-bench: ## Benchmarks (release build); each prints a summary table (SWITCHYARD_BENCH_SMOKE=1 for tiny sizes)
-	$(CARGO) bench -p switchyard-controller --bench planner
-	$(CARGO) bench -p switchyard-controller --bench churn
-	$(CARGO) bench -p switchyard-agent --bench iptables_sync
-	$(CARGO) bench -p switchyard-agent --bench nftables_sync
+bench: ## All benchmarks (release build) and one summary table against the targets (agent, latency: root; SWITCHYARD_BENCH_SMOKE=1: tiny)
+	@summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
+	export SWITCHYARD_BENCH_SUMMARY="$$summary"; status=0; \
+	bench() { \
+	  echo "== $(CARGO) bench -p $$1 --bench $$2"; \
+	  $(CARGO) bench -p $$1 --bench $$2 || { \
+	    status=1; echo "SUMMARY|$$2 benchmark|exited with an error|-|FAILED" >> "$$summary"; }; \
+	}; \
+	bench switchyard-controller planner; \
+	bench switchyard-controller churn; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  bench switchyard-agent iptables_sync; \
+	  bench switchyard-agent nftables_sync; \
+	  bench switchyard-e2e latency; \
+	else \
+	  echo "bench: skipping iptables_sync, nftables_sync and latency: they need root (network namespaces); run 'sudo make bench'"; \
+	  for b in iptables_sync nftables_sync latency; do \
+	    echo "SUMMARY|$$b benchmark|skipped: needs root|-|-" >> "$$summary"; \
+	  done; \
+	fi; \
+	./scripts/bench-summary.sh "$$summary"; \
+	exit $$status
 
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests

@@ -2,12 +2,19 @@
 //! server, which counts requests and bytes. Virtual time (Tokio's paused clock) makes minutes of churn
 //! run in seconds; planning still costs real CPU.
 //!
-//! Scenarios: a rolling update of a 50-pod Deployment (one pod replaced every 2 s, each step two slice
-//! updates: the new pod becomes ready, the old one terminates) and scaling one Service 0 → 100 → 0 (one
-//! pod per second each way). Each runs with coalescing (minPlanInterval 1 s) and without (50 ms).
+//! The churn advances one step per 0.5 s tick, each step one EndpointSlice update. Scenarios: a rolling
+//! update of a 50-pod Deployment (one pod replaced per second: two ticks per replacement, the old pod
+//! starts terminating, then its successor is ready and the old pod is gone) and scaling one Service
+//! 0 → 100 → 0 (one pod per 0.5 s tick each way, two pods per second). Each runs with coalescing
+//! (minPlanInterval 1 s) and without (50 ms). After each cluster size it prints the peak RSS of the
+//! process: the live controller (kube-runtime watch caches, engine, planner, writer) plus the fake API
+//! server's copy of the objects.
 //!
 //! `cargo bench -p switchyard-controller --bench churn` (SWITCHYARD_BENCH_SMOKE=1 for a tiny run).
 
+mod common;
+
+use std::process::ExitCode;
 use std::time::Duration;
 
 use http::Method;
@@ -18,6 +25,8 @@ use switchyard_controller::{
     synthetic::{Shape, cluster, slice},
     testing::fake_apiserver::{FakeApiServer, Kind},
 };
+
+use common::{figure, peak_rss_mib, reset_peak_rss};
 
 struct Outcome {
     changes: usize,
@@ -68,6 +77,8 @@ async fn scenario(
     for s in &snapshot.slices {
         server.put(Kind::EndpointSlice, s);
     }
+    // The fake API server holds its own copy; this one would only inflate the measured RSS.
+    drop(snapshot);
     let config = Config {
         min_plan_interval: if coalesce {
             Duration::from_secs(1)
@@ -157,10 +168,11 @@ async fn scenario(
     }
 }
 
-/// Rolling update of 50 pods: every 2 s (four 0.5 s ticks) one new pod turns ready and one old pod
-/// starts terminating, then is removed.
+/// Rolling update of 50 pods, one pod replaced per second (two 0.5 s ticks): on odd steps old pod `k`
+/// is terminating (its successor is starting, not yet in the slice); on the next even step new pod `k`
+/// is ready and old pod `k` is gone. 50 pods take 102 slice updates (51 s).
 fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
-    let pods = if smoke_mode() { 8 } else { 50 };
+    let pods = if common::smoke() { 8 } else { 50 };
     let replaced = step / 2;
     if replaced > pods {
         return false;
@@ -170,7 +182,7 @@ fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
             if i < replaced {
                 endpoint(format!("10.200.1.{i}"), node(i * 7 + 1, shape), true, false)
             } else {
-                // Odd steps: the next old pod is terminating while its successor starts.
+                // Odd steps: the next old pod is terminating while its successor starts (not yet listed).
                 let terminating = i == replaced && step % 2 == 1;
                 endpoint(
                     format!("10.200.0.{i}"),
@@ -185,9 +197,9 @@ fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
     true
 }
 
-/// Scale 0 → 100 → 0, one pod per 0.5 s tick.
+/// Scale 0 → 100 → 0, one pod per 0.5 s tick (two pods per second): 201 slice updates (100.5 s).
 fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
-    let top = if smoke_mode() { 10 } else { 100 };
+    let top = if common::smoke() { 10 } else { 100 };
     let count = if step <= top {
         step
     } else if step <= 2 * top {
@@ -209,15 +221,10 @@ fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
     true
 }
 
-fn smoke_mode() -> bool {
-    std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench")
-}
-
-fn main() {
+fn benchmark() -> Result<(), String> {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
     // smoke check with tiny sizes (benchmarks are never timed tests).
-    let smoke =
-        std::env::var_os("SWITCHYARD_BENCH_SMOKE").is_some() || !std::env::args().any(|a| a == "--bench");
+    let smoke = common::smoke();
     let shapes: Vec<Shape> = if smoke {
         vec![Shape::new(5, 50, 3)]
     } else {
@@ -247,20 +254,27 @@ fn main() {
         "lag"
     );
     for shape in shapes {
+        let mut peak_rss: f64 = 0.0;
         for (name, steps) in [
             ("rolling-50", rolling as fn(&FakeApiServer, &Shape, usize) -> bool),
             ("scale-100", scale),
         ] {
             for coalesce in [true, false] {
-                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .start_paused(true)
                     .build()
-                else {
-                    eprintln!("no runtime");
-                    return;
-                };
+                    .map_err(|e| format!("no runtime: {e}"))?;
+                reset_peak_rss();
                 let outcome = runtime.block_on(scenario(shape, coalesce, steps));
+                drop(runtime);
+                peak_rss = peak_rss.max(peak_rss_mib());
+                if outcome.changes == 0 || outcome.writes == 0 {
+                    return Err(format!(
+                        "{name} at {} nodes × {} Services: {} changes led to {} plan writes",
+                        shape.nodes, shape.services, outcome.changes, outcome.writes
+                    ));
+                }
                 println!(
                     "{:>6} {:>7} {:>10} {:>9} | {:>8} {:>8} {:>11.0} {:>12.1} {:>14.0} {:>9.0}s",
                     shape.nodes,
@@ -274,7 +288,41 @@ fn main() {
                     outcome.bytes as f64 / outcome.changes.max(1) as f64,
                     outcome.lag.as_secs_f64()
                 );
+                if !smoke && (shape.nodes, shape.services) == (1_000, 10_000) && coalesce {
+                    figure(
+                        &format!(
+                            "write fan-out at 1,000 × 10,000, {name}, coalesce 1s (writes/min; last node's lag)"
+                        ),
+                        &format!(
+                            "{:.0} writes/min (budget {:.0}/min + burst), lag {:.0} s",
+                            outcome.writes as f64 / outcome.minutes,
+                            Config::default().write_qps * 60.0,
+                            outcome.lag.as_secs_f64()
+                        ),
+                    );
+                }
             }
+        }
+        println!(
+            "peak RSS at {} nodes × {} Services (live controller + fake API server, highest of the four runs): {:.0} MiB",
+            shape.nodes, shape.services, peak_rss
+        );
+        if !smoke && (shape.nodes, shape.services) == (1_000, 10_000) {
+            figure(
+                "controller memory at 1,000 × 10,000, live controller in the churn bench (incl. the fake API server)",
+                &format!("{peak_rss:.0} MiB peak RSS"),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match benchmark() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("churn benchmark failed: {error}");
+            ExitCode::FAILURE
         }
     }
 }

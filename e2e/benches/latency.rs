@@ -9,9 +9,12 @@
 //!
 //! `cargo bench -p switchyard-e2e --bench latency` (`SWITCHYARD_BENCH_SMOKE=1` for a tiny run; under
 //! `cargo test` it runs as that smoke check; `SWITCHYARD_BENCH_BACKENDS=nftables` for one backend).
+//! At the full sizes it prints `target first-connection latency (nftables) … met|MISSED` (p50 at 10,000
+//! Services within 10% of p50 at 100) and records it, with the iptables figures, for `make bench`'s
+//! summary table (the file named by SWITCHYARD_BENCH_SUMMARY).
 
 use std::{
-    io::Read,
+    io::{Read, Write as _},
     net::{SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
@@ -67,6 +70,57 @@ fn synthetic(i: usize) -> ServicePlan {
     )
 }
 
+/// Appends `SUMMARY|what|value|target|verdict` to the file named by SWITCHYARD_BENCH_SUMMARY (`make bench`
+/// sets it; unset, nothing is recorded).
+fn record(what: &str, value: &str, target: &str, verdict: &str) {
+    let Some(path) = std::env::var_os("SWITCHYARD_BENCH_SUMMARY") else {
+        return;
+    };
+    let clean = |s: &str| s.replace(['|', '\n'], " ");
+    let line = format!(
+        "SUMMARY|{}|{}|{}|{}\n",
+        clean(what),
+        clean(value),
+        clean(target),
+        clean(verdict)
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(line.as_bytes()));
+    if let Err(error) = written {
+        eprintln!("cannot append to {}: {error}", path.to_string_lossy());
+    }
+}
+
+/// The p50s at 100 and 10,000 Services against the targets (nftables: 10k within 10% of 100).
+fn judge(backend: Backend, p50: &[(usize, Duration)]) {
+    let at = |n: usize| {
+        p50.iter()
+            .find(|(size, _)| *size == n)
+            .map(|(_, d)| d.as_secs_f64() * 1e6)
+    };
+    let (Some(small), Some(large)) = (at(100), at(10_000)) else {
+        return;
+    };
+    let value = format!("p50 {large:.0} µs at 10,000 vs {small:.0} µs at 100 Services");
+    if backend == Backend::Nftables {
+        let met = large <= small * 1.10;
+        let verdict = if met { "met" } else { "MISSED" };
+        let what = "first-connection latency (nftables), 10,000 Services";
+        println!("target {what} within 10% of 100 Services: {value} {verdict}");
+        record(what, &value, "p50 within 10% of 100 Services", verdict);
+    } else {
+        record(
+            &format!("first-connection latency ({backend}), 10,000 Services"),
+            &value,
+            "-",
+            "-",
+        );
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -100,6 +154,12 @@ fn run() -> Result<(), String> {
     let samples = if smoke { 50 } else { 1_000 };
     if !switchyard_e2e::preflight::is_root() {
         println!("skip: the latency benchmark builds a lab and needs root");
+        record(
+            "first-connection latency benchmark",
+            "skipped: needs root",
+            "-",
+            "-",
+        );
         return Ok(());
     }
     let backends: Vec<Backend> = match std::env::var("SWITCHYARD_BENCH_BACKENDS") {
@@ -110,12 +170,20 @@ fn run() -> Result<(), String> {
         Err(_) => vec![Backend::Iptables, Backend::Nftables],
     };
     for backend in backends {
-        measure_backend(backend, sizes, samples)?;
+        let p50 = measure_backend(backend, sizes, samples)?;
+        if !smoke {
+            judge(backend, &p50);
+        }
     }
     Ok(())
 }
 
-fn measure_backend(backend: Backend, sizes: &[usize], samples: usize) -> Result<(), String> {
+/// Prints the backend's table; returns the p50 per number of Services.
+fn measure_backend(
+    backend: Backend,
+    sizes: &[usize],
+    samples: usize,
+) -> Result<Vec<(usize, Duration)>, String> {
     println!(
         "first-connection latency to a ClusterIP, {backend} backend, {samples} new connections each (µs)"
     );
@@ -134,6 +202,7 @@ fn measure_backend(backend: Backend, sizes: &[usize], samples: usize) -> Result<
     )
     .map_err(|e| e.to_string())?;
     let base = deployed.plan("node-a").map_err(|e| e.to_string())?.remove(0);
+    let mut p50 = Vec::new();
     for &size in sizes {
         let mut plan = base.clone();
         plan.spec
@@ -165,8 +234,9 @@ fn measure_backend(backend: Backend, sizes: &[usize], samples: usize) -> Result<
             us(percentile(&times, 0.99)),
             apply.as_secs_f64()
         );
+        p50.push((plan.spec.services.len(), percentile(&times, 0.5)));
     }
-    Ok(())
+    Ok(p50)
 }
 
 fn main() {
