@@ -14,7 +14,7 @@
 //! summary table (the file named by SWITCHYARD_BENCH_SUMMARY).
 
 use std::{
-    io::{Read, Write as _},
+    io::Read,
     net::{SocketAddr, TcpStream},
     time::{Duration, Instant},
 };
@@ -70,29 +70,9 @@ fn synthetic(i: usize) -> ServicePlan {
     )
 }
 
-/// Appends `SUMMARY|what|value|target|verdict` to the file named by SWITCHYARD_BENCH_SUMMARY (`make bench`
-/// sets it; unset, nothing is recorded).
-fn record(what: &str, value: &str, target: &str, verdict: &str) {
-    let Some(path) = std::env::var_os("SWITCHYARD_BENCH_SUMMARY") else {
-        return;
-    };
-    let clean = |s: &str| s.replace(['|', '\n'], " ");
-    let line = format!(
-        "SUMMARY|{}|{}|{}|{}\n",
-        clean(what),
-        clean(value),
-        clean(target),
-        clean(verdict)
-    );
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| file.write_all(line.as_bytes()));
-    if let Err(error) = written {
-        eprintln!("cannot append to {}: {error}", path.to_string_lossy());
-    }
-}
+#[path = "../../benches/summary.rs"]
+mod summary;
+use summary::{record, target};
 
 /// The p50s at 100 and 10,000 Services against the targets (nftables: 10k within 10% of 100).
 fn judge(backend: Backend, p50: &[(usize, Duration)]) {
@@ -106,11 +86,12 @@ fn judge(backend: Backend, p50: &[(usize, Duration)]) {
     };
     let value = format!("p50 {large:.0} µs at 10,000 vs {small:.0} µs at 100 Services");
     if backend == Backend::Nftables {
-        let met = large <= small * 1.10;
-        let verdict = if met { "met" } else { "MISSED" };
-        let what = "first-connection latency (nftables), 10,000 Services";
-        println!("target {what} within 10% of 100 Services: {value} {verdict}");
-        record(what, &value, "p50 within 10% of 100 Services", verdict);
+        target(
+            "first-connection latency (nftables), 10,000 Services",
+            &value,
+            "p50 within 10% of 100 Services",
+            large <= small * 1.10,
+        );
     } else {
         record(
             &format!("first-connection latency ({backend}), 10,000 Services"),

@@ -3,7 +3,6 @@
 // Each benchmark uses only part of this module.
 #![allow(dead_code)]
 
-use std::io::Write as _;
 use std::time::Duration;
 
 /// `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then a benchmark runs as a
@@ -43,39 +42,7 @@ pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-/// A measurement against a target: prints `target <what> <target>: <value> met|MISSED` and records it for
-/// `make bench`'s summary table.
-pub fn target(what: &str, value: &str, target: &str, met: bool) {
-    let verdict = if met { "met" } else { "MISSED" };
-    println!("target {what} {target}: {value} {verdict}");
-    record(what, value, target, verdict);
-}
-
-/// A figure without a target, recorded for the summary table.
-pub fn figure(what: &str, value: &str) {
-    record(what, value, "-", "-");
-}
-
-/// Appends `SUMMARY|what|value|target|verdict` to the file named by SWITCHYARD_BENCH_SUMMARY (`make bench`
-/// sets it; unset, nothing is recorded).
-pub fn record(what: &str, value: &str, target: &str, verdict: &str) {
-    let Some(path) = std::env::var_os("SWITCHYARD_BENCH_SUMMARY") else {
-        return;
-    };
-    let clean = |s: &str| s.replace(['|', '\n'], " ");
-    let line = format!(
-        "SUMMARY|{}|{}|{}|{}\n",
-        clean(what),
-        clean(value),
-        clean(target),
-        clean(verdict)
-    );
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| file.write_all(line.as_bytes()));
-    if let Err(error) = written {
-        eprintln!("cannot append to {}: {error}", path.to_string_lossy());
-    }
-}
+#[path = "../../../benches/summary.rs"]
+mod summary;
+#[allow(unused_imports)] // each bench uses its own subset
+pub use summary::{figure, target};

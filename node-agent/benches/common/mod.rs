@@ -4,7 +4,6 @@
 // Each benchmark uses only part of this module.
 #![allow(dead_code)]
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -140,37 +139,10 @@ pub fn applied_partial(result: SyncResult) -> Result<Duration, String> {
     }
 }
 
-/// A measurement against a target: prints `target <what> <target>: <value> met|MISSED` and records it for
-/// `make bench`'s summary table.
-pub fn target(what: &str, value: &str, target: &str, met: bool) {
-    let verdict = if met { "met" } else { "MISSED" };
-    println!("target {what} {target}: {value} {verdict}");
-    record(what, value, target, verdict);
-}
-
-/// Appends `SUMMARY|what|value|target|verdict` to the file named by SWITCHYARD_BENCH_SUMMARY (`make bench`
-/// sets it; unset, nothing is recorded).
-pub fn record(what: &str, value: &str, target: &str, verdict: &str) {
-    let Some(path) = std::env::var_os("SWITCHYARD_BENCH_SUMMARY") else {
-        return;
-    };
-    let clean = |s: &str| s.replace(['|', '\n'], " ");
-    let line = format!(
-        "SUMMARY|{}|{}|{}|{}\n",
-        clean(what),
-        clean(value),
-        clean(target),
-        clean(verdict)
-    );
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| file.write_all(line.as_bytes()));
-    if let Err(error) = written {
-        eprintln!("cannot append to {}: {error}", path.to_string_lossy());
-    }
-}
+#[path = "../../../benches/summary.rs"]
+mod summary;
+#[allow(unused_imports)] // each bench uses its own subset
+pub use summary::{record, target};
 
 /// Peak RSS (VmHWM, KiB) and wall time of `switchyard-agent apply --plan` in a fresh namespace.
 pub fn apply_rss(agent: &Path, services: u32, backend: Backend) -> Result<(u64, Duration), String> {
