@@ -93,6 +93,24 @@ pub fn families_of(spec: &NodeForwardingPlanSpec) -> BTreeSet<IpFamily> {
     families
 }
 
+/// What a sync of `spec` covers: the plan's families plus every family already `programmed` (so its
+/// rules are emptied rather than left behind), and the local addresses when NodePorts are restricted to
+/// some of them (empty otherwise).
+pub fn sync_scope(
+    spec: &NodeForwardingPlanSpec,
+    programmed: impl IntoIterator<Item = IpFamily>,
+    addrs: &mut impl LocalAddrs,
+) -> Result<(BTreeSet<IpFamily>, Vec<IpAddr>), Error> {
+    let mut families = families_of(spec);
+    families.extend(programmed);
+    let local = if spec.cluster.node_port_addresses.is_empty() {
+        Vec::new()
+    } else {
+        addrs.local_addrs()?
+    };
+    Ok((families, local))
+}
+
 /// Feeds a [`PayloadJob`] to `iptables-restore` and keeps what the first complete write produced.
 struct JobInput<'a> {
     job: PayloadJob<'a>,
@@ -153,14 +171,8 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
     /// One attempt at every family; an error says which family's restore failed.
     fn sync_families(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, (Option<IpFamily>, Error)> {
         let spec: &NodeForwardingPlanSpec = request.spec;
-        let mut families = families_of(spec);
-        families.extend(self.families.keys().copied());
-        // Local addresses matter only when NodePorts are restricted to some of them.
-        let local = if spec.cluster.node_port_addresses.is_empty() {
-            Vec::new()
-        } else {
-            self.addrs.local_addrs().map_err(|e| (None, e))?
-        };
+        let (families, local) =
+            sync_scope(spec, self.families.keys().copied(), &mut self.addrs).map_err(|e| (None, e))?;
         // Cloned, not taken: a failed attempt must leave it for the retry without the refused entry.
         let last = self.last.clone();
         let previous_entries: HashMap<(&str, Protocol, IpFamily), &ServicePlan> = last

@@ -31,7 +31,7 @@ use super::render::{Env, render};
 use super::transaction::{Op, Transaction};
 use crate::error::Error;
 use crate::host::LocalAddrs;
-use crate::iptables::dataplane::families_of;
+use crate::iptables::dataplane::sync_scope;
 use crate::iptables::node_port_ips;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
 
@@ -183,14 +183,7 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
 
     fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
         let spec: &NodeForwardingPlanSpec = request.spec;
-        let mut families = families_of(spec);
-        families.extend(self.families.keys().copied());
-        // Local addresses matter only when NodePorts are restricted to some of them.
-        let local = if spec.cluster.node_port_addresses.is_empty() {
-            Vec::new()
-        } else {
-            self.addrs.local_addrs()?
-        };
+        let (families, local) = sync_scope(spec, self.families.keys().copied(), &mut self.addrs)?;
         let last = self.last.take();
         let mut outcome = SyncOutcome {
             mode: SyncMode::Partial,
