@@ -239,6 +239,15 @@ impl Error {
         Some(numbered.split_once(' ').map_or("", |(_, text)| text))
     }
 
+    /// The underlying failure (for a dual-stack sync that failed after one family applied, the
+    /// failing family's error).
+    pub fn root(&self) -> &Error {
+        match self {
+            Self::FamiliesPartlyApplied { source, .. } => source.root(),
+            other => other,
+        }
+    }
+
     /// A short, stable label for failure metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

@@ -100,6 +100,36 @@ impl Context {
     }
 }
 
+impl Context {
+    /// Like [`Self::bounded`], but abandons the call the moment this replica stops leading (`None`):
+    /// a write still waiting then must not land after another replica may have taken the lease over.
+    pub async fn bounded_while_leader<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Option<Result<T, kube::Error>> {
+        while_leading(self.leader.clone(), self.bounded(call)).await
+    }
+}
+
+/// Runs `call` while `leader` says this replica leads; `None` as soon as it stops.
+async fn while_leading<T>(
+    mut leader: watch::Receiver<bool>,
+    call: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let lost = async move {
+        // Without a sender (no leader election running) the flag is final: never lost.
+        if leader.wait_for(|leading| !*leading).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        // Losing wins a tie: a call must not start once this replica no longer leads.
+        biased;
+        () = lost => None,
+        result = call => Some(result),
+    }
+}
+
 /// Brings one node's plan objects up to date.
 pub async fn reconcile(
     node: Arc<String>,
@@ -132,8 +162,9 @@ pub async fn reconcile(
         }
         let name = object.metadata.name.clone().unwrap_or_default();
         let params = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
-        ctx.bounded(ctx.plans.patch(&name, &params, &Patch::Apply(object)))
+        ctx.bounded_while_leader(ctx.plans.patch(&name, &params, &Patch::Apply(object)))
             .await
+            .ok_or(Error::NotLeader)?
             .map_err(|source| Error::ApplyPlan {
                 name: name.clone(),
                 source,
@@ -152,8 +183,9 @@ pub async fn reconcile(
             return Err(Error::NotLeader);
         }
         match ctx
-            .bounded(ctx.plans.delete(name, &DeleteParams::default()))
+            .bounded_while_leader(ctx.plans.delete(name, &DeleteParams::default()))
             .await
+            .ok_or(Error::NotLeader)?
         {
             Ok(_) => {
                 ctx.metrics.plans_deleted.inc();
@@ -268,6 +300,33 @@ pub async fn sweep_orphans(ctx: &Context) -> Result<usize, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_is_abandoned_when_leadership_is_lost() {
+        let (tx, rx) = watch::channel(true);
+        let lose = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tx.send_replace(false);
+        };
+        let (outcome, ()) = tokio::join!(while_leading(rx, std::future::pending::<()>()), lose);
+        assert_eq!(outcome, None);
+
+        let (tx, rx) = watch::channel(false);
+        drop(tx);
+        assert_eq!(
+            while_leading(rx, async { 7 }).await,
+            None,
+            "not leading: never started"
+        );
+
+        let (tx, rx) = watch::channel(true);
+        drop(tx);
+        assert_eq!(
+            while_leading(rx, async { 7 }).await,
+            Some(7),
+            "a final true flag (no election) never stops a call"
+        );
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

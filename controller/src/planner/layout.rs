@@ -76,8 +76,16 @@ impl ZoneCache {
     }
 }
 
-/// Bytes per shard (of `count`) taken by Services whose entries on this node alone exceed `budget`.
-fn oversized_bytes(node: &NodeInfo, slots: &[Slot], count: u32, budget: usize) -> Vec<usize> {
+/// Every shard fits `budget` once the bytes of oversized Services (`exempt`) are left out.
+fn fits(accs: &[ShardAcc], exempt: &[usize], budget: usize) -> bool {
+    accs.iter()
+        .zip(exempt)
+        .all(|(acc, exempt)| acc.bytes.saturating_sub(*exempt) <= budget)
+}
+
+/// Bytes per shard (of `count`) taken by Services whose entries on this node alone exceed `budget`,
+/// and those Services' shard hashes.
+fn oversized_bytes(node: &NodeInfo, slots: &[Slot], count: u32, budget: usize) -> (Vec<usize>, Vec<u64>) {
     let mut per_service: HashMap<u64, usize> = HashMap::new();
     for slot in slots {
         let planned = slot
@@ -89,12 +97,14 @@ fn oversized_bytes(node: &NodeInfo, slots: &[Slot], count: u32, budget: usize) -
         }
     }
     let mut exempt = vec![0; count as usize];
+    let mut oversized = Vec::new();
     for (hash, bytes) in per_service {
         if bytes > budget {
             exempt[(hash % u64::from(count)) as usize] += bytes;
+            oversized.push(hash);
         }
     }
-    exempt
+    (exempt, oversized)
 }
 
 /// How one node's plan is laid out, with its revisions.
@@ -106,6 +116,10 @@ pub struct Layout {
     /// Running totals per shard, kept so one changed entry updates one shard in O(1).
     accs: Vec<ShardAcc>,
     header_bytes: usize,
+    /// Bytes per shard of Services too big for any object, which the budget check leaves out.
+    exempt: Vec<usize>,
+    /// Shard hashes of those Services: a change to one of them lays the node out again.
+    oversized: Vec<u64>,
 }
 
 /// Stable 64-bit hash of a Service key.
@@ -157,7 +171,7 @@ impl Layout {
             .map_err(switchyard_api::Error::from)?
             .len();
         let mut count = 1u32;
-        let accs = loop {
+        let (accs, exempt, oversized) = loop {
             let mut accs = cache.get(&node.zone, count, slots);
             for &index in overrides {
                 let slot = &slots[index];
@@ -173,17 +187,13 @@ impl Layout {
             let budget = config
                 .max_plan_bytes
                 .saturating_sub(header_bytes + OBJECT_OVERHEAD_BYTES);
-            let exempt = if count >= OVERSIZED_CHECK_FROM {
+            let (exempt, oversized) = if count >= OVERSIZED_CHECK_FROM {
                 oversized_bytes(node, slots, count, budget)
             } else {
-                vec![0; count as usize]
+                (vec![0; count as usize], Vec::new())
             };
-            let fits = accs
-                .iter()
-                .zip(&exempt)
-                .all(|(a, exempt)| a.bytes.saturating_sub(*exempt) <= budget);
-            if fits || count >= MAX_SHARDS {
-                break accs;
+            if fits(&accs, &exempt, budget) || count >= MAX_SHARDS {
+                break (accs, exempt, oversized);
             }
             count *= 2;
         };
@@ -193,6 +203,8 @@ impl Layout {
             revisions: vec![String::new(); count as usize],
             accs,
             header_bytes,
+            exempt,
+            oversized,
         };
         layout.revise(&header, 1..count)?;
         Ok(layout)
@@ -208,6 +220,13 @@ impl Layout {
         added: &[(u64, &PlannedEntry)],
     ) -> Result<bool, Error> {
         let count = u64::from(self.count);
+        let touches_oversized = removed
+            .iter()
+            .chain(added)
+            .any(|(hash, _)| self.oversized.contains(hash));
+        if touches_oversized {
+            return Ok(false);
+        }
         let mut touched = std::collections::BTreeSet::new();
         for (hash, planned) in removed {
             let index = (hash % count) as usize;
@@ -227,11 +246,10 @@ impl Layout {
             acc.endpoints += planned.entry.endpoints.len() as u32;
             touched.insert(index as u32);
         }
-        if self
-            .accs
-            .iter()
-            .any(|a| a.bytes + self.header_bytes + OBJECT_OVERHEAD_BYTES > config.max_plan_bytes)
-        {
+        let budget = config
+            .max_plan_bytes
+            .saturating_sub(self.header_bytes + OBJECT_OVERHEAD_BYTES);
+        if !fits(&self.accs, &self.exempt, budget) {
             return Ok(false);
         }
         let header = header(node, config);

@@ -9,7 +9,8 @@
 //! Conditions: ready = Ready unset or true; serving = Serving unset or true; terminating = Terminating
 //! true. Endpoints neither ready nor serving are dropped (no policy or cleanup ever uses them) before
 //! duplicates are merged. When the same ip:port appears twice, in one slice or in overlapping slices,
-//! a non-terminating copy wins, then a ready one, then a serving one; other ties break on content.
+//! a non-terminating copy wins, then a ready one, then a serving one, then one with a nodeName; other
+//! ties break on content.
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -225,14 +226,16 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
 }
 
 /// Whether `candidate` should replace `existing`, a copy of the same ip:port: a non-terminating copy
-/// wins, then a ready one, then a serving one; the remaining ties break on the copies' content, so
-/// the result never depends on the order of endpoints or slices.
+/// wins, then a ready one, then a serving one, then one with a nodeName; the remaining ties break on
+/// the copies' content, so the result never depends on the order of endpoints or slices.
 fn preferred(candidate: &EndpointInfo, existing: &EndpointInfo) -> bool {
     let rank = |e: &EndpointInfo| {
         (
             !e.terminating,
             e.ready,
             e.serving,
+            // A copy that says where it runs keeps locality (and node-keyed IPVS weights).
+            e.node.is_some(),
             std::cmp::Reverse((
                 e.node.clone(),
                 e.zone_hints.clone(),

@@ -74,8 +74,16 @@ pub struct IptablesDataplane<I, A> {
     features: HostFeatures,
     families: BTreeMap<IpFamily, FamilyModel>,
     last: Option<LastApplied>,
-    /// Entries the kernel refused in the last sync (left out so the rest could be applied).
-    refused: Vec<ServiceFailure>,
+    /// Entries the kernel refused (left out so the rest could be applied): tried again only on full
+    /// syncs or when their content changes, so one bad entry does not cost a failed restore per sync.
+    refused: Vec<Refused>,
+}
+
+/// An entry the kernel refused, as it was then.
+#[derive(Debug, Clone)]
+struct Refused {
+    entry: ServicePlan,
+    failure: ServiceFailure,
 }
 
 /// The families a plan needs: those of its entries and node IPs, IPv4 when there are none.
@@ -193,6 +201,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             written: 0,
             removed: 0,
             drift: None,
+            left_out: Vec::new(),
         };
         let mut applied: Vec<String> = Vec::new();
         for family in families {
@@ -206,6 +215,9 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
                 // A family restored before this one keeps its new rules (each restore commits on its
                 // own): say so rather than claim the previous rules stay everywhere.
                 Err(e) if !applied.is_empty() => {
+                    // The applied family's model now holds the new plan: the old `last` would make a
+                    // later partial sync take reverted entries for unchanged.
+                    self.last = None;
                     let error = Error::FamiliesPartlyApplied {
                         applied: applied.join(", "),
                         source: Box::new(e),
@@ -245,7 +257,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             cluster: spec.cluster.clone(),
         };
         // Whatever happens next, the old model no longer describes the kernel with certainty: it is
-        // taken out now and replaced only after a successful restore.
+        // taken out now and replaced after a successful restore (or put back after a refused one).
         let model = self.families.remove(&family).filter(|m| m.env == env);
         let started = Instant::now();
         let mut drift = None;
@@ -299,8 +311,19 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             },
             streamed: None,
         };
-        self.iptables.restore(family, &mut input)?;
-        let streamed = input.streamed.ok_or_else(|| Error::RunCommand {
+        let restored = self.iptables.restore(family, &mut input);
+        let JobInput { streamed, .. } = input;
+        if let Err(error) = restored {
+            // iptables-restore commits all or nothing: after a refusal the kernel still matches the
+            // model, so the next attempt can stay partial.
+            if matches!(error, Error::IptablesRestore { .. })
+                && let Some(model) = partial_model
+            {
+                self.families.insert(family, model);
+            }
+            return Err(error);
+        }
+        let streamed = streamed.ok_or_else(|| Error::RunCommand {
             command: "iptables-restore".into(),
             source: io::Error::other("the payload was not written completely"),
         })?;
@@ -399,42 +422,64 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
     }
 
     fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
-        self.refused.clear();
+        let spec = request.spec;
         let mut skip = request.skip.clone();
+        let mut left_out = Vec::new();
+        // Entries refused before and unchanged since stay out until a full sync tries them again.
+        let known = std::mem::take(&mut self.refused);
+        if !request.full {
+            for (index, entry) in spec.services.iter().enumerate() {
+                if skip.contains(&index) {
+                    continue;
+                }
+                if let Some(refused) = known.iter().find(|r| r.entry == *entry) {
+                    skip.insert(index);
+                    left_out.push(index);
+                    self.refused.push(refused.clone());
+                }
+            }
+        }
         loop {
             let attempt = SyncRequest {
-                spec: request.spec,
+                spec,
                 skip: &skip,
                 full: request.full,
             };
             let (family, error) = match self.sync_families(attempt) {
-                Ok(outcome) => return Ok(outcome),
+                Ok(mut outcome) => {
+                    outcome.left_out = left_out;
+                    return Ok(outcome);
+                }
                 Err(failed) => failed,
             };
             // A restore is atomic, so the kernel still holds the previous rules: leave the refused
             // entry out and apply everything else, as the plan's other entries deserve.
             let refused = family
                 .filter(|_| self.refused.len() < MAX_REFUSED_ENTRIES)
-                .and_then(|family| refused_entry(request.spec, family, &skip, &error));
+                .and_then(|family| refused_entry(spec, family, &skip, &error));
             let Some(index) = refused else {
                 return Err(error);
             };
-            let label = entry_label(request.spec, index);
+            let label = entry_label(spec, index);
             tracing::warn!(entry = %label, %error, "the kernel refused this entry's rules; applying the others without it");
-            let mut reason = format!("refused by the kernel: {error}");
+            let mut reason = format!("refused by the kernel: {}", error.root());
             if let Some(line) = error.failing_line() {
                 reason.push_str(&format!("; the refused line: {line}"));
             }
-            self.refused.push(ServiceFailure {
-                service: label,
-                reason: short(&reason, MAX_REASON),
+            self.refused.push(Refused {
+                entry: spec.services[index].clone(),
+                failure: ServiceFailure {
+                    service: label,
+                    reason: short(&reason, MAX_REASON),
+                },
             });
             skip.insert(index);
+            left_out.push(index);
         }
     }
 
     fn entry_failures(&self) -> Vec<ServiceFailure> {
-        self.refused.clone()
+        self.refused.iter().map(|r| r.failure.clone()).collect()
     }
 
     fn check_drift(&mut self) -> Result<Option<Drift>, Error> {

@@ -527,6 +527,7 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
             written,
             removed,
             drift: None,
+            left_out: Vec::new(),
         })
     }
 

@@ -2,7 +2,8 @@
 //! and, when the kernel cannot do it, the agent keeps forwarding with iptables and says why.
 //!
 //! ```text
-//! SyncRequest (spec.backend) ─► ipvs wanted? ─► IPVS set up (once: family resolved, modprobe ip_vs) ─┐
+//! SyncRequest (spec.backend) ─► ipvs wanted? ─► IPVS set up (family resolved, modprobe ip_vs; after a
+//!                                  │              failure tried again on full syncs only) ───────────┐
 //!                                  │ no, or set-up failed (reason kept) ─► iptables ◄──────────────────┤
 //!                                  ▼                                                                   │
 //!      backend changed since the last sync? ─► previous backend's cleanup, then a full sync of the new one

@@ -191,6 +191,7 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
             written: 0,
             removed: 0,
             drift: None,
+            left_out: Vec::new(),
         };
         for family in families {
             let env = Env::new(spec, family, node_port_ips(spec, family, &local));

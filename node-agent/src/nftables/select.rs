@@ -2,7 +2,8 @@
 //! other value the host's other backends (iptables, IPVS), per sync.
 //!
 //! ```text
-//! SyncRequest (spec.backend) ─► nftables? ─► nft set up (once: `nft` found) ─► NftablesDataplane
+//! SyncRequest (spec.backend) ─► nftables? ─► nft set up (`nft` found; after a failure tried again on
+//!                                 │           full syncs only) ─► NftablesDataplane
 //!                                 │ no, or set-up failed (reason kept) ─► other (iptables / IPVS selection)
 //!                                 ▼
 //!   backend changed since the last sync ─► previous one's cleanup, then a full sync of the new one
@@ -240,6 +241,7 @@ mod tests {
                 written: 1,
                 removed: 0,
                 drift: None,
+                left_out: Vec::new(),
             })
         }
         fn check_drift(&mut self) -> Result<Option<Drift>, Error> {

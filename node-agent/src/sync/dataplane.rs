@@ -43,6 +43,9 @@ pub struct SyncOutcome {
     /// Set when the backend found the kernel changed behind its back before a partial sync (e.g. the
     /// canary chain was gone) and did a full sync instead: a drift repair.
     pub drift: Option<String>,
+    /// Entries the backend left out on top of the request's `skip` (the kernel refused their rules);
+    /// their reasons are in [`Dataplane::entry_failures`].
+    pub left_out: Vec<usize>,
 }
 
 /// How the kernel differs from the backend's model.

@@ -101,6 +101,15 @@ enum Last {
     Failed { message: String, since: Instant },
 }
 
+/// A failed drift repair or periodic full sync waiting for its retry.
+#[derive(Debug, Clone)]
+struct PendingReapply {
+    /// The drift it was repairing (counted when the retry succeeds).
+    drift: Option<String>,
+    /// The outcome before the first attempt, so a rejection of a newer plan stays visible.
+    before: Last,
+}
+
 /// What the kernel holds: the last plan applied successfully.
 #[derive(Debug, Clone)]
 struct Applied {
@@ -134,7 +143,7 @@ pub struct Syncer {
     extra_failures: Vec<ServiceFailure>,
     /// A full sync of the applied plan (drift repair or periodic) failed: it is retried with the
     /// backoff, carrying the drift it was repairing.
-    failed_reapply: Option<Option<String>>,
+    failed_reapply: Option<PendingReapply>,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -184,8 +193,6 @@ impl Syncer {
 
     /// Applies a node's plan objects (one, or a sharded set).
     pub fn sync(&mut self, objects: &[Arc<NodeForwardingPlanSpec>]) -> SyncResult {
-        // A newer plan supersedes any pending retry of the applied one.
-        self.failed_reapply = None;
         match assemble(objects) {
             Assembly::Incomplete(why) => {
                 self.reject(reasons::INCOMPLETE_SHARDS, format!("plan not applied: {why}"))
@@ -239,22 +246,31 @@ impl Syncer {
             return None;
         }
         let spec = Arc::clone(&self.applied.as_ref()?.spec);
-        let drift = self.failed_reapply.take().flatten();
+        let pending = self.failed_reapply.take()?;
         tracing::info!(
-            drift = drift.is_some(),
+            drift = pending.drift.is_some(),
             "retrying the full sync of the applied plan"
         );
-        Some(self.reapply(spec, drift))
+        Some(self.reapply_from(spec, pending.drift, pending.before))
     }
 
     /// Applies the already applied plan again (drift repair, periodic full sync), keeping a rejection
     /// of a newer plan visible.
     fn reapply(&mut self, spec: Arc<NodeForwardingPlanSpec>, drift: Option<String>) -> SyncResult {
         let before = self.last.clone();
+        self.reapply_from(spec, drift, before)
+    }
+
+    fn reapply_from(
+        &mut self,
+        spec: Arc<NodeForwardingPlanSpec>,
+        drift: Option<String>,
+        before: Last,
+    ) -> SyncResult {
         self.need_full = true;
         let result = self.apply(spec, drift.clone());
         if matches!(result, SyncResult::Failed { .. }) {
-            self.failed_reapply = Some(drift);
+            self.failed_reapply = Some(PendingReapply { drift, before });
             return result;
         }
         if matches!(result, SyncResult::Applied { .. }) && matches!(before, Last::Rejected { .. }) {
@@ -356,6 +372,10 @@ impl Syncer {
             reason,
             message: message.clone(),
         };
+        if let Some(pending) = &mut self.failed_reapply {
+            // The pending repair retry must not hide this rejection once it succeeds.
+            pending.before = self.last.clone();
+        }
         self.update_conditions();
         SyncResult::Rejected { reason, message }
     }
@@ -378,6 +398,9 @@ impl Syncer {
         }
         let now = self.clock.now();
         let full = self.need_full || self.applied.is_none() || self.full_sync_due() || drift.is_some();
+        // Whatever reaches the kernel now supersedes a pending retry of an earlier repair (reapply()
+        // sets it again if this one fails).
+        self.failed_reapply = None;
         let started = Instant::now();
         let outcome = self.dataplane.sync(SyncRequest {
             spec: &spec,
@@ -388,6 +411,10 @@ impl Syncer {
         match outcome {
             Ok(outcome) => {
                 entry_failures.extend(self.dataplane.entry_failures());
+                // Entries the kernel refused are as absent as invalid ones: counts, UDP conntrack
+                // cleanup and health-check ports must not claim them.
+                let mut skip = skip;
+                skip.extend(outcome.left_out.iter().copied());
                 let drift = drift.or(outcome.drift);
                 if let Some(reason) = &drift {
                     self.drift_repairs += 1;
@@ -463,7 +490,7 @@ impl Syncer {
                 }
             }
             Err(e) => {
-                if let Error::IptablesRestore { context, .. } = &e
+                if let Error::IptablesRestore { context, .. } = e.root()
                     && !context.is_empty()
                 {
                     tracing::error!(error = %e, "sync failed; the kernel keeps its previous rules. Payload around the failure:\n{context}");

@@ -273,10 +273,10 @@ fn an_entry_the_kernel_refuses_is_left_out_and_reported_while_the_rest_applies()
     let spec = base();
     // Every rule of ns1/api carries its name in a comment; the kernel refuses the first one.
     h.iptables.refuse_lines_containing(Some("ns1/api:https"));
-    let SyncResult::Applied { mode, .. } = h.sync(&spec) else {
+    let SyncResult::Applied { mode: first, .. } = h.sync(&spec) else {
         panic!("the other entries are applied")
     };
-    assert_eq!(mode, SyncMode::Full);
+    assert_eq!(first, SyncMode::Full);
     let dump = h.iptables.dump(IpFamily::IPv4);
     assert!(!dump.contains(&names::cluster_policy_chain("ns1/api:https", "tcp")));
     assert!(dump.contains(&names::cluster_policy_chain("ns1/web:http", "tcp")));
@@ -292,9 +292,21 @@ fn an_entry_the_kernel_refuses_is_left_out_and_reported_while_the_rest_applies()
         s.failures[0].reason
     );
 
-    // An edit elsewhere is a partial sync; the refused entry is tried again and left out again.
+    assert_eq!(
+        s.services,
+        Some(2),
+        "the refused entry is not counted as programmed"
+    );
+
+    // An edit elsewhere stays a partial sync: the unchanged refused entry is not offered again.
+    let restores = h.iptables.restores().len();
     let next = edit(&spec, "ns1/web:http", |e| e.endpoints[0].port = 9090);
-    assert!(matches!(h.sync(&next), SyncResult::Applied { .. }));
+    assert_eq!(mode(&h.sync(&next)), SyncMode::Partial);
+    assert_eq!(
+        h.iptables.restores().len(),
+        restores + 1,
+        "one restore, none refused"
+    );
     assert!(
         h.iptables
             .dump(IpFamily::IPv4)
@@ -465,6 +477,42 @@ fn a_failed_drift_repair_is_retried_with_backoff_until_it_succeeds() {
         (status::TRUE, reasons::SYNCED)
     );
     assert_eq!(h.syncer.retry_reapply_if_due(), None, "nothing left to retry");
+}
+
+#[test]
+fn a_rejected_plan_does_not_cancel_a_pending_repair_retry() {
+    let mut h = Harness::new();
+    let spec = base();
+    h.sync(&spec);
+    assert!(
+        h.iptables
+            .flush_chain(IpFamily::IPv4, Table::Nat, names::SERVICES)
+    );
+    h.iptables.fail_next_restore(None, "nope");
+    assert!(matches!(h.syncer.check_drift(), Some(SyncResult::Failed { .. })));
+    // A primary whose shard has not arrived yet (routine while the controller writes) is rejected.
+    let mut primary = base();
+    primary.shard = Some(ShardInfo {
+        index: 0,
+        count: 2,
+        members: vec!["0123456789ab".into()],
+    });
+    finish(&mut primary);
+    assert!(matches!(
+        h.syncer.sync(&[Arc::new(primary)]),
+        SyncResult::Rejected { .. }
+    ));
+    h.clock.advance(Duration::from_secs(1));
+    assert!(
+        matches!(h.syncer.retry_reapply_if_due(), Some(SyncResult::Applied { .. })),
+        "the repair is still retried"
+    );
+    assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&spec));
+    assert_eq!(
+        condition(&h.syncer.status(), APPLIED),
+        (status::FALSE, reasons::INCOMPLETE_SHARDS),
+        "and the rejection stays visible"
+    );
 }
 
 #[test]

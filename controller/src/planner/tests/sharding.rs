@@ -143,9 +143,7 @@ fn replanning_a_sharded_plan_matches_a_full_rebuild() {
     assert_eq!(planner.all_plans(), fresh.all_plans());
 }
 
-#[test]
-fn a_service_bigger_than_any_object_does_not_multiply_the_shards() {
-    let mut snapshot = big_cluster(300, None);
+fn with_huge_service(mut snapshot: Snapshot) -> Snapshot {
     // One Service with 2,000 endpoints: ~100 KB on its own, over the 64 KiB budget whatever the count.
     snapshot.services.push(service("ns1", "huge", "10.96.200.1", |s| {
         s.port("http", 80, "TCP");
@@ -156,6 +154,28 @@ fn a_service_bigger_than_any_object_does_not_multiply_the_shards() {
     snapshot
         .slices
         .push(slice("ns1", "huge", &[("http", 8080, "TCP")], eps));
+    snapshot
+}
+
+#[test]
+fn replanning_next_to_an_oversized_service_matches_a_full_rebuild() {
+    let config = Config {
+        max_plan_bytes: 64 * 1024,
+        ..Config::default()
+    };
+    let before = with_huge_service(big_cluster(300, None));
+    let after = with_huge_service(big_cluster(300, Some(42)));
+    let mut planner = Planner::build(&before, &config).unwrap();
+    planner
+        .replan_service("ns1/svc-0042", Some(&after.services[42]), &[&after.slices[42]])
+        .unwrap();
+    let fresh = Planner::build(&after, &config).unwrap();
+    assert_eq!(planner.all_plans(), fresh.all_plans());
+}
+
+#[test]
+fn a_service_bigger_than_any_object_does_not_multiply_the_shards() {
+    let snapshot = with_huge_service(big_cluster(300, None));
     let shards = objects(&snapshot, 64 * 1024);
     assert!(
         shards.len() <= 16,
