@@ -2,7 +2,9 @@
 //!
 //! For 1,000 / 5,000 / 10,000 ClusterIP services × 5 endpoints, with iptables-nft and iptables-legacy:
 //! a full sync (validate + render + `iptables-restore`, through the real [`Syncer`] and edge), then at
-//! the largest size a one-service partial sync (one endpoint replaced; median of 5), the rule count,
+//! the largest size a one-service partial sync (one endpoint replaced; median of 5), drift checks
+//! (the first reads whole tables with iptables-save; "steady" is the third, the kind later resync
+//! periods settle on: top-level chains and jumps only with iptables-nft at scale), the rule count,
 //! and the peak RSS of the real `switchyard-agent apply --plan` process at that size. Prints one table
 //! and, at 10,000 Services (not in smoke mode), one `target … met|MISSED` line per target: partial sync
 //! ≤ 50 ms (each iptables variant), peak RSS ≤ 30 MiB. A partial sync that the agent did not apply as a
@@ -90,15 +92,29 @@ struct Row {
     render: Duration,
     full: Duration,
     partial: Option<Duration>,
+    /// The first drift check (whole-table saves) and the third (the kind resync periods settle on).
+    drift_check: (Duration, Duration),
 }
 
 fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, String> {
     let netns = Netns::new(&format!("{variant}-{services}"))?;
     let spec = spec(services, Backend::Iptables);
     let render = render_only(&spec);
-    let (full, rules, partial) = netns.within(move || {
+    let (full, rules, partial, drift_check) = netns.within(move || {
         let mut syncer = syncer(variant)?;
         let (full, rules) = applied(syncer.sync(&[Arc::new(spec.clone())]))?;
+        let mut drift_checks = Vec::new();
+        for _ in 0..3 {
+            let started = Instant::now();
+            if let Some(result) = syncer.check_drift() {
+                return Err(format!("unexpected drift: {result:?}"));
+            }
+            drift_checks.push(started.elapsed());
+        }
+        // The first reads whole tables; the next ones settle on the cheaper kind (top-level chains
+        // only with iptables-nft at scale, whole tables with iptables-legacy): the third is what most
+        // resync periods then run.
+        let drift_check = (drift_checks[0], drift_checks[2]);
         let mut partial = Vec::new();
         let mut current = spec;
         for run in 0..partial_runs {
@@ -108,7 +124,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
             switchyard_api::testing::finish(&mut current);
             partial.push(applied_partial(syncer.sync(&[Arc::new(current.clone())]))?);
         }
-        Ok((full, rules, partial))
+        Ok((full, rules, partial, drift_check))
     })?;
     let save_lines = netns
         .exec(&format!("iptables-{variant}-save -t nat | grep -c '^-A SWYD-'; iptables-{variant}-save -t filter | grep -c '^-A SWYD-' || true"))?
@@ -123,6 +139,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
         render,
         full,
         partial: (!partial.is_empty()).then(|| median(partial)),
+        drift_check,
     })
 }
 
@@ -147,22 +164,32 @@ fn run() -> Result<(), String> {
         "agent iptables benchmark: ClusterIP services × {ENDPOINTS} endpoints, fresh network namespaces"
     );
     println!(
-        "{:>8} {:>8} | {:>8} {:>8} | {:>16} {:>12} | {:>22}",
-        "iptables", "services", "rules", "in save", "validate+render", "full sync", "1-service partial (med)"
+        "{:>8} {:>8} | {:>8} {:>8} | {:>16} {:>12} | {:>22} | {:>12} {:>12}",
+        "iptables",
+        "services",
+        "rules",
+        "in save",
+        "validate+render",
+        "full sync",
+        "1-service partial (med)",
+        "drift: whole",
+        "steady"
     );
     for &variant in &variants {
         for &services in &sizes {
             let runs = if services == largest { partial_runs } else { 0 };
             let row = measure(variant, services, runs)?;
             println!(
-                "{:>8} {:>8} | {:>8} {:>8} | {:>16} {:>12} | {:>22}",
+                "{:>8} {:>8} | {:>8} {:>8} | {:>16} {:>12} | {:>22} | {:>12} {:>12}",
                 row.variant.to_string(),
                 row.services,
                 row.rules,
                 row.save_lines,
                 ms(row.render),
                 ms(row.full),
-                row.partial.map(ms).unwrap_or_else(|| "-".into())
+                row.partial.map(ms).unwrap_or_else(|| "-".into()),
+                ms(row.drift_check.0),
+                ms(row.drift_check.1)
             );
             let _ = std::io::stdout().flush();
             if let Some(partial) = row.partial.filter(|_| !smoke && services == TARGET_SERVICES) {

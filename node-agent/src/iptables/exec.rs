@@ -322,6 +322,25 @@ impl Iptables for ExecIptables {
         list.args(["-S", chain]);
         self.probe(list)
     }
+
+    fn list_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        each: &mut dyn FnMut(&str),
+    ) -> Result<bool, Error> {
+        let mut list = self.iptables(family, table);
+        list.args(["-S", chain]);
+        match stream_lines(&mut list, each) {
+            Ok(()) => Ok(true),
+            // `-S` of a missing chain exits 1; anything else is a real failure.
+            Err(error) => match self.chain_exists(family, table, chain) {
+                Ok(false) => Ok(false),
+                _ => Err(error),
+            },
+        }
+    }
 }
 
 #[cfg(test)]

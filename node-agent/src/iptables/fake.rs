@@ -285,6 +285,28 @@ impl Iptables for FakeIptables {
             .get(&family)
             .is_some_and(|k| k.has_chain(table, chain)))
     }
+
+    fn list_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        each: &mut dyn FnMut(&str),
+    ) -> Result<bool, Error> {
+        let mut state = self.lock();
+        state.rule_commands += 1;
+        let Some(kernel) = state.kernels.get(&family) else {
+            return Ok(false);
+        };
+        if !kernel.has_chain(table, chain) {
+            return Ok(false);
+        }
+        let prefix = format!("-A {chain} ");
+        for line in kernel.save(table).lines().filter(|l| l.starts_with(&prefix)) {
+            each(line);
+        }
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -81,6 +81,15 @@ impl Programmed {
         self.groups.get(key)
     }
 
+    /// The top-level chains of `table` (shared by every entry) with the number of rules each must hold.
+    pub fn top_chain_counts(&self, table: Table) -> Vec<(&str, usize)> {
+        self.top
+            .iter()
+            .filter(|((t, _), _)| *t == table)
+            .map(|((_, name), (_, n))| (name.as_str(), *n))
+            .collect()
+    }
+
     /// Every owned chain of `table` with the number of rules it must hold.
     pub fn chain_counts(&self, table: Table) -> HashMap<&str, usize> {
         let mut counts: HashMap<&str, usize> = self

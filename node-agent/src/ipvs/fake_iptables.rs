@@ -285,6 +285,22 @@ impl Iptables for TextIptables {
     fn chain_exists(&mut self, family: IpFamily, table: Table, chain: &str) -> Result<bool, Error> {
         Ok(self.rules(family, table, chain).is_some())
     }
+
+    fn list_chain(
+        &mut self,
+        family: IpFamily,
+        table: Table,
+        chain: &str,
+        each: &mut dyn FnMut(&str),
+    ) -> Result<bool, Error> {
+        let Some(rules) = self.rules(family, table, chain) else {
+            return Ok(false);
+        };
+        for rule in rules {
+            each(&format!("-A {chain} {rule}"));
+        }
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
