@@ -78,13 +78,27 @@ pub async fn write_status(
     status: &NodeForwardingPlanStatus,
 ) -> Result<(), Error> {
     let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
-    api.patch_status(name, &params, &Patch::Apply(apply_body(name, status)))
+    let body = apply_body(name, status);
+    bounded(api.patch_status(name, &params, &Patch::Apply(body)))
         .await
         .map(|_| ())
         .map_err(|source| Error::WriteStatusToApi {
             name: name.to_string(),
             source: Box::new(source),
         })
+}
+
+/// Longest wait for one API call: kube's client has no read timeout (a global one would cut the
+/// watch), and a hung status write would otherwise stop status reporting for good.
+pub const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Runs one API call for at most [`API_CALL_TIMEOUT`]; a timeout is an error like any other.
+pub async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    tokio::time::timeout(API_CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))))
 }
 
 /// Starts the writer for plan `name`; it stops when the sink is dropped.

@@ -201,7 +201,7 @@ impl ApiSource {
         if state.store.decide() != Decision::Missing {
             return true;
         }
-        match api.get_opt(&self.node).await {
+        match crate::status_writer::bounded(api.get_opt(&self.node)).await {
             Ok(None) => {
                 state.confirm_backoff.reset();
                 tracing::warn!(plan = %self.node, "this node's plan is gone (confirmed: the API server answers 404)");
