@@ -109,7 +109,8 @@ impl Programmed {
         counts
     }
 
-    fn names(&self) -> HashSet<&str> {
+    /// Every nat chain of the model (each name once: names hash their entry, top-level ones are fixed).
+    fn names(&self) -> impl Iterator<Item = &str> {
         self.top
             .keys()
             .filter(|(t, _)| *t == Table::Nat)
@@ -120,7 +121,6 @@ impl Programmed {
                     .flat_map(|g| g.iter())
                     .map(|(name, _)| name.as_str()),
             )
-            .collect()
     }
 }
 
@@ -229,7 +229,7 @@ impl PayloadJob<'_> {
         // table grows) when chains are declared out of order.
         out.write_all(b"*nat\n")?;
         let mut declared: Vec<&str> = if full {
-            streamed.programmed.names().into_iter().collect()
+            streamed.programmed.names().collect()
         } else {
             pending
                 .iter()
@@ -352,7 +352,12 @@ impl PayloadJob<'_> {
         let mut stale: BTreeSet<String> = BTreeSet::new();
         match self.mode {
             StreamMode::Full { existing } => {
-                let live = streamed.programmed.names();
+                // Only worth a set of every live name when the kernel has per-service chains at all
+                // (at 10,000 Services it is the largest allocation of a first sync).
+                if !existing.iter().any(|name| names::is_service_chain(name)) {
+                    return Vec::new();
+                }
+                let live: HashSet<&str> = streamed.programmed.names().collect();
                 stale.extend(
                     existing
                         .iter()
