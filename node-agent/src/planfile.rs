@@ -100,12 +100,20 @@ pub fn read_plan_file(path: &Path) -> Result<Vec<Arc<NodeForwardingPlanSpec>>, E
         path: path.to_path_buf(),
         source,
     })?;
-    parse_plan_text(&text)
-        .map(|specs| specs.into_iter().map(Arc::new).collect())
-        .map_err(|message| Error::ParsePlan {
-            path: path.to_path_buf(),
-            message,
+    let specs = parse_plan_text(&text).map_err(|message| Error::ParsePlan {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    drop(text);
+    Ok(specs
+        .into_iter()
+        .map(|mut spec| {
+            // The parser grows the entry list by doubling, which would leave up to ~40% of a
+            // 10,000-entry list (over 1 MB) unused for the agent's life.
+            spec.services.shrink_to_fit();
+            Arc::new(spec)
         })
+        .collect())
 }
 
 /// The status as YAML.

@@ -97,6 +97,7 @@ fn create_all(tx: &mut TxBuilder, after: &TableState) {
     }
     for (id, elements) in &after.elements {
         let name = id.name();
+        tx.reserve_added(&name, elements.len());
         for (key, claim) in elements {
             tx.element_added(&name, *key, claim.value.clone());
         }
