@@ -227,8 +227,11 @@ mod tests {
             .unwrap();
         let healthy = Arc::new(AtomicBool::new(true));
         let mut servers = HealthServers::new(runtime.handle().clone(), Arc::clone(&healthy));
-        let port = free_port();
-        assert!(servers.update(&BTreeMap::from([(port, service(1))])).is_empty());
+        // A port found free can be taken by a concurrently running test before we bind it: try a few.
+        let port = (0..20)
+            .map(|_| free_port())
+            .find(|&port| servers.update(&BTreeMap::from([(port, service(1))])).is_empty())
+            .expect("a free port");
         let answer = get(port);
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         let lower = answer.to_ascii_lowercase();
