@@ -370,67 +370,50 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
         Ok(result)
     }
 
-    /// The cheap drift check: each top-level chain's rule count and our jump rules in the built-in
-    /// chains, each chain listed on its own (milliseconds with iptables-nft even at 10,000 Services).
-    /// Per-Service chains are left to the whole-table check and the periodic full sync.
-    fn check_family_top(
+    /// What the kernel holds of `table` for a drift check: with `whole`, one iptables-save of the
+    /// table; otherwise only `chains` and the built-in chains holding our jumps, each listed on its own
+    /// (milliseconds with iptables-nft even at 10,000 Services, where the save takes tens of seconds).
+    fn read_back(
         &mut self,
         family: IpFamily,
-        model: &FamilyModel,
-        reasons: &mut Vec<String>,
-    ) -> Result<usize, Error> {
-        let mut differences = 0;
-        let mut note = |reasons: &mut Vec<String>, reason: String| {
-            differences += 1;
-            if reasons.len() < MAX_DRIFT_REASONS {
-                reasons.push(reason);
-            }
-        };
-        for table in [Table::Filter, Table::Nat] {
-            for (name, want) in model.programmed.top_chain_counts(table) {
-                let mut have = 0;
-                let exists = self.iptables.list_chain(family, table, name, &mut |line| {
-                    have += usize::from(line.starts_with("-A "));
-                })?;
-                if !exists {
-                    note(reasons, format!("{family:?} {table} chain {name} is missing"));
-                } else if have != want {
-                    note(
-                        reasons,
-                        format!("{family:?} {table} chain {name} has {have} rules, want {want}"),
-                    );
-                }
-            }
-            let jumps: Vec<_> = jump_rules(family)
-                .into_iter()
-                .filter(|j| j.table == table)
-                .collect();
-            let mut listed = SavedTable::default();
-            let mut chains: Vec<&str> = jumps.iter().map(|j| j.chain).collect();
-            chains.sort_unstable();
-            chains.dedup();
-            for chain in chains {
-                self.iptables
-                    .list_chain(family, table, chain, &mut |line| listed.feed(line))?;
-            }
-            for jump in jumps.iter().filter(|jump| !listed.has_jump(jump)) {
-                note(
-                    reasons,
-                    format!(
-                        "{family:?} {table} jump {} -> {} is missing",
-                        jump.chain,
-                        jump.target()
-                    ),
-                );
+        table: Table,
+        whole: bool,
+        chains: &[&str],
+    ) -> Result<SavedTable, Error> {
+        if whole {
+            return self.saved(family, table);
+        }
+        let mut listed = SavedTable::default();
+        for &chain in chains {
+            let exists = self
+                .iptables
+                .list_chain(family, table, chain, &mut |line| listed.feed(line))?;
+            if exists {
+                listed.owned.entry(chain.to_string()).or_insert(0);
             }
         }
-        Ok(differences)
+        let mut built_ins: Vec<&str> = jump_rules(family)
+            .into_iter()
+            .filter(|j| j.table == table)
+            .map(|j| j.chain)
+            .collect();
+        built_ins.sort_unstable();
+        built_ins.dedup();
+        for chain in built_ins {
+            self.iptables
+                .list_chain(family, table, chain, &mut |line| listed.feed(line))?;
+        }
+        Ok(listed)
     }
 
+    /// Compares the kernel with the model: every owned chain's rule count (only the top-level ones
+    /// unless `whole`; per-Service chains then wait for the next whole check or the periodic full
+    /// sync) and our jump rules.
     fn check_family(
         &mut self,
         family: IpFamily,
         model: &FamilyModel,
+        whole: bool,
         reasons: &mut Vec<String>,
     ) -> Result<usize, Error> {
         let mut differences = 0;
@@ -441,8 +424,13 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             }
         };
         for table in [Table::Filter, Table::Nat] {
-            let saved = self.saved(family, table)?;
-            let expected = model.programmed.chain_counts(table);
+            let expected: HashMap<&str, usize> = if whole {
+                model.programmed.chain_counts(table)
+            } else {
+                model.programmed.top_chain_counts(table).into_iter().collect()
+            };
+            let chains: Vec<&str> = expected.keys().copied().collect();
+            let saved = self.read_back(family, table, whole, &chains)?;
             for (name, want) in &expected {
                 match saved.owned.get(*name) {
                     None => note(reasons, format!("{family:?} {table} chain {name} is missing")),
@@ -565,12 +553,7 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
             .is_some_and(|top| top >= self.last_whole_check);
         let whole = top_costlier || self.next_whole_check.is_none_or(|at| started >= at);
         for (family, model) in &models {
-            let checked = if whole {
-                self.check_family(*family, model, &mut reasons)
-            } else {
-                self.check_family_top(*family, model, &mut reasons)
-            };
-            match checked {
+            match self.check_family(*family, model, whole, &mut reasons) {
                 Ok(n) => differences += n,
                 Err(e) => {
                     result = Err(e);
