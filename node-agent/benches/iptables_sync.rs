@@ -24,7 +24,6 @@ mod common;
 
 use std::collections::HashSet;
 use std::io::Write as _;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,13 +38,12 @@ use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, Netns, applied, applied_partial, apply_rss, is_root, median, ms, record, spec, target,
+    ENDPOINTS, Netns, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss, root_bench_main,
+    spec, target,
 };
 
-/// Where the targets are judged.
-const TARGET_SERVICES: u32 = 10_000;
+/// One-service partial sync target at [`TARGET_SERVICES`].
 const PARTIAL_TARGET: Duration = Duration::from_millis(50);
-const RSS_TARGET_MIB: f64 = 30.0;
 
 fn syncer(variant: Variant) -> Result<Syncer, String> {
     let iptables = ExecIptables::with_variant(variant).map_err(|e| e.to_string())?;
@@ -202,40 +200,9 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
-    let (kib, wall) = apply_rss(agent, largest, Backend::Iptables)?;
-    println!(
-        "peak RSS of `switchyard-agent apply --plan` ({largest} services, JSON plan, fresh namespace, auto mode): {:.1} MiB (VmHWM), {:.1} s",
-        kib as f64 / 1024.0,
-        wall.as_secs_f64()
-    );
-    if !smoke && largest == TARGET_SERVICES {
-        let mib = kib as f64 / 1024.0;
-        target(
-            "agent (iptables) peak RSS at 10,000 Services",
-            &format!("{mib:.1} MiB"),
-            "≤ 30 MiB",
-            mib <= RSS_TARGET_MIB,
-        );
-    }
-    Ok(())
+    report_rss(largest, Backend::Iptables, smoke)
 }
 
 fn main() -> ExitCode {
-    if !is_root() {
-        if std::env::var("SWITCHYARD_SKIP_LAB").as_deref() == Ok("1") {
-            println!("skip iptables_sync: needs root for network namespaces (SWITCHYARD_SKIP_LAB=1)");
-            record("agent iptables benchmark", "skipped: needs root", "-", "-");
-            return ExitCode::SUCCESS;
-        }
-        eprintln!("iptables_sync needs root (network namespaces); set SWITCHYARD_SKIP_LAB=1 to skip it");
-        return ExitCode::FAILURE;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    root_bench_main("iptables_sync", "agent iptables benchmark", run)
 }

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use switchyard_agent::sync::SyncResult;
@@ -188,4 +188,51 @@ pub fn apply_rss(agent: &Path, services: u32, backend: Backend) -> Result<(u64, 
         return Err(format!("switchyard-agent apply exited with {status}"));
     }
     Ok((peak, elapsed))
+}
+
+/// Services at which the targets are judged.
+pub const TARGET_SERVICES: u32 = 10_000;
+/// Agent peak RSS target at [`TARGET_SERVICES`].
+pub const RSS_TARGET_MIB: f64 = 30.0;
+
+/// Measures and prints the peak RSS of the real binary applying a `services`-entry plan for
+/// `backend`, and judges the RSS target at full size.
+pub fn report_rss(services: u32, backend: Backend, smoke: bool) -> Result<(), String> {
+    let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
+    let (kib, wall) = apply_rss(agent, services, backend)?;
+    let mib = kib as f64 / 1024.0;
+    println!(
+        "peak RSS of `switchyard-agent apply --plan` ({services} services, backend {backend}, JSON plan, fresh namespace): {mib:.1} MiB (VmHWM), {:.1} s",
+        wall.as_secs_f64()
+    );
+    if !smoke && services == TARGET_SERVICES {
+        target(
+            &format!("agent ({backend}) peak RSS at 10,000 Services"),
+            &format!("{mib:.1} MiB"),
+            "≤ 30 MiB",
+            mib <= RSS_TARGET_MIB,
+        );
+    }
+    Ok(())
+}
+
+/// A root-only benchmark's `main`: skips with a line (and a summary record) under
+/// SWITCHYARD_SKIP_LAB=1 when not root, fails otherwise; runs `run` and reports its error.
+pub fn root_bench_main(name: &str, what: &str, run: impl FnOnce() -> Result<(), String>) -> ExitCode {
+    if !is_root() {
+        if std::env::var("SWITCHYARD_SKIP_LAB").as_deref() == Ok("1") {
+            println!("skip {name}: needs root for network namespaces (SWITCHYARD_SKIP_LAB=1)");
+            record(what, "skipped: needs root", "-", "-");
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("{name} needs root (network namespaces); set SWITCHYARD_SKIP_LAB=1 to skip it");
+        return ExitCode::FAILURE;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
