@@ -229,10 +229,8 @@ pub enum Error {
 impl Error {
     /// The payload line a restore failed on, as the kernel tool saw it (without its number).
     pub fn failing_line(&self) -> Option<&str> {
-        let context = match self {
-            Self::IptablesRestore { context, .. } => context,
-            Self::FamiliesPartlyApplied { source, .. } => return source.failing_line(),
-            _ => return None,
+        let Self::IptablesRestore { context, .. } = self.root() else {
+            return None;
         };
         let marked = context.lines().find(|l| l.starts_with('>'))?;
         let numbered = marked.trim_start_matches('>').trim_start();
