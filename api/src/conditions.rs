@@ -26,8 +26,11 @@ pub mod reasons {
     pub const INVALID_PLAN: &str = "InvalidPlan";
     /// The kernel refused the ruleset; the last good rules stay in place.
     pub const APPLY_FAILED: &str = "ApplyFailed";
-    /// The plan's shards are not a complete, consistent set yet.
-    pub const INCOMPLETE_SHARDS: &str = "IncompleteShards";
+    /// The plan's views are not complete yet (a slice is missing, or the slices of a view disagree on
+    /// their count); the current rules stay.
+    pub const INCOMPLETE_VIEW: &str = "IncompleteView";
+    /// A ForwardingSlice failed validation; its last good copy (if any) stays in use.
+    pub const INVALID_SLICE: &str = "InvalidSlice";
     /// The backend the plan asks for is unavailable; another one is in use.
     pub const BACKEND_FALLBACK: &str = "BackendFallback";
     /// Nothing is wrong.

@@ -1,6 +1,6 @@
-//! The CustomResourceDefinition generated from the Rust types, and the schema used to check plans.
+//! The CustomResourceDefinitions generated from the Rust types, and the schemas used to check objects.
 //!
-//! `make generate` writes [`crd_yaml`] to `crds/` (for `kubectl apply -f crds/`) and to `config/crd/`
+//! `make generate` writes [`crd_files`] to `crds/` (for `kubectl apply -f crds/`) and to `config/crd/`
 //! (for kustomize, which may not read outside its root); a test fails when either copy differs.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
@@ -8,21 +8,32 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
-use crate::{Error, plan::NodeForwardingPlan};
+use crate::{Error, plan::NodeForwardingPlan, slice::ForwardingSlice};
 
-/// File name of the generated CRD in `crds/` and `config/crd/`.
+/// File name of the generated NodeForwardingPlan CRD in `crds/` and `config/crd/`.
 pub const CRD_FILE: &str = "nodeforwardingplans.switchyard.io.yaml";
+/// File name of the generated ForwardingSlice CRD in `crds/` and `config/crd/`.
+pub const SLICE_CRD_FILE: &str = "forwardingslices.switchyard.io.yaml";
 
 const HEADER: &str =
     "# Generated from api/src/plan.rs and api/src/status.rs by `make generate`. Do not edit.\n";
+const SLICE_HEADER: &str = "# Generated from api/src/slice.rs by `make generate`. Do not edit.\n";
 
 /// Integer formats the API server recognises; schemars' `uint8`/`uint16`/… are dropped because the API
 /// server does not know them (the explicit minimum/maximum carry the range instead).
 const KNOWN_INTEGER_FORMATS: [&str; 2] = ["int32", "int64"];
 
-/// The CRD object.
+/// The NodeForwardingPlan CRD object.
 pub fn crd() -> CustomResourceDefinition {
-    let crd = NodeForwardingPlan::crd();
+    tidy(NodeForwardingPlan::crd())
+}
+
+/// The ForwardingSlice CRD object.
+pub fn slice_crd() -> CustomResourceDefinition {
+    tidy(ForwardingSlice::crd())
+}
+
+fn tidy(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     let Ok(mut value) = serde_json::to_value(&crd) else {
         return crd;
     };
@@ -49,8 +60,16 @@ fn tidy_schema(value: &mut serde_json::Value) {
 
 /// The printer columns of the served version (what `kubectl get nfp` shows).
 pub fn printer_columns() -> Vec<CustomResourceColumnDefinition> {
-    crd()
-        .spec
+    columns_of(crd())
+}
+
+/// The ForwardingSlice printer columns (what `kubectl get fws` shows).
+pub fn slice_printer_columns() -> Vec<CustomResourceColumnDefinition> {
+    columns_of(slice_crd())
+}
+
+fn columns_of(crd: CustomResourceDefinition) -> Vec<CustomResourceColumnDefinition> {
+    crd.spec
         .versions
         .into_iter()
         .next()
@@ -58,17 +77,35 @@ pub fn printer_columns() -> Vec<CustomResourceColumnDefinition> {
         .unwrap_or_default()
 }
 
-/// The CRD as committed YAML.
+/// The NodeForwardingPlan CRD as committed YAML.
 pub fn crd_yaml() -> Result<String, Error> {
     let body = serde_saphyr::to_string(&crd()).map_err(|e| Error::SerializeCrd(e.to_string()))?;
     Ok(format!("{HEADER}{body}"))
+}
+
+/// Every generated CRD file: (file name, YAML).
+pub fn crd_files() -> Result<Vec<(&'static str, String)>, Error> {
+    let slice = serde_saphyr::to_string(&slice_crd()).map_err(|e| Error::SerializeCrd(e.to_string()))?;
+    Ok(vec![
+        (SLICE_CRD_FILE, format!("{SLICE_HEADER}{slice}")),
+        (CRD_FILE, crd_yaml()?),
+    ])
 }
 
 /// The served version's `openAPIV3Schema` as JSON Schema a draft-4 validator understands: OpenAPI's
 /// `nullable: true` becomes `type: [T, "null"]`. CEL rules and `x-kubernetes-*` extensions are not
 /// checked by such a validator; the API server checks them.
 pub fn validation_schema() -> serde_json::Value {
-    let schema = crd()
+    schema_of(crd())
+}
+
+/// [`validation_schema`] of the ForwardingSlice CRD.
+pub fn slice_validation_schema() -> serde_json::Value {
+    schema_of(slice_crd())
+}
+
+fn schema_of(crd: CustomResourceDefinition) -> serde_json::Value {
+    let schema = crd
         .spec
         .versions
         .into_iter()
@@ -112,15 +149,40 @@ mod tests {
 
     #[test]
     fn committed_crd_yaml_matches_the_types() {
-        let want = crd_yaml().unwrap();
-        for dir in ["crds", "config/crd"] {
-            let path = repo_file(&[dir, CRD_FILE]);
-            let have = std::fs::read_to_string(&path).unwrap_or_default();
-            assert!(
-                have == want,
-                "{} differs from the Rust types: run `make generate` and commit the result",
-                path.display()
-            );
+        for (file, want) in crd_files().unwrap() {
+            for dir in ["crds", "config/crd"] {
+                let path = repo_file(&[dir, file]);
+                let have = std::fs::read_to_string(&path).unwrap_or_default();
+                assert!(
+                    have == want,
+                    "{} differs from the Rust types: run `make generate` and commit the result",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_slice_crd_is_cluster_scoped_without_status_and_selectable_by_view() {
+        let crd = slice_crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("forwardingslices.switchyard.io")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["fws".to_string()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha2");
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_none()
+        );
+        let columns: Vec<String> = slice_printer_columns().into_iter().map(|c| c.name).collect();
+        for want in ["View", "Entries", "Revision"] {
+            assert!(columns.iter().any(|c| c == want), "missing column {want}");
         }
     }
 
@@ -134,7 +196,7 @@ mod tests {
         assert_eq!(crd.spec.scope, "Cluster");
         assert_eq!(crd.spec.names.short_names, Some(vec!["nfp".to_string()]));
         let version = &crd.spec.versions[0];
-        assert_eq!(version.name, "v1alpha1");
+        assert_eq!(version.name, "v1alpha2");
         assert!(
             version
                 .subresources
@@ -163,6 +225,7 @@ mod tests {
         let names: Vec<String> = printer_columns().into_iter().map(|c| c.name).collect();
         let desired = names.iter().position(|n| n == "Desired").unwrap();
         assert_eq!(names[desired + 1], "Observed");
+        assert_eq!(names[desired + 2], "Slices");
         for want in [
             "Backend",
             "Services",

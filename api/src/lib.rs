@@ -1,24 +1,28 @@
-//! The `NodeForwardingPlan` API shared by the controller and the agent.
+//! The `switchyard.io/v1alpha2` API shared by the controller and the agent.
 //!
 //! ```text
-//! Service ─┐
-//! EndpointSlice ─┼─► controller: plan() ─► NodeForwardingPlanSpec ─► agent: validate() ─► render() ─► kernel
-//! Node ────┘                                     ▲                                                 │
-//!                                                └──────────── NodeForwardingPlanStatus ◄──────────┘
+//! Service ─┐                         ┌► ForwardingSlices (per view) ─┐
+//! EndpointSlice ─┼─► controller: plan() ─┤                              ├► agent: compose() ─► validate() ─► render() ─► kernel
+//! Node ────┘                         └► NodeForwardingPlan (per node) ┘                                              │
+//!                                            ▲                                                                      │
+//!                                            └──────────────── NodeForwardingPlanStatus ◄───────────────────────────┘
 //! ```
 //!
-//! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`status`]), the
-//! generated CRD ([`crd`]), object names and labels ([`names`]), the content-hash revision ([`revision`]),
-//! lenient IP parsing shared with kube-proxy ([`ip`]) and plan validation ([`validate`]). No client, no
-//! async, no kernel.
+//! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`], [`status`]),
+//! the generated CRDs ([`crd`]), composing a node's state from its plan and slices ([`compose`]), object
+//! names and labels ([`names`]), the content-hash revisions ([`revision`]), lenient IP parsing shared with
+//! kube-proxy ([`ip`]) and validation ([`validate`]). No client, no async, no kernel.
 
+pub mod compose;
 pub mod conditions;
 pub mod crd;
 pub mod error;
 pub mod ip;
+pub mod meta;
 pub mod names;
 pub mod plan;
 pub mod revision;
+pub mod slice;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -28,6 +32,7 @@ pub mod yaml;
 pub use error::Error;
 pub use plan::{
     Backend, ClusterSettings, DetectLocalMode, IpFamily, NodeForwardingPlan, NodeForwardingPlanSpec,
-    PlanEndpoint, PlanSummary, Protocol, ServicePlan, ShardInfo, TrafficPolicy,
+    PlanEndpoint, PlanSummary, Protocol, ServicePlan, TrafficPolicy,
 };
-pub use status::{NodeForwardingPlanStatus, PlanCondition, ServiceFailure, SyncMode};
+pub use slice::{ForwardingSlice, ForwardingSliceSpec, View};
+pub use status::{NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceFailure, SyncMode};

@@ -9,8 +9,9 @@ pub const AGENT_FIELD_MANAGER: &str = "switchyard-agent";
 
 /// Label on every plan object: the node it is for.
 pub const LABEL_NODE: &str = "switchyard.io/node";
-/// Label on every plan object: `<index>-of-<count>`.
-pub const LABEL_SHARD: &str = "switchyard.io/shard";
+/// Label on every ForwardingSlice: its view's id (`all`, `zone-<zone>`, …); agents select their views'
+/// slices by it.
+pub const LABEL_VIEW: &str = "switchyard.io/view";
 /// Label selecting which objects the controller manages.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`LABEL_MANAGED_BY`].
@@ -52,18 +53,10 @@ pub fn service_port_name(namespace: &str, name: &str, port_name: &str) -> String
     }
 }
 
-/// Name of shard `index` of a node's plan: the node name for the primary, `<node>.shard-<i>` otherwise.
-pub fn plan_object_name(node: &str, index: u32) -> String {
-    if index == 0 {
-        node.to_string()
-    } else {
-        format!("{node}.shard-{index}")
-    }
-}
-
-/// Value of [`LABEL_SHARD`].
-pub fn shard_label(index: u32, count: u32) -> String {
-    format!("{index}-of-{count}")
+/// The label selector of the slices of `views`: `switchyard.io/view in (all,zone-a)`.
+pub fn views_selector<'a>(views: impl IntoIterator<Item = &'a str>) -> String {
+    let list: Vec<&str> = views.into_iter().collect();
+    format!("{LABEL_VIEW} in ({})", list.join(","))
 }
 
 #[cfg(test)]
@@ -77,9 +70,10 @@ mod tests {
     }
 
     #[test]
-    fn primary_shard_is_named_after_the_node() {
-        assert_eq!(plan_object_name("node-a", 0), "node-a");
-        assert_eq!(plan_object_name("node-a", 2), "node-a.shard-2");
-        assert_eq!(shard_label(2, 4), "2-of-4");
+    fn views_select_by_label() {
+        assert_eq!(
+            views_selector(["all", "zone-a"]),
+            "switchyard.io/view in (all,zone-a)"
+        );
     }
 }

@@ -4,6 +4,15 @@
 //! because kube-proxy runs one proxier per family and decides "has endpoints" per family. Endpoints are
 //! listed once per entry with flags saying which set each belongs to, exactly as kube-proxy's
 //! `CategorizeEndpoints` left them for this node. The agent makes no policy decisions.
+//!
+//! ```text
+//! live plan (controller):  header + views [all, zone-a] + endpointsOnNode + overrides
+//!                                    │            ▲ ForwardingSlices of those views (crate::slice)
+//!                                    ▼            │
+//! crate::compose ─────────► self-contained plan: header + services (every entry, onNode resolved)
+//!                                    ▲
+//! plan file / `plan --node`: the same self-contained form (no views)
+//! ```
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -11,13 +20,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::status::NodeForwardingPlanStatus;
 
-/// The desired forwarding state of one node (or one shard of it). Written only by the controller.
+/// The desired forwarding state of one node. Written only by the controller.
 // kube-derive's repeated `printcolumn(...)` arguments look like duplicated attributes to clippy.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[kube(
     group = "switchyard.io",
-    version = "v1alpha1",
+    version = "v1alpha2",
     kind = "NodeForwardingPlan",
     plural = "nodeforwardingplans",
     singular = "nodeforwardingplan",
@@ -25,9 +34,9 @@ use crate::status::NodeForwardingPlanStatus;
     category = "switchyard",
     status = "NodeForwardingPlanStatus",
     derive = "PartialEq",
-    doc = "What one node forwards: every Service frontend with its endpoints already chosen for that node \
-           (traffic policy, session affinity and topology resolved), and, in status, what the node's agent \
-           actually applied.",
+    doc = "What one node forwards: the shared ForwardingSlice views it composes plus the entries where this \
+           node differs from them (traffic policy, session affinity and topology already resolved), and, in \
+           status, what the node's agent actually applied.",
     printcolumn(
         name = "Backend",
         type_ = "string",
@@ -37,26 +46,32 @@ use crate::status::NodeForwardingPlanStatus;
     printcolumn(
         name = "Services",
         type_ = "integer",
-        json_path = ".spec.summary.services",
-        description = "Service ports in the plan (node total on the primary shard)"
+        json_path = ".status.services",
+        description = "Service entries the agent programmed (views and overrides composed)"
     ),
     printcolumn(
         name = "Endpoints",
         type_ = "integer",
-        json_path = ".spec.summary.endpoints",
-        description = "Endpoints in the plan (node total on the primary shard)"
+        json_path = ".status.endpoints",
+        description = "Endpoints the agent programmed"
     ),
     printcolumn(
         name = "Desired",
         type_ = "string",
         json_path = ".spec.revision",
-        description = "Revision the controller wrote"
+        description = "Revision of this plan the controller wrote"
     ),
     printcolumn(
         name = "Observed",
         type_ = "string",
         json_path = ".status.observedRevision",
-        description = "Revision the agent last applied"
+        description = "Plan revision the agent last applied"
+    ),
+    printcolumn(
+        name = "Slices",
+        type_ = "string",
+        json_path = ".status.observedSlices.digest",
+        description = "Digest of the ForwardingSlice revisions the agent last applied: equal on every current node of a zone; `switchyard-controller audit` compares it with the slices"
     ),
     printcolumn(
         name = "Applied",
@@ -80,10 +95,18 @@ use crate::status::NodeForwardingPlanStatus;
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName", priority = 1),
     printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone", priority = 1),
     printcolumn(
-        name = "Shard",
+        name = "Overrides",
         type_ = "integer",
-        json_path = ".spec.shard.index",
-        priority = 1
+        json_path = ".spec.summary.entries",
+        priority = 1,
+        description = "Entries where this node differs from its views"
+    ),
+    printcolumn(
+        name = "Slice Count",
+        type_ = "integer",
+        json_path = ".status.observedSlices.count",
+        priority = 1,
+        description = "ForwardingSlices composed into the applied state"
     ),
     printcolumn(
         name = "In Use",
@@ -130,18 +153,39 @@ pub struct NodeForwardingPlanSpec {
     pub backend: Backend,
     /// Cluster-wide settings the agent needs, copied here so one object shows everything.
     pub cluster: ClusterSettings,
-    /// Content hash of this object's spec (all fields but `revision`). On the primary shard it also
-    /// covers the other shards' revisions, so it identifies the node's whole plan.
+    /// Content hash of this object's spec (all fields but `revision`). It does not cover the views'
+    /// slices: those carry their own revisions, so one endpoint change rewrites one slice, not every plan.
     #[schemars(length(min = 1, max = 64))]
     pub revision: String,
-    /// Present when the node's plan is split over several objects.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shard: Option<ShardInfo>,
-    /// Counts, for `kubectl get` (node totals on the primary shard, own counts on the others).
-    pub summary: PlanSummary,
-    /// One entry per (Service, port name, protocol, IP family), sorted.
+    /// The ForwardingSlice views this node composes, most general first (`all`, then its zone's view,
+    /// then — only when its overrides outgrow this object — its own node view). Later views and then
+    /// `overrides` replace entries with the same key. Empty: the plan is self-contained and `services`
+    /// holds every entry (plan files, `switchyard-controller plan --node`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub views: Vec<String>,
+    /// IPs of the endpoints that run on this node, sorted (with views only): entries taken from a view
+    /// get `onNode` from this list, so a Service whose rules do not depend on locality needs no override.
+    #[serde(default, rename = "endpointsOnNode", skip_serializing_if = "Vec::is_empty")]
+    pub endpoints_on_node: Vec<String>,
+    /// Counts, for `kubectl get` (of the entries this object carries itself; informational).
     #[serde(default)]
+    pub summary: PlanSummary,
+    /// With views: the entries where this node's answer differs from its views (it hosts endpoints of a
+    /// Local-policy Service, or a topology hint names it), sorted. Each replaces the view entry with the
+    /// same key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<ServicePlan>,
+    /// Without views: every entry this node forwards, sorted. Empty in the controller's live plans.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServicePlan>,
+}
+
+impl NodeForwardingPlanSpec {
+    /// True when the plan needs no ForwardingSlices (no views).
+    pub fn is_self_contained(&self) -> bool {
+        self.views.is_empty()
+    }
 }
 
 /// Which kernel mechanism programs the plan.
@@ -222,29 +266,26 @@ pub struct ClusterSettings {
     pub ipvs_scheduler: Option<String>,
 }
 
-/// Where this object sits in a sharded plan.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ShardInfo {
-    /// 0 for the primary (named after the node), 1.. for the others.
-    pub index: u32,
-    /// How many objects make up the node's plan.
-    #[schemars(range(min = 1, max = 1024))]
-    pub count: u32,
-    /// On the primary only: the revisions of shards 1..count, in order. The agent applies the set only
-    /// when every shard carries the revision listed here.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub members: Vec<String>,
-}
-
-/// Counts shown by `kubectl get nfp`.
+/// Counts of the entries one object carries, for `kubectl get`.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanSummary {
     /// Service entries.
-    pub services: u32,
-    /// Endpoints across all entries.
+    pub entries: u32,
+    /// Endpoints across those entries.
     pub endpoints: u32,
+}
+
+impl PlanSummary {
+    /// The counts of `entries`.
+    pub fn of<'a>(entries: impl IntoIterator<Item = &'a ServicePlan>) -> Self {
+        let mut summary = Self::default();
+        for entry in entries {
+            summary.entries += 1;
+            summary.endpoints += entry.endpoints.len() as u32;
+        }
+        summary
+    }
 }
 
 /// Transport protocol of a service port.

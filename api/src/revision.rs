@@ -15,7 +15,8 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     Error,
-    plan::{Backend, ClusterSettings, NodeForwardingPlanSpec, PlanSummary, ServicePlan, ShardInfo},
+    plan::{Backend, ClusterSettings, NodeForwardingPlanSpec, PlanSummary, ServicePlan},
+    slice::ForwardingSliceSpec,
 };
 
 /// Length of a revision string (hex characters).
@@ -66,21 +67,48 @@ impl FromIterator<u128> for EntrySum {
     }
 }
 
-/// Every spec field except `revision` and `services`, borrowed for hashing.
+/// Every plan spec field except `revision` and the entries, borrowed for hashing.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Header<'a> {
+struct PlanHeader<'a> {
     node_name: &'a str,
     zone: &'a Option<String>,
     node_ips: &'a [String],
     pod_cidrs: &'a [String],
     backend: Backend,
     cluster: &'a ClusterSettings,
-    shard: &'a Option<ShardInfo>,
+    views: &'a [String],
+    endpoints_on_node: &'a [String],
     summary: &'a PlanSummary,
 }
 
-/// The revision of a spec whose entries sum to `entries` (the spec's own `services` are ignored).
+/// Every slice spec field except `revision` and `entries`, borrowed for hashing.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SliceHeader<'a> {
+    view: &'a str,
+    zone: &'a Option<String>,
+    node: &'a Option<String>,
+    index: u32,
+    count: u32,
+    summary: &'a PlanSummary,
+}
+
+/// sha256 over a domain string, the header's JSON and the entry sum; the first [`REVISION_LEN`] hex
+/// characters.
+fn revision_of(domain: &str, header: &impl Serialize, entries: EntrySum) -> Result<String, Error> {
+    let mut hasher = Sha256::new();
+    hasher.update(domain.as_bytes());
+    hasher.update([0]);
+    hasher.update(serde_json::to_vec(header)?);
+    hasher.update(entries.0.to_le_bytes());
+    let mut text = data_encoding::HEXLOWER.encode(&hasher.finalize());
+    text.truncate(REVISION_LEN);
+    Ok(text)
+}
+
+/// The revision of a plan spec whose entries (`overrides` and `services`) sum to `entries` (the spec's
+/// own entries are ignored).
 pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result<String, Error> {
     // Exhaustive on purpose: a new spec field fails to compile here until it is hashed.
     let NodeForwardingPlanSpec {
@@ -91,36 +119,65 @@ pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result
         backend,
         cluster,
         revision: _,
-        shard,
+        views,
+        endpoints_on_node,
         summary,
+        overrides: _,
         services: _,
     } = spec;
-    let header = Header {
+    let header = PlanHeader {
         node_name,
         zone,
         node_ips,
         pod_cidrs,
         backend: *backend,
         cluster,
-        shard,
+        views,
+        endpoints_on_node,
         summary,
     };
-    let mut hasher = Sha256::new();
-    hasher.update(b"switchyard.io/v1alpha1\0");
-    hasher.update(serde_json::to_vec(&header)?);
-    hasher.update(entries.0.to_le_bytes());
-    let mut text = data_encoding::HEXLOWER.encode(&hasher.finalize());
-    text.truncate(REVISION_LEN);
-    Ok(text)
+    revision_of("switchyard.io/v1alpha2/NodeForwardingPlan", &header, entries)
 }
 
-/// The revision of a spec computed from scratch.
+/// The revision of a plan spec computed from scratch.
 pub fn compute(spec: &NodeForwardingPlanSpec) -> Result<String, Error> {
+    revision_with(spec, sum_of(spec.overrides.iter().chain(&spec.services))?)
+}
+
+/// The revision of a slice spec whose entries sum to `entries` (the spec's own entries are ignored).
+pub fn slice_revision_with(spec: &ForwardingSliceSpec, entries: EntrySum) -> Result<String, Error> {
+    let ForwardingSliceSpec {
+        view,
+        zone,
+        node,
+        index,
+        count,
+        revision: _,
+        summary,
+        entries: _,
+    } = spec;
+    let header = SliceHeader {
+        view,
+        zone,
+        node,
+        index: *index,
+        count: *count,
+        summary,
+    };
+    revision_of("switchyard.io/v1alpha2/ForwardingSlice", &header, entries)
+}
+
+/// The revision of a slice spec computed from scratch.
+pub fn compute_slice(spec: &ForwardingSliceSpec) -> Result<String, Error> {
+    slice_revision_with(spec, sum_of(&spec.entries)?)
+}
+
+fn sum_of<'a>(entries: impl IntoIterator<Item = &'a ServicePlan>) -> Result<EntrySum, Error> {
     let mut sum = EntrySum::default();
-    for entry in &spec.services {
+    for entry in entries {
         sum.add(fingerprint(entry)?.digest);
     }
-    revision_with(spec, sum)
+    Ok(sum)
 }
 
 #[cfg(test)]
@@ -173,8 +230,10 @@ mod tests {
                 ipvs_scheduler: None,
             },
             revision: String::new(),
-            shard: None,
+            views: vec![],
+            endpoints_on_node: vec![],
             summary: PlanSummary::default(),
+            overrides: vec![],
             services,
         }
     }
@@ -198,8 +257,35 @@ mod tests {
         header.cluster.masquerade_all = true;
         let mut node = base.clone();
         node.zone = Some("zone-a".into());
-        for changed in [endpoint, header, node] {
+        let mut on_node = base.clone();
+        on_node.endpoints_on_node = vec!["10.0.0.1".into()];
+        let mut views = base.clone();
+        views.views = vec!["all".into()];
+        for changed in [endpoint, header, node, on_node, views] {
             assert_ne!(compute(&changed).unwrap(), base_rev);
+        }
+    }
+
+    #[test]
+    fn slice_revisions_cover_their_header_and_entries() {
+        let slice = ForwardingSliceSpec {
+            view: "all".into(),
+            zone: None,
+            node: None,
+            index: 0,
+            count: 2,
+            revision: String::new(),
+            summary: PlanSummary::default(),
+            entries: vec![entry("ns/a", "10.0.0.1")],
+        };
+        let base = compute_slice(&slice).unwrap();
+        assert_eq!(base.len(), REVISION_LEN);
+        let mut index = slice.clone();
+        index.index = 1;
+        let mut entries = slice.clone();
+        entries.entries[0].port = 81;
+        for changed in [index, entries] {
+            assert_ne!(compute_slice(&changed).unwrap(), base);
         }
     }
 

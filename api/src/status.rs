@@ -16,6 +16,9 @@ pub struct NodeForwardingPlanStatus {
     /// The plan revision the kernel state corresponds to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_revision: Option<String>,
+    /// The ForwardingSlices composed into that state (absent for a self-contained plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_slices: Option<ObservedSlices>,
     /// The backend actually in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<Backend>,
@@ -54,6 +57,19 @@ pub struct NodeForwardingPlanStatus {
     /// All failed entries, listed or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failures_total: Option<u32>,
+}
+
+/// Which ForwardingSlices an applied state was composed from, small enough for every status: the count
+/// and a digest of their names and revisions ([`crate::compose::slices_digest`]). Every current node of
+/// one zone shows the same digest; `switchyard-controller audit` names the slices a node misses.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedSlices {
+    /// Slices composed.
+    pub count: u32,
+    /// Digest of their `name=revision` lines, sorted (12 hex characters).
+    #[schemars(length(max = 64))]
+    pub digest: String,
 }
 
 /// Full or partial sync.

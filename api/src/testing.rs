@@ -18,6 +18,7 @@ use crate::{
         PlanSummary, Protocol, ServicePlan, TrafficPolicy,
     },
     revision,
+    slice::{ForwardingSliceSpec, slice_name},
 };
 
 /// An endpoint in the Cluster set, not on this node.
@@ -191,21 +192,53 @@ pub fn plan(node: &str, services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
             ipvs_scheduler: None,
         },
         revision: String::new(),
-        shard: None,
+        views: vec![],
+        endpoints_on_node: vec![],
         summary: PlanSummary::default(),
+        overrides: vec![],
         services,
     };
     finish(&mut spec);
     spec
 }
 
+/// A live plan (the controller's form) for `node` composing `views`, with these overrides.
+pub fn live_plan(node: &str, views: &[&str], overrides: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
+    let mut spec = plan(node, vec![]);
+    spec.views = views.iter().map(|v| v.to_string()).collect();
+    spec.overrides = overrides;
+    finish(&mut spec);
+    spec
+}
+
+/// Slice `index` of `count` of the view `view` (an id such as `all` or `zone-a`; a `zone-` id gets its
+/// zone), named as the controller names it, with revision and summary filled in.
+pub fn slice(
+    view: &str,
+    index: u32,
+    count: u32,
+    mut entries: Vec<ServicePlan>,
+) -> (String, ForwardingSliceSpec) {
+    entries.sort_by(|a, b| a.key().cmp(&b.key()));
+    let mut spec = ForwardingSliceSpec {
+        view: view.into(),
+        zone: view.strip_prefix("zone-").map(str::to_string),
+        node: view.strip_prefix("node-").map(str::to_string),
+        index,
+        count,
+        revision: String::new(),
+        summary: PlanSummary::of(&entries),
+        entries,
+    };
+    spec.revision = revision::compute_slice(&spec).unwrap_or_default();
+    (slice_name(view, index), spec)
+}
+
 /// Re-sorts entries and recomputes summary and revision after a test edited a spec.
 pub fn finish(spec: &mut NodeForwardingPlanSpec) {
     spec.services.sort_by(|a, b| a.key().cmp(&b.key()));
-    spec.summary = PlanSummary {
-        services: spec.services.len() as u32,
-        endpoints: spec.services.iter().map(|s| s.endpoints.len() as u32).sum(),
-    };
+    spec.overrides.sort_by(|a, b| a.key().cmp(&b.key()));
+    spec.summary = PlanSummary::of(spec.services.iter().chain(&spec.overrides));
     spec.revision = revision::compute(spec).unwrap_or_default();
 }
 
@@ -232,7 +265,7 @@ mod tests {
             ],
         );
         assert!(validate(&spec).is_clean(), "{:?}", validate(&spec));
-        assert_eq!(spec.summary.services, 3);
+        assert_eq!(spec.summary.entries, 3);
         assert_eq!(spec.revision.len(), revision::REVISION_LEN);
         assert!(spec.services[1].has_endpoints);
         assert!(!spec.services[0].endpoints.is_empty());

@@ -1,10 +1,12 @@
-//! Plan validation: every problem with its path, split into problems that poison the whole plan and
-//! problems confined to one entry.
+//! Plan and slice validation: every problem with its path, split into problems that poison the whole
+//! object and problems confined to one entry.
 //!
 //! ```text
-//! spec ─► validate() ─► Report { plan: [Problem], entries: [(index, [Problem])] }
-//!                         │ plan non-empty  → agent rejects the plan whole, last good rules stay
-//!                         └ entry problems → agent skips those entries, reports them, applies the rest
+//! plan spec  ─► validate()       ─► Report { plan: [Problem], entries: [(index, [Problem])] }
+//!                                     │ plan non-empty  → agent rejects the plan whole, last good rules stay
+//!                                     └ entry problems → agent skips those entries, reports them, applies the rest
+//! slice spec ─► validate_slice() ─► Report: plan problems → the agent keeps the slice's last good copy;
+//!                                     entry problems surface again when the composed plan is validated
 //! ```
 
 use std::{collections::HashSet, net::IpAddr};
@@ -13,6 +15,7 @@ use crate::{
     ip::{parse_cidr_strict, parse_ip_strict},
     names::IPVS_SCHEDULERS,
     plan::{IpFamily, NodeForwardingPlanSpec, ServicePlan, TrafficPolicy},
+    slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, View},
 };
 
 /// Most entries one object may carry.
@@ -107,16 +110,73 @@ impl Collector<'_> {
     }
 }
 
-/// Validates a spec. Never panics, whatever the input.
+/// Validates a plan spec: the header, and the entries of `services` or (live plans) `overrides`, whose
+/// indexes the report gives. Never panics, whatever the input.
 pub fn validate(spec: &NodeForwardingPlanSpec) -> Report {
     let mut report = Report::default();
     validate_header(spec, &mut report.plan);
+    let (field, entries) = if spec.views.is_empty() {
+        ("services", &spec.services)
+    } else {
+        ("overrides", &spec.overrides)
+    };
+    report.entries = validate_entries(field, entries);
+    report
+}
+
+/// Validates a ForwardingSlice spec. Never panics, whatever the input.
+pub fn validate_slice(spec: &ForwardingSliceSpec) -> Report {
+    let mut report = Report::default();
+    let mut c = Collector {
+        problems: &mut report.plan,
+        prefix: "spec.".into(),
+    };
+    if View::of_slice(spec).is_none() {
+        c.push(
+            "view",
+            format!(
+                "{:?} does not match zone {:?} and node {:?}",
+                spec.view, spec.zone, spec.node
+            ),
+        );
+    }
+    if spec.count == 0 || spec.count > MAX_SLICES_PER_VIEW {
+        c.push(
+            "count",
+            format!("{} is not in 1..{MAX_SLICES_PER_VIEW}", spec.count),
+        );
+    }
+    if spec.index >= spec.count {
+        c.push(
+            "index",
+            format!("{} is not below count {}", spec.index, spec.count),
+        );
+    }
+    if spec.revision.is_empty() {
+        c.push("revision", "must not be empty");
+    }
+    if spec.entries.len() > MAX_ENTRIES {
+        c.push(
+            "entries",
+            format!("{} entries exceed the limit of {MAX_ENTRIES}", spec.entries.len()),
+        );
+        return report;
+    }
+    report.entries = validate_entries("entries", &spec.entries);
+    report
+}
+
+fn validate_entries(field: &str, entries: &[ServicePlan]) -> Vec<(usize, Vec<Problem>)> {
+    let mut out = Vec::new();
+    if entries.len() > MAX_ENTRIES {
+        return out;
+    }
     let mut seen = HashSet::new();
-    for (index, entry) in spec.services.iter().enumerate() {
+    for (index, entry) in entries.iter().enumerate() {
         let mut problems = Vec::new();
         let mut c = Collector {
             problems: &mut problems,
-            prefix: format!("spec.services[{index}]."),
+            prefix: format!("spec.{field}[{index}]."),
         };
         if !seen.insert(entry.key()) {
             c.push(
@@ -129,10 +189,10 @@ pub fn validate(spec: &NodeForwardingPlanSpec) -> Report {
         }
         validate_entry(entry, &mut c);
         if !problems.is_empty() {
-            report.entries.push((index, problems));
+            out.push((index, problems));
         }
     }
-    report
+    out
 }
 
 fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
@@ -171,34 +231,64 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
     {
         c.push("cluster.ipvsScheduler", format!("unknown IPVS scheduler {s:?}"));
     }
-    if let Some(shard) = &spec.shard {
-        if shard.count == 0 || shard.index >= shard.count {
-            c.push(
-                "shard",
-                format!("index {} is not below count {}", shard.index, shard.count),
-            );
-        }
-        let want_members = if shard.index == 0 {
-            shard.count.saturating_sub(1) as usize
-        } else {
-            0
-        };
-        if shard.members.len() != want_members {
-            c.push(
-                "shard.members",
-                format!("has {} revisions, want {want_members}", shard.members.len()),
-            );
-        }
+    if !spec.views.is_empty() && !spec.services.is_empty() {
+        c.push("services", "a plan with views carries overrides, not services");
     }
-    if spec.services.len() > MAX_ENTRIES {
+    if spec.views.is_empty() && !spec.overrides.is_empty() {
+        c.push("overrides", "overrides without views override nothing");
+    }
+    if spec.views.len() > 8 {
         c.push(
-            "services",
-            format!(
-                "{} entries exceed the limit of {MAX_ENTRIES}",
-                spec.services.len()
-            ),
+            "views",
+            format!("{} views exceed the limit of 8", spec.views.len()),
         );
     }
+    let mut views = HashSet::new();
+    for (i, view) in spec.views.iter().enumerate() {
+        if !views.insert(view) {
+            c.push(format_args!("views[{i}]"), format!("duplicate view {view:?}"));
+        }
+        if !valid_view_id(view) {
+            c.push(format_args!("views[{i}]"), format!("{view:?} is not a view id"));
+        }
+    }
+    if spec.endpoints_on_node.len() > MAX_ENTRIES {
+        c.push(
+            "endpointsOnNode",
+            format!(
+                "{} addresses exceed the limit of {MAX_ENTRIES}",
+                spec.endpoints_on_node.len()
+            ),
+        );
+    } else {
+        for (i, ip) in spec.endpoints_on_node.iter().enumerate() {
+            c.ip(format_args!("endpointsOnNode[{i}]"), ip, None);
+        }
+    }
+    for (field, entries) in [("services", &spec.services), ("overrides", &spec.overrides)] {
+        if entries.len() > MAX_ENTRIES {
+            c.push(
+                field,
+                format!("{} entries exceed the limit of {MAX_ENTRIES}", entries.len()),
+            );
+        }
+    }
+}
+
+/// `all`, `unzoned`, or `zone-…` / `node-…` with a label-safe rest.
+fn valid_view_id(id: &str) -> bool {
+    let label_safe = |rest: &str| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && rest.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    id.len() <= 63
+        && (id == "all"
+            || id == "unzoned"
+            || id.strip_prefix("zone-").is_some_and(label_safe)
+            || id.strip_prefix("node-").is_some_and(label_safe))
 }
 
 fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
@@ -293,9 +383,7 @@ fn valid_service_port_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{
-        Backend, ClusterSettings, DetectLocalMode, PlanEndpoint, PlanSummary, Protocol, ShardInfo,
-    };
+    use crate::plan::{Backend, ClusterSettings, DetectLocalMode, PlanEndpoint, PlanSummary, Protocol};
 
     fn ep(ip: &str) -> PlanEndpoint {
         PlanEndpoint {
@@ -346,8 +434,10 @@ mod tests {
                 ipvs_scheduler: None,
             },
             revision: "abc".into(),
-            shard: None,
+            views: vec![],
+            endpoints_on_node: vec![],
             summary: PlanSummary::default(),
+            overrides: vec![],
             services,
         }
     }
@@ -486,25 +576,25 @@ mod tests {
                 |s| s.cluster.node_port_addresses = vec!["everything".into()],
                 "spec.cluster.nodePortAddresses[0]",
             ),
+            (|s| s.views = vec!["all".into()], "spec.services"),
+            (|s| s.overrides = vec![entry()], "spec.overrides"),
             (
                 |s| {
-                    s.shard = Some(ShardInfo {
-                        index: 2,
-                        count: 2,
-                        members: vec![],
-                    })
+                    s.views = vec!["all".into(), "all".into()];
+                    s.overrides = std::mem::take(&mut s.services);
                 },
-                "spec.shard",
+                "spec.views[1]",
             ),
             (
                 |s| {
-                    s.shard = Some(ShardInfo {
-                        index: 0,
-                        count: 3,
-                        members: vec!["a".into()],
-                    })
+                    s.views = vec!["Zone_A".into()];
+                    s.overrides = std::mem::take(&mut s.services);
                 },
-                "spec.shard.members",
+                "spec.views[0]",
+            ),
+            (
+                |s| s.endpoints_on_node = vec!["10.0.0.300".into()],
+                "spec.endpointsOnNode[0]",
             ),
         ];
         for (mutate, path) in cases {
@@ -517,6 +607,58 @@ mod tests {
                 report.plan
             );
         }
+    }
+
+    #[test]
+    fn live_plans_validate_their_overrides() {
+        let mut s = spec(vec![]);
+        s.views = vec!["all".into(), "zone-a".into()];
+        let mut bad = entry();
+        bad.name = "ns1/svc2:p80".into();
+        bad.port = 0;
+        s.overrides = vec![entry(), bad];
+        let report = validate(&s);
+        assert!(report.plan.is_empty(), "{:?}", report.plan);
+        let paths: Vec<&str> = report.all().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["spec.overrides[1].port"]);
+    }
+
+    #[test]
+    fn slice_problems_reject_the_slice_and_entry_problems_name_the_entry() {
+        let good = || ForwardingSliceSpec {
+            view: "zone-a".into(),
+            zone: Some("a".into()),
+            node: None,
+            index: 0,
+            count: 2,
+            revision: "abc".into(),
+            summary: PlanSummary::default(),
+            entries: vec![entry()],
+        };
+        assert!(validate_slice(&good()).is_clean());
+        type Mutate = fn(&mut ForwardingSliceSpec);
+        let cases: Vec<(Mutate, &str)> = vec![
+            (|s| s.view = "zone-b".into(), "spec.view"),
+            (|s| s.count = 0, "spec.count"),
+            (|s| s.count = MAX_SLICES_PER_VIEW + 1, "spec.count"),
+            (|s| s.index = 2, "spec.index"),
+            (|s| s.revision = String::new(), "spec.revision"),
+            (
+                |s| s.entries = (0..=MAX_ENTRIES).map(|_| entry()).collect(),
+                "spec.entries",
+            ),
+        ];
+        for (mutate, path) in cases {
+            let mut s = good();
+            mutate(&mut s);
+            let report = validate_slice(&s);
+            assert!(report.plan.iter().any(|p| p.path == path), "{path}: {report:?}");
+        }
+        let mut s = good();
+        s.entries[0].cluster_ip = "nope".into();
+        let report = validate_slice(&s);
+        assert!(report.plan.is_empty());
+        assert_eq!(report.entries[0].1[0].path, "spec.entries[0].clusterIP");
     }
 
     #[test]

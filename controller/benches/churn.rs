@@ -2,13 +2,20 @@
 //! server, which counts requests and bytes. Virtual time (Tokio's paused clock) makes minutes of churn
 //! run in seconds; planning still costs real CPU.
 //!
-//! The churn advances one step per 0.5 s tick, each step one EndpointSlice update. Scenarios: a rolling
-//! update of a 50-pod Deployment (one pod replaced per second: two ticks per replacement, the old pod
-//! starts terminating, then its successor is ready and the old pod is gone) and scaling one Service
-//! 0 → 100 → 0 (one pod per 0.5 s tick each way, two pods per second). Each runs with coalescing
-//! (minPlanInterval 1 s) and without (50 ms). After each cluster size it prints the peak RSS of the
-//! process: the live controller (kube-runtime watch caches, engine, planner, writer) plus the fake API
-//! server's copy of the objects.
+//! Per cluster size: a fresh start (every slice and plan written from nothing: how long at the default
+//! write budget), then, each in a fresh run, the churn scenarios on one Service; the churn advances one
+//! step per 0.5 s tick, each step one EndpointSlice update:
+//! - one-change: one endpoint of a plain ClusterIP Service moves to a new pod on the same node;
+//! - rolling-50: a rolling update of a 50-pod Deployment behind a plain ClusterIP Service (one pod
+//!   replaced per second: two ticks per replacement, the old pod starts terminating, then its successor
+//!   is ready and the old pod is gone);
+//! - rolling-50-local: the same behind an externalTrafficPolicy=Local LoadBalancer (every node hosting
+//!   one of its pods carries the entry as an override, so their plans change too);
+//! - scale-100: scaling a plain Service 0 → 100 → 0, one pod per 0.5 s tick each way.
+//!
+//! "lag" is the time from the last change to the last write it caused. At the largest size the
+//! controller also runs in its own process against the fake API server served over HTTP, so its peak
+//! RSS is its own (real time: a fresh start and a rolling update).
 //!
 //! `cargo bench -p switchyard-controller --bench churn` (SWITCHYARD_BENCH_SMOKE=1 for a tiny run).
 
@@ -23,12 +30,20 @@ use switchyard_controller::{
     Config,
     live::run::{Options, run},
     synthetic::{Shape, cluster, slice},
-    testing::fake_apiserver::{FakeApiServer, Kind},
+    testing::fake_apiserver::{FakeApiServer, Kind, Recorded},
 };
 
-use common::{figure, peak_rss_mib, reset_peak_rss};
+use common::{figure, peak_rss_mib, reset_peak_rss, target};
+
+/// A plain ClusterIP Service of the synthetic mix (bucket 50: not eTP/iTP/hinted).
+const PLAIN: usize = 50;
+/// An externalTrafficPolicy=Local LoadBalancer of the synthetic mix (bucket 0).
+const LOCAL: usize = 0;
 
 struct Outcome {
+    /// Virtual time from the controller's start to the last write of the fresh start.
+    fresh_start: Duration,
+    fresh_writes: usize,
     changes: usize,
     writes: usize,
     bytes: usize,
@@ -49,25 +64,31 @@ fn endpoint(ip: String, node: String, ready: bool, terminating: bool) -> Endpoin
     }
 }
 
-/// The slice of Service 0 holding the given endpoints.
-fn set_endpoints(server: &FakeApiServer, shape: &Shape, endpoints: Vec<Endpoint>) {
-    let mut s = slice(0, shape, 0);
-    s.endpoints = Some(endpoints);
-    server.put(Kind::EndpointSlice, s);
+/// The slice of Service `s` holding the given endpoints.
+fn set_endpoints(server: &FakeApiServer, shape: &Shape, s: usize, endpoints: Vec<Endpoint>) {
+    let mut slice = slice(s, shape, 0);
+    slice.endpoints = Some(endpoints);
+    server.put(Kind::EndpointSlice, slice);
 }
 
 fn node(i: usize, shape: &Shape) -> String {
     format!("node-{:04}", i % shape.nodes)
 }
 
-async fn scenario(
-    shape: Shape,
-    coalesce: bool,
-    steps: impl Fn(&FakeApiServer, &Shape, usize) -> bool,
-) -> Outcome {
+fn writes(server: &FakeApiServer) -> Vec<Recorded> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == Method::PATCH || r.method == Method::DELETE)
+        .collect()
+}
+
+/// Seeds the fake API server with the synthetic cluster; plans and slices are only counted.
+fn seeded(shape: &Shape) -> FakeApiServer {
     let server = FakeApiServer::new();
     server.count_only(Kind::Plan);
-    let snapshot = cluster(&shape);
+    server.count_only(Kind::ForwardingSlice);
+    let snapshot = cluster(shape);
     for n in &snapshot.nodes {
         server.put(Kind::Node, n);
     }
@@ -77,8 +98,25 @@ async fn scenario(
     for s in &snapshot.slices {
         server.put(Kind::EndpointSlice, s);
     }
-    // The fake API server holds its own copy; this one would only inflate the measured RSS.
-    drop(snapshot);
+    server
+}
+
+/// Waits until no write arrived for `quiet`; returns when the last write arrived (`None`: none yet).
+async fn drain(server: &FakeApiServer, quiet: Duration) -> Option<tokio::time::Instant> {
+    let since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let last = writes(server).iter().map(|r| r.at).max();
+        if last.unwrap_or(since).elapsed() > quiet {
+            return last;
+        }
+    }
+}
+
+type Steps = fn(&FakeApiServer, &Shape, usize) -> bool;
+
+async fn scenario(shape: Shape, coalesce: bool, steps: Steps) -> Outcome {
+    let server = seeded(&shape);
     let config = Config {
         min_plan_interval: if coalesce {
             Duration::from_secs(1)
@@ -89,6 +127,7 @@ async fn scenario(
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let client = server.client();
+    let started = tokio::time::Instant::now();
     let controller = tokio::spawn(async move {
         let _ = run(
             client,
@@ -100,29 +139,9 @@ async fn scenario(
         )
         .await;
     });
-    // Initial sync: every node gets its plan (at least one object written per node).
-    loop {
-        let written: std::collections::BTreeSet<String> = server
-            .requests()
-            .iter()
-            .filter(|r| r.method == Method::PATCH)
-            .map(|r| {
-                r.path
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or_default()
-                    .split('.')
-                    .next()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .collect();
-        if written.len() >= shape.nodes {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The fresh start: every slice and plan, until writes stop.
+    let fresh_end = drain(&server, Duration::from_secs(5)).await.unwrap_or(started);
+    let fresh_writes = writes(&server).len();
     server.clear_requests();
     let start = tokio::time::Instant::now();
     let mut changes = 0;
@@ -132,46 +151,38 @@ async fn scenario(
         step += 1;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let churn_end = tokio::time::Instant::now();
-    // Drain: wait until writes stop.
-    let mut last = 0;
-    let mut quiet_since = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let writes = server
-            .requests()
-            .iter()
-            .filter(|r| r.method == Method::PATCH)
-            .count();
-        if writes != last {
-            last = writes;
-            quiet_since = tokio::time::Instant::now();
-        } else if quiet_since.elapsed() > Duration::from_secs(5) {
-            break;
-        }
-    }
-    let patches: Vec<_> = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == Method::PATCH)
-        .collect();
-    let bytes = patches.iter().map(|r| r.body_len).sum();
+    // The last change was made 0.5 s ago.
+    let churn_end = tokio::time::Instant::now() - Duration::from_millis(500);
+    let last_write = drain(&server, Duration::from_secs(5)).await.unwrap_or(churn_end);
+    let done = writes(&server);
+    let bytes = done.iter().map(|r| r.body_len).sum();
     let _ = stop_tx.send(());
     let _ = controller.await;
     Outcome {
+        fresh_start: fresh_end - started,
+        fresh_writes,
         changes,
-        writes: patches.len(),
+        writes: done.len(),
         bytes,
         // Over the whole time writes were happening: the churn and the drain after it.
-        minutes: (quiet_since.max(churn_end) - start).as_secs_f64() / 60.0,
-        lag: quiet_since.saturating_duration_since(churn_end),
+        minutes: (last_write.max(churn_end) - start).as_secs_f64().max(1.0) / 60.0,
+        lag: last_write.saturating_duration_since(churn_end),
     }
 }
 
-/// Rolling update of 50 pods, one pod replaced per second (two 0.5 s ticks): on odd steps old pod `k`
-/// is terminating (its successor is starting, not yet in the slice); on the next even step new pod `k`
-/// is ready and old pod `k` is gone. 50 pods take 102 slice updates (51 s).
-fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
+/// One endpoint of the plain Service moves to a new pod on the same node.
+fn one_change(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
+    if step > 0 {
+        return false;
+    }
+    server.put(Kind::EndpointSlice, slice(PLAIN, shape, 1));
+    true
+}
+
+/// Rolling update of 50 pods of Service `s`, one pod replaced per second (two 0.5 s ticks): on odd
+/// steps old pod `k` is terminating (its successor is starting, not yet in the slice); on the next even
+/// step new pod `k` is ready and old pod `k` is gone. 50 pods take 102 slice updates (51 s).
+fn rolling(server: &FakeApiServer, shape: &Shape, step: usize, s: usize) -> bool {
     let pods = if common::smoke() { 8 } else { 50 };
     let replaced = step / 2;
     if replaced > pods {
@@ -193,11 +204,20 @@ fn rolling(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
             }
         })
         .collect();
-    set_endpoints(server, shape, eps);
+    set_endpoints(server, shape, s, eps);
     true
 }
 
-/// Scale 0 → 100 → 0, one pod per 0.5 s tick (two pods per second): 201 slice updates (100.5 s).
+fn rolling_plain(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
+    rolling(server, shape, step, PLAIN)
+}
+
+fn rolling_local(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
+    rolling(server, shape, step, LOCAL)
+}
+
+/// Scale the plain Service 0 → 100 → 0, one pod per 0.5 s tick (two pods per second): 201 slice
+/// updates (100.5 s).
 fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
     let top = if common::smoke() { 10 } else { 100 };
     let count = if step <= top {
@@ -217,8 +237,66 @@ fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
             )
         })
         .collect();
-    set_endpoints(server, shape, eps);
+    set_endpoints(server, shape, PLAIN, eps);
     true
+}
+
+/// The controller binary in its own process against the fake API server over HTTP (real time): a
+/// fresh start, then a rolling update; its peak RSS (VmHWM) in MiB and the fresh start's duration.
+fn controller_process_rss(shape: Shape) -> Result<(f64, Duration), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("no runtime: {e}"))?;
+    runtime.block_on(async move {
+        let server = seeded(&shape);
+        let (addr, _serving) = server.serve_http().await.map_err(|e| format!("serving: {e}"))?;
+        let dir = std::env::temp_dir().join(format!("swyd-churn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\n\
+                 clusters:\n- name: k\n  cluster: {{server: 'http://{addr}'}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let started = tokio::time::Instant::now();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard-controller"))
+            .args(["run", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the controller: {e}"))?;
+        let pid = child.id().unwrap_or_default();
+        let hwm = move || -> f64 {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("VmHWM:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|kb| kb.parse::<f64>().ok())
+                })
+                .map_or(0.0, |kb| kb / 1024.0)
+        };
+        let fresh_end = drain(&server, Duration::from_secs(5)).await.unwrap_or(started);
+        let fresh = fresh_end - started;
+        let mut step = 0;
+        while rolling_plain(&server, &shape, step) {
+            step += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        drain(&server, Duration::from_secs(3)).await;
+        let peak = hwm();
+        let _ = child.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok((peak, fresh))
+    })
 }
 
 fn benchmark() -> Result<(), String> {
@@ -226,7 +304,7 @@ fn benchmark() -> Result<(), String> {
     // smoke check with tiny sizes (benchmarks are never timed tests).
     let smoke = common::smoke();
     let shapes: Vec<Shape> = if smoke {
-        vec![Shape::new(5, 50, 3)]
+        vec![Shape::new(5, 100, 3)]
     } else {
         vec![
             Shape::new(10, 1_000, 5),
@@ -235,17 +313,19 @@ fn benchmark() -> Result<(), String> {
             Shape::new(1_000, 10_000, 5),
         ]
     };
+    let defaults = Config::default();
     println!(
-        "write fan-out (fake API server; write budget {} QPS, burst {}; virtual time)",
-        Config::default().write_qps,
-        Config::default().write_burst
+        "write fan-out (fake API server; write budget {} QPS, burst {}; objects up to {} bytes; virtual time)",
+        defaults.write_qps, defaults.write_burst, defaults.max_object_bytes
     );
     println!(
-        "{:>6} {:>7} {:>10} {:>9} | {:>8} {:>8} {:>11} {:>12} {:>14} {:>10}",
+        "{:>6} {:>7} {:>16} {:>9} | {:>11} {:>8} | {:>8} {:>8} {:>11} {:>9} {:>14} {:>8}",
         "nodes",
         "svcs",
         "scenario",
         "coalesce",
+        "fresh start",
+        "objects",
         "changes",
         "writes",
         "writes/min",
@@ -253,13 +333,20 @@ fn benchmark() -> Result<(), String> {
         "bytes/change",
         "lag"
     );
+    let scenarios: [(&str, Steps); 4] = [
+        ("one-change", one_change),
+        ("rolling-50", rolling_plain),
+        ("rolling-50-local", rolling_local),
+        ("scale-100", scale),
+    ];
     for shape in shapes {
+        let full = !smoke && (shape.nodes, shape.services) == (1_000, 10_000);
         let mut peak_rss: f64 = 0.0;
-        for (name, steps) in [
-            ("rolling-50", rolling as fn(&FakeApiServer, &Shape, usize) -> bool),
-            ("scale-100", scale),
-        ] {
+        for (name, steps) in scenarios {
             for coalesce in [true, false] {
+                if !coalesce && (name == "one-change" || full) {
+                    continue;
+                }
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .start_paused(true)
@@ -271,50 +358,115 @@ fn benchmark() -> Result<(), String> {
                 peak_rss = peak_rss.max(peak_rss_mib());
                 if outcome.changes == 0 || outcome.writes == 0 {
                     return Err(format!(
-                        "{name} at {} nodes × {} Services: {} changes led to {} plan writes",
+                        "{name} at {} nodes × {} Services: {} changes led to {} writes",
                         shape.nodes, shape.services, outcome.changes, outcome.writes
                     ));
                 }
+                let per_min = |n: f64| n / outcome.minutes;
                 println!(
-                    "{:>6} {:>7} {:>10} {:>9} | {:>8} {:>8} {:>11.0} {:>12.1} {:>14.0} {:>9.0}s",
+                    "{:>6} {:>7} {:>16} {:>9} | {:>10.1}s {:>8} | {:>8} {:>8} {:>11.0} {:>9.2} {:>14.0} {:>7.2}s",
                     shape.nodes,
                     shape.services,
                     name,
                     if coalesce { "1s" } else { "off" },
+                    outcome.fresh_start.as_secs_f64(),
+                    outcome.fresh_writes,
                     outcome.changes,
                     outcome.writes,
-                    outcome.writes as f64 / outcome.minutes,
-                    outcome.bytes as f64 / outcome.minutes / 1_048_576.0,
+                    per_min(outcome.writes as f64),
+                    per_min(outcome.bytes as f64) / 1_048_576.0,
                     outcome.bytes as f64 / outcome.changes.max(1) as f64,
                     outcome.lag.as_secs_f64()
                 );
-                if !smoke && (shape.nodes, shape.services) == (1_000, 10_000) && coalesce {
-                    figure(
-                        &format!(
-                            "write fan-out at 1,000 × 10,000, {name}, coalesce 1s (writes/min; last node's lag)"
-                        ),
-                        &format!(
-                            "{:.0} writes/min (budget {:.0}/min + burst), lag {:.0} s",
-                            outcome.writes as f64 / outcome.minutes,
-                            Config::default().write_qps * 60.0,
-                            outcome.lag.as_secs_f64()
-                        ),
-                    );
+                if full && coalesce {
+                    judge(name, &outcome);
                 }
             }
         }
         println!(
-            "peak RSS at {} nodes × {} Services (live controller + fake API server, highest of the four runs): {:.0} MiB",
+            "peak RSS at {} nodes × {} Services (in-process: controller + fake API server + its copies): {:.0} MiB",
             shape.nodes, shape.services, peak_rss
         );
-        if !smoke && (shape.nodes, shape.services) == (1_000, 10_000) {
-            figure(
-                "controller memory at 1,000 × 10,000, live controller in the churn bench (incl. the fake API server)",
-                &format!("{peak_rss:.0} MiB peak RSS"),
+        if full || (smoke && shape.nodes == 5) {
+            let (rss, fresh) = controller_process_rss(shape)?;
+            println!(
+                "controller in its own process at {} nodes × {} Services (fake API server over HTTP, real time): \
+                 peak RSS {rss:.0} MiB over a fresh start ({:.1} s) and a rolling update",
+                shape.nodes,
+                shape.services,
+                fresh.as_secs_f64()
             );
+            if full {
+                target(
+                    "live controller peak RSS at 1,000 × 10,000 (its own process; fresh start + rolling update)",
+                    &format!("{rss:.0} MiB"),
+                    "≤ 250 MiB",
+                    rss <= 250.0,
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// The targets at 1,000 nodes × 10,000 Services (coalescing at the default 1 s).
+fn judge(name: &str, outcome: &Outcome) {
+    match name {
+        "one-change" => {
+            target(
+                "one endpoint change at 1,000 × 10,000 (live controller): objects written",
+                &outcome.writes.to_string(),
+                "≤ 2",
+                outcome.writes <= 2,
+            );
+            target(
+                "one endpoint change at 1,000 × 10,000 (live controller): bytes written",
+                &format!("{} bytes", outcome.bytes),
+                "≤ 64 KiB",
+                outcome.bytes <= 64 * 1024,
+            );
+            target(
+                "one endpoint change at 1,000 × 10,000: change → last write (every agent of the view receives that write)",
+                &format!("{:.2} s", outcome.lag.as_secs_f64()),
+                "≤ 1 s",
+                outcome.lag <= Duration::from_secs(1),
+            );
+            target(
+                "fresh start at 1,000 × 10,000: every object written at the default budget (live controller)",
+                &format!(
+                    "{:.1} s ({} objects)",
+                    outcome.fresh_start.as_secs_f64(),
+                    outcome.fresh_writes
+                ),
+                "≤ 60 s",
+                outcome.fresh_start <= Duration::from_secs(60),
+            );
+        }
+        "rolling-50" => {
+            let mib = outcome.bytes as f64 / 1_048_576.0 / outcome.minutes;
+            target(
+                "rolling update of a 50-pod Deployment at 1,000 × 10,000: written to the API server",
+                &format!("{mib:.2} MiB/min"),
+                "≤ 5 MiB/min",
+                mib <= 5.0,
+            );
+            target(
+                "rolling update of a 50-pod Deployment at 1,000 × 10,000: lag after the last change",
+                &format!("{:.2} s", outcome.lag.as_secs_f64()),
+                "≤ 2 s",
+                outcome.lag <= Duration::from_secs(2),
+            );
+        }
+        _ => figure(
+            &format!("write fan-out at 1,000 × 10,000, {name}, coalesce 1s"),
+            &format!(
+                "{:.0} writes/min, {:.2} MiB/min, lag {:.2} s",
+                outcome.writes as f64 / outcome.minutes,
+                outcome.bytes as f64 / 1_048_576.0 / outcome.minutes,
+                outcome.lag.as_secs_f64()
+            ),
+        ),
+    }
 }
 
 fn main() -> ExitCode {

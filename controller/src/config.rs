@@ -12,9 +12,10 @@
 //! backendNodeLabel: switchyard.io/backend   # a node label overriding defaultBackend for that node
 //! serviceProxyName: switchyard     # Services labelled service.kubernetes.io/service-proxy-name=<this> are ours too
 //! ipvsScheduler: rr                # default IPVS scheduler (per-service annotation switchyard.io/ipvs-scheduler)
-//! maxPlanBytes: 1048576            # byte budget per plan object; above it a node's plan is sharded
+//! maxObjectBytes: 49152            # byte budget per ForwardingSlice and plan: above it a view gets more
+//!                                  # slices and a node's overrides move into its own view
 //! minPlanInterval: 1s              # live controller: coalesce bursts of changes at least this far apart
-//! writeQPS: 20                     # live controller: global plan-write budget (writes per second)
+//! writeQPS: 20                     # live controller: global write budget, plans and slices (writes per second)
 //! writeBurst: 50                   # live controller: burst above the budget
 //! ```
 
@@ -30,10 +31,13 @@ use switchyard_api::{
 
 use crate::Error;
 
-/// Smallest byte budget accepted: below it sharding would explode the object count.
-pub const MIN_PLAN_BYTES: usize = 64 * 1024;
-/// Largest byte budget accepted: etcd refuses objects above ~1.5 MiB.
-pub const MAX_PLAN_BYTES: usize = 1_400_000;
+/// Smallest object byte budget accepted: below it the slice count would explode.
+pub const MIN_OBJECT_BYTES: usize = 16 * 1024;
+/// Largest object byte budget accepted: etcd refuses objects above ~1.5 MiB.
+pub const MAX_OBJECT_BYTES: usize = 1_400_000;
+/// Default object byte budget: one endpoint change rewrites one slice of at most this size (kube-proxy's
+/// unit is one EndpointSlice of up to 100 endpoints, ~10-20 KiB), and 10,000 Services fit ~100 slices.
+pub const DEFAULT_OBJECT_BYTES: usize = 48 * 1024;
 
 /// The configuration as written in the file.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -51,7 +55,7 @@ struct RawConfig {
     backend_node_label: Option<String>,
     service_proxy_name: Option<String>,
     ipvs_scheduler: Option<String>,
-    max_plan_bytes: Option<usize>,
+    max_object_bytes: Option<usize>,
     min_plan_interval: Option<String>,
     #[serde(rename = "writeQPS")]
     write_qps: Option<f64>,
@@ -81,8 +85,8 @@ pub struct Config {
     pub service_proxy_name: String,
     /// Default IPVS scheduler.
     pub ipvs_scheduler: String,
-    /// Byte budget per plan object.
-    pub max_plan_bytes: usize,
+    /// Byte budget per ForwardingSlice and per plan object.
+    pub max_object_bytes: usize,
     /// Live controller: minimum interval between planning runs.
     pub min_plan_interval: Duration,
     /// Live controller: plan writes per second.
@@ -104,7 +108,7 @@ impl Default for Config {
             backend_node_label: LABEL_BACKEND.to_string(),
             service_proxy_name: "switchyard".to_string(),
             ipvs_scheduler: "rr".to_string(),
-            max_plan_bytes: 1024 * 1024,
+            max_object_bytes: DEFAULT_OBJECT_BYTES,
             min_plan_interval: Duration::from_secs(1),
             write_qps: 20.0,
             write_burst: 50,
@@ -201,10 +205,10 @@ impl Config {
                 IPVS_SCHEDULERS.join(", ")
             ));
         }
-        let max_plan_bytes = raw.max_plan_bytes.unwrap_or(defaults.max_plan_bytes);
-        if !(MIN_PLAN_BYTES..=MAX_PLAN_BYTES).contains(&max_plan_bytes) {
+        let max_object_bytes = raw.max_object_bytes.unwrap_or(defaults.max_object_bytes);
+        if !(MIN_OBJECT_BYTES..=MAX_OBJECT_BYTES).contains(&max_object_bytes) {
             problems.push(format!(
-                "maxPlanBytes: {max_plan_bytes} is not in {MIN_PLAN_BYTES}..{MAX_PLAN_BYTES}"
+                "maxObjectBytes: {max_object_bytes} is not in {MIN_OBJECT_BYTES}..{MAX_OBJECT_BYTES}"
             ));
         }
         let min_plan_interval = match raw.min_plan_interval.as_deref() {
@@ -238,7 +242,7 @@ impl Config {
             backend_node_label,
             service_proxy_name: raw.service_proxy_name.unwrap_or(defaults.service_proxy_name),
             ipvs_scheduler,
-            max_plan_bytes,
+            max_object_bytes,
             min_plan_interval,
             write_qps,
             write_burst,
@@ -287,7 +291,7 @@ mod tests {
         let config = Config::parse("").unwrap();
         assert_eq!(config, Config::default());
         assert_eq!(config.masquerade_bit, 14);
-        assert_eq!(config.max_plan_bytes, 1_048_576);
+        assert_eq!(config.max_object_bytes, 49_152);
         assert_eq!(config.default_backend, Backend::Iptables);
     }
 
@@ -315,7 +319,7 @@ mod tests {
         let config = Config::parse(
             "clusterCIDRs: [010.244.0.0/16, fd00:10:244::/56]\nmasqueradeAll: true\nmasqueradeBit: 15\n\
              nodePortAddresses: [192.168.10.0/24]\nnodePortRange: 30000-32767\ndefaultBackend: ipvs\n\
-             maxPlanBytes: 500000\nminPlanInterval: 250ms\n",
+             maxObjectBytes: 500000\nminPlanInterval: 250ms\n",
         )
         .unwrap();
         assert_eq!(config.cluster_cidrs[0].to_string(), "10.244.0.0/16");
@@ -336,7 +340,7 @@ mod tests {
     fn every_problem_is_reported() {
         let problems = Config::parse(
             "clusterCIDRs: [nope, 10.0.0.0/8, 10.1.0.0/16]\nmasqueradeBit: 40\nnodePortAddresses: [primary, x]\n\
-             nodePortRange: 9-1\ndefaultBackend: ebpf\nipvsScheduler: fast\nmaxPlanBytes: 10\n\
+             nodePortRange: 9-1\ndefaultBackend: ebpf\nipvsScheduler: fast\nmaxObjectBytes: 10\n\
              minPlanInterval: soon\nwriteQPS: 0\nwriteBurst: 0\n",
         )
         .unwrap_err();
@@ -349,7 +353,7 @@ mod tests {
             "nodePortRange",
             "defaultBackend",
             "ipvsScheduler",
-            "maxPlanBytes",
+            "maxObjectBytes",
             "minPlanInterval",
             "writeQPS",
             "writeBurst",

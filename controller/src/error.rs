@@ -34,20 +34,36 @@ pub enum Error {
     /// The API crate failed (hashing, CRD generation).
     #[error(transparent)]
     Api(#[from] switchyard_api::Error),
-    /// Server-side apply of a plan object failed.
-    #[error("applying plan {name}: {source}")]
-    ApplyPlan {
-        /// The plan object.
+    /// A node's plan and its slices do not compose (a planner bug; never expected).
+    #[error("composing a node's plan: {0}")]
+    Compose(String),
+    /// Server-side apply of a plan or slice failed.
+    #[error("applying {kind} {name}: {source}")]
+    Apply {
+        /// `NodeForwardingPlan` or `ForwardingSlice`.
+        kind: &'static str,
+        /// The object.
         name: String,
         /// Why.
         #[source]
         source: kube::Error,
     },
-    /// Deleting a plan object failed.
-    #[error("deleting plan {name}: {source}")]
-    DeletePlan {
-        /// The plan object.
+    /// Deleting a plan or slice failed.
+    #[error("deleting {kind} {name}: {source}")]
+    Delete {
+        /// `NodeForwardingPlan` or `ForwardingSlice`.
+        kind: &'static str,
+        /// The object.
         name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing objects for an audit failed.
+    #[error("listing {kind}: {source}")]
+    List {
+        /// What was listed.
+        kind: &'static str,
         /// Why.
         #[source]
         source: kube::Error,
@@ -87,8 +103,10 @@ impl Error {
             Self::InvalidConfig { .. } => "invalid_config",
             Self::Serialize(_) => "serialize",
             Self::Api(_) => "api",
-            Self::ApplyPlan { .. } => "apply_plan",
-            Self::DeletePlan { .. } => "delete_plan",
+            Self::Compose(_) => "compose",
+            Self::Apply { .. } => "apply",
+            Self::Delete { .. } => "delete",
+            Self::List { .. } => "list",
             Self::GetNode { .. } => "get_node",
             Self::NotLeader => "not_leader",
             Self::Connect(_) => "connect",

@@ -3,6 +3,7 @@
 //! ```text
 //! file ─► JSON or (multi-document) YAML ─► documents ─► v1 List items flattened ─► kind dispatch
 //!                                                        Service / EndpointSlice / Node ─► Snapshot
+//!                                                        NodeForwardingPlan / ForwardingSlice ─► audit
 //! ```
 //!
 //! Accepts exactly what `kubectl get services,endpointslices,nodes -A -o yaml|json` prints (a v1 `List`),
@@ -14,6 +15,7 @@ use std::path::Path;
 
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::Value;
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 
 use crate::{Error, planner::Snapshot};
 
@@ -22,6 +24,10 @@ use crate::{Error, planner::Snapshot};
 pub struct Loaded {
     /// The objects the planner uses.
     pub snapshot: Snapshot,
+    /// NodeForwardingPlans (for `audit`).
+    pub plans: Vec<NodeForwardingPlan>,
+    /// ForwardingSlices (for `audit`).
+    pub forwarding_slices: Vec<ForwardingSlice>,
     /// `kind` of every ignored object.
     pub ignored_kinds: Vec<String>,
 }
@@ -111,7 +117,12 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
         message: format!("{at} ({what}): {e}"),
     };
     match kind.as_str() {
-        "List" | "ServiceList" | "EndpointSliceList" | "NodeList" => {
+        "List"
+        | "ServiceList"
+        | "EndpointSliceList"
+        | "NodeList"
+        | "NodeForwardingPlanList"
+        | "ForwardingSliceList" => {
             let items = match value.get("items") {
                 Some(Value::Array(items)) => items.clone(),
                 Some(Value::Null) | None => Vec::new(),
@@ -150,6 +161,20 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
             let object: Node =
                 serde_json::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
             loaded.snapshot.nodes.push(object);
+        }
+        "NodeForwardingPlan" => {
+            let what = describe(&value);
+            let object: NodeForwardingPlan =
+                serde_json::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
+                    .map_err(|e| invalid(what, e))?;
+            loaded.plans.push(object);
+        }
+        "ForwardingSlice" => {
+            let what = describe(&value);
+            let object: ForwardingSlice =
+                serde_json::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
+                    .map_err(|e| invalid(what, e))?;
+            loaded.forwarding_slices.push(object);
         }
         "" => {
             return Err(Error::ParseInput {

@@ -1,13 +1,17 @@
-//! switchyard-controller: turns Services, EndpointSlices and Nodes into one `NodeForwardingPlan` per node.
+//! switchyard-controller: turns Services, EndpointSlices and Nodes into shared ForwardingSlices and one
+//! `NodeForwardingPlan` per node.
 //!
 //! ```text
-//! Service ─┐
-//! EndpointSlice ─┼─► Snapshot ─► planner::Planner (pure) ─► per-node NodeForwardingPlanSpec (+ shards)
-//! Node ────┘          ▲                                         │
-//!   input::load_files (offline `plan`)                          ├─► output (yaml | json | table)
-//!                                                               └─► live controller: server-side apply
+//! Service ─┐                                                 ┌─► ForwardingSlices (per view)
+//! EndpointSlice ─┼─► Snapshot ─► planner::Planner (pure) ────┤
+//! Node ────┘          ▲                                       └─► NodeForwardingPlans (per node)
+//!   input::load_files (offline `plan`, `audit -f`)                   │
+//!                                        output (composed plans, objects) ◄┤
+//!                                        live controller: server-side apply ◄┘
+//!   audit: plans' status vs the current slices ─► which nodes lag
 //! ```
 
+pub mod audit;
 pub mod config;
 pub mod error;
 pub mod input;

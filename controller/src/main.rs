@@ -1,17 +1,19 @@
-//! `switchyard-controller`: the live controller (`run`) and offline planning (`plan`).
+//! `switchyard-controller`: the live controller (`run`), offline planning (`plan`) and the cluster-wide
+//! lag check (`audit`).
 //!
 //! Exit codes: 0 success; 1 runtime failure; 2 bad flags, unreadable or unparseable input, or invalid
-//! configuration (nothing is printed on stdout then).
+//! configuration (nothing is printed on stdout then); 3 (`audit`) some node lags behind.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 use switchyard_controller::{
-    Config,
+    Config, audit,
     input::load_files,
     live::run::{Options, run},
-    output::{Format, render},
+    output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
     planner::Planner,
 };
 
@@ -55,8 +57,10 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
     },
-    /// Computes NodeForwardingPlans offline from a cluster dump
-    /// (`kubectl get services,endpointslices,nodes -A -o yaml`).
+    /// Computes offline, from a cluster dump (`kubectl get services,endpointslices,nodes -A -o yaml`),
+    /// what every node forwards: one self-contained NodeForwardingPlan per node (its views' slices and
+    /// its overrides composed, exactly as its agent composes them), or with --objects the
+    /// ForwardingSlices and NodeForwardingPlans the controller would write.
     Plan {
         /// Input files: a v1 List, multi-document YAML, or JSON. Repeatable.
         #[arg(short = 'f', long = "filename", required = true)]
@@ -64,12 +68,28 @@ enum Command {
         /// Controller configuration file (YAML).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Only this node's plan.
+        /// Only this node's plan (with --objects: its plan and its views' slices).
         #[arg(long)]
         node: Option<String>,
+        /// Print the objects the controller would write (ForwardingSlices, then live plans) instead of
+        /// what each node forwards.
+        #[arg(long)]
+        objects: bool,
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
         output: Format,
+    },
+    /// Which nodes lag behind their plan or the current ForwardingSlices, and what each one misses.
+    /// Reads the API server (--kubeconfig / KUBECONFIG / in-cluster) or, with -f, a dump of
+    /// `kubectl get nodeforwardingplans,forwardingslices -o yaml`. Exit 0 when every node is current,
+    /// 3 when some node lags.
+    Audit {
+        /// Kubeconfig file (default: in-cluster config, then KUBECONFIG, then ~/.kube/config).
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// Read these dump files instead of the API server. Repeatable.
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<PathBuf>,
     },
 }
 
@@ -80,8 +100,10 @@ fn main() -> ExitCode {
             files,
             config,
             node,
+            objects,
             output,
-        } => plan(&files, config, node.as_deref(), output),
+        } => plan(&files, config, node.as_deref(), objects, output),
+        Command::Audit { kubeconfig, files } => audit_command(kubeconfig, &files),
         Command::Run {
             kubeconfig,
             config,
@@ -135,29 +157,85 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-fn live(kubeconfig: Option<PathBuf>, options: Options) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or in-cluster config")?,
+    };
+    kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the runtime")?;
-    runtime.block_on(async move {
-        let config = match kubeconfig {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(&path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-                    .await
-                    .with_context(|| format!("using {}", path.display()))?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("finding a kubeconfig or in-cluster config")?,
-        };
-        let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+        .context("starting the runtime")
+}
+
+fn live(kubeconfig: Option<PathBuf>, options: Options) -> anyhow::Result<()> {
+    runtime()?.block_on(async move {
+        let client = client(kubeconfig).await?;
         run(client, options, shutdown_signal(), None)
             .await
             .context("running the controller")
     })
+}
+
+/// Lists every plan and slice from the API server.
+fn list_objects(
+    kubeconfig: Option<PathBuf>,
+) -> anyhow::Result<(Vec<NodeForwardingPlan>, Vec<ForwardingSlice>)> {
+    runtime()?.block_on(async move {
+        let client = client(kubeconfig).await?;
+        let params = kube::api::ListParams::default();
+        let plans = kube::Api::<NodeForwardingPlan>::all(client.clone())
+            .list(&params)
+            .await
+            .context("listing nodeforwardingplans")?;
+        let slices = kube::Api::<ForwardingSlice>::all(client)
+            .list(&params)
+            .await
+            .context("listing forwardingslices")?;
+        Ok((plans.items, slices.items))
+    })
+}
+
+fn audit_command(kubeconfig: Option<PathBuf>, files: &[PathBuf]) -> ExitCode {
+    let (plans, slices) = if files.is_empty() {
+        match list_objects(kubeconfig) {
+            Ok(objects) => objects,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        match load_files(files) {
+            Ok(loaded) => (loaded.plans, loaded.forwarding_slices),
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    if plans.is_empty() {
+        eprintln!("note: no NodeForwardingPlans found; nothing to audit");
+    }
+    let audits = audit::audit(&plans, &slices);
+    print!("{}", audit::table(&audits));
+    if audits.iter().all(|a| a.current) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -176,7 +254,13 @@ async fn shutdown_signal() {
     }
 }
 
-fn plan(files: &[PathBuf], config: Option<PathBuf>, node: Option<&str>, format: Format) -> ExitCode {
+fn plan(
+    files: &[PathBuf],
+    config: Option<PathBuf>,
+    node: Option<&str>,
+    objects: bool,
+    format: Format,
+) -> ExitCode {
     let config = match config.as_deref().map(Config::load).transpose() {
         Ok(config) => config.unwrap_or_default(),
         Err(error) => {
@@ -208,20 +292,21 @@ fn plan(files: &[PathBuf], config: Option<PathBuf>, node: Option<&str>, format: 
             loaded.ignored_kinds.len()
         );
     }
-    let plans = match node {
-        Some(name) => match planner.node_plan(name) {
-            Some(plan) => vec![plan],
-            None => {
-                eprintln!("error: node {name:?} is not in the input");
-                return ExitCode::from(2);
-            }
-        },
-        None => planner.all_plans(),
-    };
-    if plans.is_empty() {
+    if let Some(name) = node
+        && planner.node_info(name).is_none()
+    {
+        eprintln!("error: node {name:?} is not in the input");
+        return ExitCode::from(2);
+    }
+    if planner.node_names().next().is_none() {
         eprintln!("note: the input has no nodes, so there is nothing to plan");
     }
-    match render(&plans, format) {
+    let text = if objects {
+        objects_output(&planner, node, format)
+    } else {
+        composed_output(&planner, node, format)
+    };
+    match text {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
@@ -230,5 +315,45 @@ fn plan(files: &[PathBuf], config: Option<PathBuf>, node: Option<&str>, format: 
             eprintln!("error: {error}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// What each node (or one) forwards: composed, self-contained plans.
+fn composed_output(
+    planner: &Planner,
+    node: Option<&str>,
+    format: Format,
+) -> Result<String, switchyard_controller::Error> {
+    let nodes: Vec<&str> = match node {
+        Some(node) => vec![node],
+        None => planner.node_names().collect(),
+    };
+    let mut composed = Vec::with_capacity(nodes.len());
+    for node in nodes {
+        composed.extend(composed_object(planner, node)?);
+    }
+    match format {
+        Format::Table | Format::Wide => Ok(composed_table(planner, &composed, format == Format::Wide)),
+        Format::Yaml | Format::Json => serialize(&composed, format),
+    }
+}
+
+/// The objects the controller writes (one node's plan and its views' slices with --node).
+fn objects_output(
+    planner: &Planner,
+    node: Option<&str>,
+    format: Format,
+) -> Result<String, switchyard_controller::Error> {
+    let mut objects = written_objects(planner);
+    if let Some(node) = node {
+        let views = planner.node_plan(node).map(|p| p.views).unwrap_or_default();
+        objects.retain(|o| match o {
+            Written::Slice(slice) => views.contains(&slice.spec.view),
+            Written::Plan(plan) => plan.metadata.name.as_deref() == Some(node),
+        });
+    }
+    match format {
+        Format::Table | Format::Wide => Ok(objects_table(&objects, format == Format::Wide)),
+        Format::Yaml | Format::Json => serialize(&objects, format),
     }
 }

@@ -1,24 +1,28 @@
-//! Plans as Kubernetes objects and how the `plan` command prints them.
+//! Plans and slices as Kubernetes objects, and how the `plan` command prints them.
 //!
 //! ```text
-//! NodePlan ─► NodeForwardingPlan objects (name, labels, ownerReference) ─► yaml | json | table | wide
+//! Planner ─► composed plan per node (what it forwards; self-contained)  ─► yaml | json | table | wide
+//!         └► objects the controller writes: ForwardingSlices + live NodeForwardingPlans (--objects)
 //! ```
 //!
-//! YAML is multi-document and JSON a v1 `List`, both ready for `kubectl apply -f -`, sorted by node and
-//! shard so diffs are reviewable. The table evaluates the CRD's own printer columns, so it has exactly
-//! the shape `kubectl get nfp` shows.
+//! YAML is multi-document and JSON a v1 `List`, both ready for `kubectl apply --server-side -f -`,
+//! sorted (slices by name, then plans by node) so diffs are reviewable. The object tables evaluate the
+//! CRDs' own printer columns, so they have exactly the shape `kubectl get nfp` / `kubectl get fws` show.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceColumnDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde::Serialize;
 use serde_json::Value;
 use switchyard_api::{
-    NodeForwardingPlan, NodeForwardingPlanSpec,
-    crd::printer_columns,
-    names::{LABEL_MANAGED_BY, LABEL_NODE, LABEL_SHARD, MANAGED_BY, plan_object_name, shard_label},
+    ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec,
+    crd::{printer_columns, slice_printer_columns},
+    names::{LABEL_MANAGED_BY, LABEL_NODE, LABEL_VIEW, MANAGED_BY},
+    revision,
 };
 
-use crate::{Error, planner::NodePlan};
+use crate::{Error, planner::Planner};
 
 /// Output formats of the `plan` command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,46 +31,19 @@ pub enum Format {
     Yaml,
     /// A v1 List in JSON.
     Json,
-    /// The `kubectl get nfp` table.
+    /// A table.
     Table,
-    /// The `kubectl get nfp -o wide` table.
+    /// A wider table.
     Wide,
 }
 
-/// The objects of one node's plan.
-pub fn objects(plan: &NodePlan) -> Vec<NodeForwardingPlan> {
-    let count = plan.objects.len() as u32;
-    plan.objects
-        .iter()
-        .enumerate()
-        .map(|(index, spec)| {
-            object(
-                &plan.node,
-                plan.node_uid.as_deref(),
-                index as u32,
-                count,
-                spec.clone(),
-            )
-        })
-        .collect()
-}
-
-/// Shard `index` of `count` of a node's plan as an object: name, labels and the ownerReference to its Node
-/// (`controller: true`, so the API server's garbage collector removes plans with their Node).
-pub fn object(
-    node: &str,
-    node_uid: Option<&str>,
-    index: u32,
-    count: u32,
-    spec: NodeForwardingPlanSpec,
-) -> NodeForwardingPlan {
-    let mut labels = BTreeMap::from([
+/// A node's live plan as an object: name, labels and the ownerReference to its Node (`controller: true`,
+/// so the API server's garbage collector removes plans with their Node).
+pub fn plan_object(node: &str, node_uid: Option<&str>, spec: NodeForwardingPlanSpec) -> NodeForwardingPlan {
+    let labels = BTreeMap::from([
         (LABEL_NODE.to_string(), node.to_string()),
         (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
     ]);
-    if count > 1 {
-        labels.insert(LABEL_SHARD.to_string(), shard_label(index, count));
-    }
     let owner_references = node_uid.map(|uid| {
         vec![OwnerReference {
             api_version: "v1".into(),
@@ -79,7 +56,7 @@ pub fn object(
     });
     NodeForwardingPlan {
         metadata: ObjectMeta {
-            name: Some(plan_object_name(node, index)),
+            name: Some(node.to_string()),
             labels: Some(labels),
             owner_references,
             ..ObjectMeta::default()
@@ -89,18 +66,72 @@ pub fn object(
     }
 }
 
-/// Renders plans in the chosen format.
-pub fn render(plans: &[NodePlan], format: Format) -> Result<String, Error> {
-    let objects: Vec<NodeForwardingPlan> = plans.iter().flat_map(objects).collect();
-    match format {
-        Format::Yaml => {
-            let mut out = String::new();
-            for object in &objects {
-                out.push_str("---\n");
-                out.push_str(&serde_saphyr::to_string(object).map_err(|e| Error::Serialize(e.to_string()))?);
-            }
-            Ok(out)
+/// A slice as an object: name and labels (its view, for the agents' selectors).
+pub fn slice_object(name: &str, spec: ForwardingSliceSpec) -> ForwardingSlice {
+    let labels = BTreeMap::from([
+        (LABEL_VIEW.to_string(), spec.view.clone()),
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+    ]);
+    ForwardingSlice {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec,
+    }
+}
+
+/// What one node forwards, as one self-contained plan object (no views; every entry in `services`,
+/// composed from its slices exactly as its agent composes them; the revision hashes this content).
+pub fn composed_object(planner: &Planner, node: &str) -> Result<Option<NodeForwardingPlan>, Error> {
+    let Some(composed) = planner.composed(node) else {
+        return Ok(None);
+    };
+    let mut spec = composed.map_err(Error::Compose)?.spec;
+    spec.revision = revision::compute(&spec)?;
+    let uid = planner.node_info(node).and_then(|n| n.uid.clone());
+    Ok(Some(plan_object(node, uid.as_deref(), spec)))
+}
+
+/// One object the controller writes.
+// Printed once and dropped; boxing each would only add allocations.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Written {
+    /// A ForwardingSlice.
+    Slice(ForwardingSlice),
+    /// A live NodeForwardingPlan.
+    Plan(NodeForwardingPlan),
+}
+
+impl Written {
+    /// The object as JSON (for tables).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// Every object the controller would write: slices by name, then plans by node.
+pub fn written_objects(planner: &Planner) -> Vec<Written> {
+    let mut out: Vec<Written> = planner
+        .slices(None)
+        .into_iter()
+        .map(|(name, spec)| Written::Slice(slice_object(&name, spec)))
+        .collect();
+    for node in planner.node_names() {
+        let uid = planner.node_info(node).and_then(|n| n.uid.clone());
+        if let Some(spec) = planner.node_plan(node) {
+            out.push(Written::Plan(plan_object(node, uid.as_deref(), spec)));
         }
+    }
+    out
+}
+
+/// Renders objects as YAML or JSON.
+pub fn serialize<T: Serialize>(objects: &[T], format: Format) -> Result<String, Error> {
+    match format {
         Format::Json => {
             let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
             let mut text =
@@ -108,20 +139,86 @@ pub fn render(plans: &[NodePlan], format: Format) -> Result<String, Error> {
             text.push('\n');
             Ok(text)
         }
-        Format::Table | Format::Wide => {
-            let values: Vec<Value> = objects
-                .iter()
-                .filter_map(|o| serde_json::to_value(o).ok())
-                .collect();
-            Ok(table(&values, format == Format::Wide))
+        Format::Yaml | Format::Table | Format::Wide => {
+            let mut out = String::new();
+            for object in objects {
+                out.push_str("---\n");
+                out.push_str(&serde_saphyr::to_string(object).map_err(|e| Error::Serialize(e.to_string()))?);
+            }
+            Ok(out)
         }
     }
 }
 
+/// The composed plans as a table: per node what it forwards, and how (views, overrides).
+pub fn composed_table(planner: &Planner, composed: &[NodeForwardingPlan], wide: bool) -> String {
+    let mut head = vec![
+        "NODE",
+        "BACKEND",
+        "ZONE",
+        "SERVICES",
+        "ENDPOINTS",
+        "OVERRIDES",
+        "REVISION",
+    ];
+    if wide {
+        head.extend(["VIEWS", "ENDPOINTS ON NODE"]);
+    }
+    let mut rows: Vec<Vec<String>> = vec![head.into_iter().map(str::to_string).collect()];
+    for object in composed {
+        let node = object.spec.node_name.as_str();
+        let live = planner.node_plan(node);
+        let mut row = vec![
+            node.to_string(),
+            object.spec.backend.to_string(),
+            object.spec.zone.clone().unwrap_or_else(|| "<none>".into()),
+            object.spec.summary.entries.to_string(),
+            object.spec.summary.endpoints.to_string(),
+            live.as_ref().map_or(0, |p| p.summary.entries).to_string(),
+            live.as_ref().map_or_else(String::new, |p| p.revision.clone()),
+        ];
+        if wide {
+            row.push(live.as_ref().map_or_else(String::new, |p| p.views.join(",")));
+            row.push(live.as_ref().map_or(0, |p| p.endpoints_on_node.len()).to_string());
+        }
+        rows.push(row);
+    }
+    align(rows)
+}
+
+/// `kubectl get fws` and `kubectl get nfp` for the objects the controller writes.
+pub fn objects_table(objects: &[Written], wide: bool) -> String {
+    let slices: Vec<Value> = objects
+        .iter()
+        .filter(|o| matches!(o, Written::Slice(_)))
+        .map(Written::to_value)
+        .collect();
+    let plans: Vec<Value> = objects
+        .iter()
+        .filter(|o| matches!(o, Written::Plan(_)))
+        .map(Written::to_value)
+        .collect();
+    let mut out = String::new();
+    if !slices.is_empty() {
+        out.push_str(&table_with(&slice_printer_columns(), &slices, wide));
+    }
+    if !plans.is_empty() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&table(&plans, wide));
+    }
+    out
+}
+
 /// `kubectl get nfp` for already-serialised objects (also used for objects read back from a cluster).
 pub fn table(objects: &[Value], wide: bool) -> String {
-    let columns: Vec<_> = printer_columns()
-        .into_iter()
+    table_with(&printer_columns(), objects, wide)
+}
+
+fn table_with(columns: &[CustomResourceColumnDefinition], objects: &[Value], wide: bool) -> String {
+    let columns: Vec<_> = columns
+        .iter()
         .filter(|c| wide || c.priority.unwrap_or(0) == 0)
         .collect();
     let mut rows: Vec<Vec<String>> = Vec::with_capacity(objects.len() + 1);
@@ -142,6 +239,10 @@ pub fn table(objects: &[Value], wide: bool) -> String {
         }
         rows.push(row);
     }
+    align(rows)
+}
+
+fn align(rows: Vec<Vec<String>>) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();

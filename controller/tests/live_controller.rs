@@ -1,5 +1,6 @@
 //! The live controller against a fake API server at the HTTP level (tower-test): the exact server-side
-//! apply requests, no-op suppression, incremental writes, deletions, hand edits, back-off and leadership.
+//! apply requests for slices and plans, no-op suppression, incremental writes (one slice per endpoint
+//! change), deletions, hand edits, late watch echoes, back-off and leadership.
 // Test helpers outside #[test] functions may unwrap too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -18,14 +19,15 @@ use switchyard_controller::{
         leader::Timing,
         run::{Options, Running, run},
     },
-    output::objects,
+    output::{plan_object, slice_object},
     planner::Planner,
     synthetic::{Shape, cluster, service, slice},
     testing::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually},
 };
 use tokio::sync::oneshot;
 
-const PLANS: &str = "/apis/switchyard.io/v1alpha1/nodeforwardingplans";
+const PLANS: &str = "/apis/switchyard.io/v1alpha2/nodeforwardingplans";
+const SLICES: &str = "/apis/switchyard.io/v1alpha2/forwardingslices";
 
 fn shape() -> Shape {
     Shape {
@@ -39,10 +41,10 @@ fn shape() -> Shape {
     }
 }
 
-fn config(max_plan_bytes: usize) -> Config {
+fn config(max_object_bytes: usize) -> Config {
     Config {
         min_plan_interval: Duration::from_millis(100),
-        max_plan_bytes,
+        max_object_bytes,
         write_qps: 1000.0,
         write_burst: 1000,
         ..Config::default()
@@ -106,29 +108,47 @@ impl Controller {
     }
 
     fn plan_writes(&self) -> Vec<Recorded> {
+        self.writes_to(PLANS)
+    }
+
+    fn slice_writes(&self) -> Vec<Recorded> {
+        self.writes_to(SLICES)
+    }
+
+    /// Writes of plans and slices.
+    fn writes(&self) -> Vec<Recorded> {
         self.server
             .requests()
             .into_iter()
-            .filter(|r| r.path.starts_with(PLANS) && r.is_write())
+            .filter(|r| (r.path.starts_with(PLANS) || r.path.starts_with(SLICES)) && r.is_write())
+            .collect()
+    }
+
+    fn writes_to(&self, prefix: &str) -> Vec<Recorded> {
+        self.server
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with(prefix) && r.is_write())
             .collect()
     }
 }
 
+/// Object names of writes (plans and slices alike).
 fn names(writes: &[Recorded]) -> Vec<String> {
     writes
         .iter()
-        .map(|r| r.path.trim_start_matches(&format!("{PLANS}/")).to_string())
+        .map(|r| r.path.rsplit('/').next().unwrap_or_default().to_string())
         .collect()
 }
 
-/// Waits until the plan-write log has stayed the same for `quiet` (so "nothing more happens" is checked).
+/// Waits until the write log has stayed the same for `quiet` (so "nothing more happens" is checked).
 async fn settle(ctl: &Controller, quiet: Duration) {
-    let mut last = ctl.plan_writes().len();
+    let mut last = ctl.writes().len();
     let mut since = tokio::time::Instant::now();
     let deadline = since + Duration::from_secs(20);
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = ctl.plan_writes().len();
+        let now = ctl.writes().len();
         if now != last {
             last = now;
             since = tokio::time::Instant::now();
@@ -136,24 +156,29 @@ async fn settle(ctl: &Controller, quiet: Duration) {
             return;
         }
     }
-    panic!("plan writes did not settle");
+    panic!("writes did not settle");
 }
 
 #[tokio::test]
-async fn first_sync_creates_every_plan_with_the_exact_server_side_apply_request() {
+async fn first_sync_creates_every_slice_then_every_plan_with_the_exact_server_side_apply_request() {
     let server = FakeApiServer::new();
     let shape = shape();
     seed(&server, &shape);
-    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
     settle(&ctl, Duration::from_millis(600)).await;
 
-    // Exactly one PATCH per node, with the field manager, force, and the apply content type.
-    let writes = ctl.plan_writes();
-    let mut written = names(&writes);
-    written.sort();
-    assert_eq!(written, vec!["node-0000", "node-0001", "node-0002"]);
-    let offline = Planner::build(&cluster(&shape), &config(1 << 20)).unwrap();
+    let offline = Planner::build(&cluster(&shape), &config(48 * 1024)).unwrap();
+    let want_slices: Vec<String> = offline.slice_names().into_keys().collect();
+    assert_eq!(want_slices, ["all-0000", "zone-zone-0-0000", "zone-zone-1-0000"]);
+    // Every slice first, then one PATCH per node; each with the field manager, force, and the apply
+    // content type; each body exactly what the offline planner produces (same code path, spec only).
+    let writes = ctl.writes();
+    let written = names(&writes);
+    assert_eq!(&written[..3], &want_slices[..]);
+    let mut plans = written[3..].to_vec();
+    plans.sort();
+    assert_eq!(plans, vec!["node-0000", "node-0001", "node-0002"]);
     for write in &writes {
         assert_eq!(write.method, Method::PATCH);
         assert_eq!(write.query, "&force=true&fieldManager=switchyard-controller");
@@ -161,20 +186,34 @@ async fn first_sync_creates_every_plan_with_the_exact_server_side_apply_request(
             write.content_type.as_deref(),
             Some("application/apply-patch+yaml")
         );
-        // The body is what the offline planner produces for the node: same code path, spec only.
-        let node = write.path.rsplit('/').next().unwrap();
-        let want = serde_json::to_value(&objects(&offline.node_plan(node).unwrap())[0]).unwrap();
-        assert_eq!(write.body.as_ref().unwrap(), &want);
+        let name = write.path.rsplit('/').next().unwrap();
+        let want = if write.path.starts_with(SLICES) {
+            serde_json::to_value(slice_object(name, offline.slice(name).unwrap())).unwrap()
+        } else {
+            let uid = offline.node_info(name).unwrap().uid.clone();
+            let want = serde_json::to_value(plan_object(
+                name,
+                uid.as_deref(),
+                offline.node_plan(name).unwrap(),
+            ))
+            .unwrap();
+            assert_eq!(want["metadata"]["ownerReferences"][0]["kind"], "Node");
+            assert_eq!(want["metadata"]["ownerReferences"][0]["controller"], true);
+            want
+        };
+        assert_eq!(write.body.as_ref().unwrap(), &want, "{name}");
         assert!(want.get("status").is_none());
-        assert_eq!(want["metadata"]["ownerReferences"][0]["kind"], "Node");
-        assert_eq!(want["metadata"]["ownerReferences"][0]["controller"], true);
     }
     assert!(ctl.running.health.is_ready());
     let metrics = ctl.running.metrics.render();
-    assert!(
-        metrics.contains("switchyard_controller_plans_written_total 3"),
-        "{metrics}"
-    );
+    for line in [
+        "switchyard_controller_plans_written_total 3",
+        "switchyard_controller_slices_written_total 3",
+        "switchyard_controller_plans_restored_total 0",
+        "switchyard_controller_slices_restored_total 0",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
     ctl.stop().await;
 }
 
@@ -182,7 +221,7 @@ async fn first_sync_creates_every_plan_with_the_exact_server_side_apply_request(
 async fn unchanged_input_writes_nothing_even_after_a_restart() {
     let server = FakeApiServer::new();
     seed(&server, &shape());
-    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
     settle(&ctl, Duration::from_millis(400)).await;
     // An update that changes nothing the planner reads (a label) writes nothing.
@@ -191,40 +230,54 @@ async fn unchanged_input_writes_nothing_even_after_a_restart() {
     server.put(Kind::Service, &svc);
     server.clear_requests();
     settle(&ctl, Duration::from_millis(500)).await;
-    assert!(ctl.plan_writes().is_empty(), "{:?}", ctl.plan_writes());
+    assert!(ctl.writes().is_empty(), "{:?}", names(&ctl.writes()));
     ctl.stop().await;
 
-    // A new controller finds the plans up to date and writes nothing.
+    // A new controller finds the slices and plans up to date and writes nothing.
     server.clear_requests();
-    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(eventually(Duration::from_secs(10), || ctl.running.health.is_ready()).await);
     settle(&ctl, Duration::from_millis(500)).await;
-    assert!(ctl.plan_writes().is_empty(), "{:?}", names(&ctl.plan_writes()));
+    assert!(ctl.writes().is_empty(), "{:?}", names(&ctl.writes()));
     ctl.stop().await;
 }
 
 #[tokio::test]
-async fn one_endpoint_change_writes_exactly_the_affected_shards() {
+async fn one_endpoint_change_writes_the_one_slice_holding_it_and_only_the_plans_it_changes() {
     let server = FakeApiServer::new();
     let shape = Shape {
         services: 400,
         ..shape()
     };
     seed(&server, &shape);
-    let budget = 64 * 1024;
+    let budget = 16 * 1024;
     let ctl = Controller::start(&server, Options::new(config(budget))).await;
-    assert!(
-        eventually(Duration::from_secs(30), || server.keys(Kind::Plan).len() >= 6).await,
-        "{:?}",
-        server.keys(Kind::Plan)
-    );
+    assert!(eventually(Duration::from_secs(30), || server.keys(Kind::Plan).len() == 3).await);
     settle(&ctl, Duration::from_millis(500)).await;
-    let shards = server.keys(Kind::Plan).len() / 3;
-    assert!(shards >= 2, "expected sharded plans");
+    assert!(
+        server.keys(Kind::ForwardingSlice).len() >= 8,
+        "expected several slices"
+    );
 
     server.clear_requests();
-    let changed = 7;
+    // Service 50 is a plain ClusterIP Service (the synthetic mix puts Local policies and hints on
+    // 0-39 of every hundred): its first endpoint moves to a new pod IP on the same node.
+    let changed = 50;
+    let mut offline = Planner::build(&cluster(&shape), &config(budget)).unwrap();
     let mut updated = slice(changed, &shape, 1);
+    let expected = offline
+        .replan_service(
+            &format!("bench/svc-{changed:05}"),
+            Some(&service(changed, &shape)),
+            &[&updated],
+        )
+        .unwrap();
+    assert_eq!(expected.slices.len(), 1, "{expected:?}");
+    assert_eq!(
+        expected.plans.len(),
+        1,
+        "the node hosting the moved endpoint: its endpointsOnNode changed"
+    );
     let trigger = "2026-11-29T10:00:00Z";
     updated.metadata.annotations = Some(
         [(
@@ -235,41 +288,68 @@ async fn one_endpoint_change_writes_exactly_the_affected_shards() {
     );
     server.put(Kind::EndpointSlice, updated);
     settle(&ctl, Duration::from_millis(500)).await;
+    let writes = ctl.writes();
+    // The slice first, then the plan; nothing else.
+    assert_eq!(
+        names(&writes),
+        vec![expected.slices[0].name.clone(), expected.plans[0].clone()]
+    );
     // Every write carries the change's trigger time, for end-to-end network programming latency.
-    for write in ctl.plan_writes() {
+    for write in &writes {
         let annotation = &write.body.as_ref().unwrap()["metadata"]["annotations"]["switchyard.io/last-change-trigger-time"];
         assert_eq!(annotation, trigger, "{}", write.path);
     }
+    let bytes: usize = writes.iter().map(|w| w.body_len).sum();
+    assert!(
+        bytes <= 64 * 1024,
+        "{bytes} bytes written for one endpoint change"
+    );
     let metrics = ctl.running.metrics.render();
     assert!(
-        metrics.contains("switchyard_controller_network_programming_duration_seconds_count 3"),
+        metrics.contains("switchyard_controller_network_programming_duration_seconds_count 2"),
         "{metrics}"
     );
-    let writes = names(&ctl.plan_writes());
-    // Per node: the shard holding the Service, then the primary (which lists shard revisions).
-    let offline = Planner::build(&cluster(&shape), &config(budget)).unwrap();
-    for node in ["node-0000", "node-0001", "node-0002"] {
-        let holder = offline
-            .node_plan(node)
-            .unwrap()
-            .objects
-            .iter()
-            .position(|o| {
-                o.services
-                    .iter()
-                    .any(|s| s.name == format!("bench/svc-{changed:05}:http"))
-            })
-            .unwrap();
-        let mine: Vec<&String> = writes.iter().filter(|n| n.starts_with(node)).collect();
-        if holder == 0 {
-            assert_eq!(mine, vec![node], "{writes:?}");
-        } else {
-            assert_eq!(
-                mine,
-                vec![&format!("{node}.shard-{holder}"), &node.to_string()],
-                "{writes:?}"
-            );
-        }
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn bursts_of_changes_never_take_our_own_late_echoes_for_outside_edits() {
+    let server = FakeApiServer::new();
+    let shape = shape();
+    seed(&server, &shape);
+    let mut cfg = config(48 * 1024);
+    cfg.min_plan_interval = Duration::from_millis(20);
+    let ctl = Controller::start(&server, Options::new(cfg)).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    settle(&ctl, Duration::from_millis(300)).await;
+    // Ten endpoint changes in quick succession, each moving pods between nodes (slices and plans change).
+    for generation in 1..=10 {
+        server.put(Kind::EndpointSlice, slice(2, &shape, generation));
+        server.put(Kind::EndpointSlice, slice(3, &shape, generation));
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    settle(&ctl, Duration::from_millis(500)).await;
+    let metrics = ctl.running.metrics.render();
+    for line in [
+        "switchyard_controller_plans_restored_total 0",
+        "switchyard_controller_slices_restored_total 0",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+    // And the final state is exactly the offline plan of the final input.
+    let mut last = cluster(&shape);
+    last.slices[2] = slice(2, &shape, 10);
+    last.slices[3] = slice(3, &shape, 10);
+    let offline = Planner::build(&last, &config(48 * 1024)).unwrap();
+    for (name, spec) in offline.slices(None) {
+        assert_eq!(
+            server.get(Kind::ForwardingSlice, &name).unwrap()["spec"],
+            serde_json::to_value(spec).unwrap()
+        );
+    }
+    for node in offline.node_names() {
+        let want = serde_json::to_value(offline.node_plan(node).unwrap()).unwrap();
+        assert_eq!(server.get(Kind::Plan, node).unwrap()["spec"], want);
     }
     ctl.stop().await;
 }
@@ -278,7 +358,7 @@ async fn one_endpoint_change_writes_exactly_the_affected_shards() {
 async fn node_deletion_deletes_its_plan_and_relists_never_do() {
     let server = FakeApiServer::new();
     seed(&server, &shape());
-    let mut options = Options::new(config(1 << 20));
+    let mut options = Options::new(config(48 * 1024));
     options.orphan_sweep_period = Duration::from_millis(200);
     let ctl = Controller::start(&server, options).await;
     assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
@@ -312,36 +392,77 @@ async fn node_deletion_deletes_its_plan_and_relists_never_do() {
 }
 
 #[tokio::test]
-async fn a_hand_edited_or_deleted_plan_is_restored() {
+async fn hand_edited_or_deleted_plans_and_slices_are_restored() {
     let server = FakeApiServer::new();
     seed(&server, &shape());
-    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
     settle(&ctl, Duration::from_millis(400)).await;
     let original = server.get(Kind::Plan, "node-0002").unwrap();
+    let original_slice = server.get(Kind::ForwardingSlice, "all-0000").unwrap();
 
-    // Someone edits the spec but keeps the revision.
+    // Someone edits a spec but keeps the revision.
     let mut edited = original.clone();
-    edited["spec"]["services"][0]["port"] = json!(9999);
+    edited["spec"]["zone"] = json!("elsewhere");
     server.put(Kind::Plan, &edited);
+    let mut edited = original_slice.clone();
+    edited["spec"]["entries"][0]["port"] = json!(9999);
+    server.put(Kind::ForwardingSlice, &edited);
     assert!(
         eventually(Duration::from_secs(10), || server
             .get(Kind::Plan, "node-0002")
             .map(|p| p["spec"].clone())
-            == Some(original["spec"].clone()))
+            == Some(original["spec"].clone())
+            && server
+                .get(Kind::ForwardingSlice, "all-0000")
+                .map(|s| s["spec"].clone())
+                == Some(original_slice["spec"].clone()))
         .await
     );
-    // Someone deletes a plan.
+    // Someone deletes a plan and a slice.
     server.remove(Kind::Plan, "node-0000");
+    server.remove(Kind::ForwardingSlice, "all-0000");
     assert!(
         eventually(Duration::from_secs(10), || server
             .get(Kind::Plan, "node-0000")
-            .is_some())
+            .is_some()
+            && server.get(Kind::ForwardingSlice, "all-0000").is_some())
         .await
     );
     let metrics = ctl.running.metrics.render();
+    for line in [
+        "switchyard_controller_plans_restored_total 2",
+        "switchyard_controller_slices_restored_total 2",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_slice_nobody_wants_is_deleted() {
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    // Left over from an earlier layout: the view had two slices then.
+    let (name, spec) = switchyard_api::testing::slice("all", 1, 2, vec![]);
+    server.put(Kind::ForwardingSlice, slice_object(&name, spec));
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(
-        metrics.contains("switchyard_controller_plans_restored_total 2"),
+        eventually(Duration::from_secs(20), || server
+            .get(Kind::ForwardingSlice, "all-0001")
+            .is_none())
+        .await
+    );
+    let deletes: Vec<Recorded> = ctl
+        .slice_writes()
+        .into_iter()
+        .filter(|r| r.method == Method::DELETE)
+        .collect();
+    assert_eq!(names(&deletes), vec!["all-0001"]);
+    assert!(server.get(Kind::ForwardingSlice, "all-0000").is_some());
+    let metrics = ctl.running.metrics.render();
+    assert!(
+        metrics.contains("switchyard_controller_slices_deleted_total 1"),
         "{metrics}"
     );
     ctl.stop().await;
@@ -352,7 +473,7 @@ async fn api_errors_back_off_instead_of_looping() {
     let server = FakeApiServer::new();
     seed(&server, &shape());
     server.fail(Method::PATCH, "/nodeforwardingplans/node-0001", 500, 3);
-    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(
         eventually(Duration::from_secs(20), || server
             .get(Kind::Plan, "node-0001")
@@ -398,7 +519,7 @@ async fn only_the_lease_holder_writes() {
     seed(&server, &shape());
     // Another replica holds a fresh lease.
     server.put(Kind::Lease, lease("other", Timestamp::now()));
-    let mut options = Options::new(config(1 << 20));
+    let mut options = Options::new(config(48 * 1024));
     options.leader_elect = true;
     options.identity = "me".into();
     options.timing = Timing {
@@ -408,7 +529,7 @@ async fn only_the_lease_holder_writes() {
     };
     let ctl = Controller::start(&server, options).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(ctl.plan_writes().is_empty(), "a follower wrote plans");
+    assert!(ctl.writes().is_empty(), "a follower wrote");
     assert!(!*ctl.running.leader.borrow());
 
     // The other replica stops renewing: we take over and write.
@@ -432,9 +553,9 @@ async fn only_the_lease_holder_writes() {
     server.put(Kind::EndpointSlice, slice(5, &shape(), 3));
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
-        ctl.plan_writes().is_empty(),
+        ctl.writes().is_empty(),
         "writes after losing the lease: {:?}",
-        names(&ctl.plan_writes())
+        names(&ctl.writes())
     );
 
     // Shutdown releases a held lease; here it is not held, so it is left alone.
@@ -449,7 +570,7 @@ async fn only_the_lease_holder_writes() {
 async fn shutdown_releases_the_lease() {
     let server = FakeApiServer::new();
     seed(&server, &shape());
-    let mut options = Options::new(config(1 << 20));
+    let mut options = Options::new(config(48 * 1024));
     options.leader_elect = true;
     options.identity = "me".into();
     options.timing.retry_period = Duration::from_millis(100);
@@ -466,7 +587,7 @@ async fn shutdown_releases_the_lease() {
 }
 
 fn lease_options(timing: Timing) -> Options {
-    let mut options = Options::new(config(1 << 20));
+    let mut options = Options::new(config(48 * 1024));
     options.leader_elect = true;
     options.identity = "me".into();
     options.timing = timing;
@@ -504,9 +625,9 @@ async fn a_hung_lease_call_steps_the_leader_down_within_the_renew_deadline() {
         server.put(Kind::EndpointSlice, slice(5, &shape(), 3));
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert!(
-            ctl.plan_writes().is_empty(),
+            ctl.writes().is_empty(),
             "{method}: writes after stepping down: {:?}",
-            names(&ctl.plan_writes())
+            names(&ctl.writes())
         );
         ctl.stop().await;
     }
@@ -544,43 +665,11 @@ async fn losing_the_lease_mid_write_keeps_the_node_queued() {
     ctl.stop().await;
 }
 
-fn sharded_shape() -> Shape {
-    Shape {
-        services: 400,
-        ..shape()
-    }
-}
-
-#[tokio::test]
-async fn a_deleted_secondary_shard_is_recreated() {
-    let server = FakeApiServer::new();
-    seed(&server, &sharded_shape());
-    let ctl = Controller::start(&server, Options::new(config(64 * 1024))).await;
-    assert!(eventually(Duration::from_secs(30), || server.keys(Kind::Plan).len() >= 6).await);
-    settle(&ctl, Duration::from_millis(500)).await;
-    let shard = "node-0001.shard-1";
-    let original = server.get(Kind::Plan, shard).expect("a secondary shard");
-
-    server.clear_requests();
-    server.remove(Kind::Plan, shard);
-    assert!(
-        eventually(Duration::from_secs(10), || server
-            .get(Kind::Plan, shard)
-            .is_some())
-        .await,
-        "{shard} was not recreated"
-    );
-    assert_eq!(server.get(Kind::Plan, shard).unwrap()["spec"], original["spec"]);
-    settle(&ctl, Duration::from_millis(300)).await;
-    assert_eq!(names(&ctl.plan_writes()), vec![shard]);
-    ctl.stop().await;
-}
-
 #[tokio::test]
 async fn a_plan_deleted_while_the_watch_was_down_is_recreated_after_the_relist() {
     let server = FakeApiServer::new();
     seed(&server, &shape());
-    let ctl = Controller::start(&server, Options::new(config(1 << 20))).await;
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
     settle(&ctl, Duration::from_millis(400)).await;
 
@@ -610,7 +699,7 @@ async fn a_hung_relist_confirmation_does_not_block_event_intake() {
     let server = FakeApiServer::new();
     let shape = shape();
     seed(&server, &shape);
-    let mut options = Options::new(config(1 << 20));
+    let mut options = Options::new(config(48 * 1024));
     options.api_timeout = Duration::from_millis(300);
     let ctl = Controller::start(&server, options).await;
     assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
@@ -630,7 +719,7 @@ async fn a_hung_relist_confirmation_does_not_block_event_intake() {
     server.clear_requests();
     server.put(Kind::EndpointSlice, slice(5, &shape, 3));
     assert!(
-        eventually(Duration::from_secs(10), || !ctl.plan_writes().is_empty()).await,
+        eventually(Duration::from_secs(10), || !ctl.writes().is_empty()).await,
         "the slice change was not taken in while the confirmation hung"
     );
     ctl.stop().await;
@@ -641,7 +730,7 @@ async fn a_hung_orphan_sweep_does_not_block_event_intake() {
     let server = FakeApiServer::new();
     let shape = shape();
     seed(&server, &shape);
-    let mut options = Options::new(config(1 << 20));
+    let mut options = Options::new(config(48 * 1024));
     options.api_timeout = Duration::from_millis(300);
     options.orphan_sweep_period = Duration::from_millis(200);
     let ctl = Controller::start(&server, options).await;
@@ -659,7 +748,7 @@ async fn a_hung_orphan_sweep_does_not_block_event_intake() {
     server.clear_requests();
     server.put(Kind::EndpointSlice, slice(5, &shape, 3));
     assert!(
-        eventually(Duration::from_secs(10), || !ctl.plan_writes().is_empty()).await,
+        eventually(Duration::from_secs(10), || !ctl.writes().is_empty()).await,
         "the slice change was not taken in while the sweep hung"
     );
     // Nothing was deleted on a Node GET that never answered.

@@ -38,10 +38,73 @@ fn table_of_the_example_cluster() {
     ]);
     assert_eq!(code, 0, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert!(lines[0].starts_with("NAME"), "{stdout}");
-    assert!(lines[0].contains("DESIRED") && lines[0].contains("OBSERVED"));
+    assert!(lines[0].starts_with("NODE"), "{stdout}");
+    for column in ["SERVICES", "ENDPOINTS", "OVERRIDES", "REVISION"] {
+        assert!(lines[0].contains(column), "{column}: {stdout}");
+    }
     assert_eq!(lines.len(), 4);
-    assert!(lines[1].starts_with("node-a") && lines[1].contains("iptables"));
+    assert!(lines[1].starts_with("node-a") && lines[1].contains("iptables") && lines[1].contains(" 11 "));
+}
+
+#[test]
+fn objects_are_the_slices_then_the_plans_the_controller_writes() {
+    let cluster = repo("examples/cluster.yaml");
+    let config = repo("examples/controller-config.yaml");
+    let args = |output: &'static str| {
+        vec![
+            "plan".to_string(),
+            "-f".into(),
+            cluster.to_str().unwrap().into(),
+            "--config".into(),
+            config.to_str().unwrap().into(),
+            "--objects".into(),
+            "-o".into(),
+            output.into(),
+        ]
+    };
+    let table = args("table");
+    let (code, stdout, stderr) = run(&table.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with("NAME") && stdout.contains("VIEW") && stdout.contains("all-0000"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("DESIRED") && stdout.contains("OBSERVED") && stdout.contains("SLICES"),
+        "{stdout}"
+    );
+    let json = args("json");
+    let (code, stdout, _) = run(&json.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0);
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ForwardingSlice",
+            "ForwardingSlice",
+            "ForwardingSlice",
+            "NodeForwardingPlan",
+            "NodeForwardingPlan",
+            "NodeForwardingPlan"
+        ]
+    );
+    // One node's objects: its plan and the slices of its two views, composable by its agent.
+    let mut one = args("yaml");
+    one.extend(["--node".to_string(), "node-c".to_string()]);
+    let (code, stdout, _) = run(&one.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0);
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&stdout).unwrap();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["all-0000", "zone-zone-b-0000", "node-c"]);
 }
 
 #[test]

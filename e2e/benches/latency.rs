@@ -190,8 +190,7 @@ fn measure_backend(
             .services
             .extend((0..size.saturating_sub(1)).map(synthetic));
         plan.spec.services.sort_by(|a, b| a.key().cmp(&b.key()));
-        plan.spec.summary.services = plan.spec.services.len() as u32;
-        plan.spec.summary.endpoints = plan.spec.services.iter().map(|s| s.endpoints.len() as u32).sum();
+        plan.spec.summary = switchyard_api::PlanSummary::of(&plan.spec.services);
         plan.spec.revision = revision::compute(&plan.spec).map_err(|e| e.to_string())?;
         let text = serde_json::to_string(&plan).map_err(|e| e.to_string())?;
         let start = Instant::now();

@@ -83,7 +83,7 @@ cluster:
   masqueradeBit: 14
   nodePortAddresses: ["primary"]
 revision: "$1"
-summary: {services: 0, endpoints: 0}
+summary: {entries: 0, endpoints: 0}
 services:
 EOF
     cat

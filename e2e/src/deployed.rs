@@ -157,17 +157,27 @@ impl Deployed {
 
     /// The plan objects in a node's plan file.
     pub fn plan(&self, node: &str) -> Result<Vec<NodeForwardingPlan>> {
+        let (plan, _) = self.composed(node)?;
+        Ok(vec![plan])
+    }
+
+    /// What a node's plan file makes its agent forward: the plan composed with the file's slices (as
+    /// the agent composes them), self-contained, with the digest of the slices used (`None` for a
+    /// self-contained plan file).
+    pub fn composed(&self, node: &str) -> Result<(NodeForwardingPlan, Option<String>)> {
+        use switchyard_agent::sync::{Composition, LastGood, compose_plan};
         let path = self.plan_path(node);
-        let text = read(&path)?;
-        let parsed = if text.trim_start().starts_with('{') {
-            serde_json::from_str(&text)
-                .map(|plan| vec![plan])
-                .map_err(|e| e.to_string())
-        } else {
-            serde_saphyr::from_multiple_with_options(&text, switchyard_api::yaml::large_file_options())
-                .map_err(|e| e.to_string())
-        };
-        parsed.map_err(|e| LabError::ParseDescription(format!("{}: {e}", path.display())))
+        let loaded = switchyard_agent::planfile::read_plan_file(&path)
+            .map_err(|e| LabError::ParseDescription(e.to_string()))?;
+        match compose_plan(&loaded.plan, &loaded.slices, &mut LastGood::default()) {
+            Composition::Ready { spec, slices, .. } => Ok((
+                NodeForwardingPlan::new(node, (*spec).clone()),
+                slices.map(|s| s.digest),
+            )),
+            Composition::Incomplete(why) => {
+                Err(LabError::ParseDescription(format!("{}: {why}", path.display())))
+            }
+        }
     }
 
     /// The status a node's agent last wrote.
@@ -187,10 +197,12 @@ impl Deployed {
         let deadline = Instant::now() + timeout;
         for node in self.agents.keys() {
             loop {
-                let want = self.plan(node)?.first().map(|p| p.spec.revision.clone());
+                let (plan, digest) = self.composed(node)?;
+                let want = Some(plan.spec.revision.clone());
                 let status = self.status(node).ok().flatten();
                 let applied = status.as_ref().is_some_and(|s| {
                     s.observed_revision == want
+                        && s.observed_slices.as_ref().map(|o| &o.digest) == digest.as_ref()
                         && s.conditions
                             .iter()
                             .any(|c| c.type_ == conditions::APPLIED && c.status == conditions::status::TRUE)

@@ -326,8 +326,10 @@ impl Lab {
     }
 
     /// Runs the offline planner (the same code path as `switchyard-controller plan`) on `description`
-    /// and writes `<dir>/<node>.yaml` for every lab node. Call it again with a changed description to
-    /// change what the agents apply.
+    /// and writes `<dir>/<node>.yaml` for every lab node: the node's live NodeForwardingPlan and the
+    /// ForwardingSlices of its views, exactly the objects the controller would write
+    /// (`plan --objects --node`), so each agent composes them as it does from the API server. Call it
+    /// again with a changed description to change what the agents apply.
     pub fn write_plans(
         &self,
         dir: &Path,
@@ -335,7 +337,7 @@ impl Lab {
         config: &switchyard_controller::Config,
     ) -> Result<Vec<PathBuf>> {
         use switchyard_controller::{
-            output::{Format, render},
+            output::{Format, Written, plan_object, serialize, slice_object},
             planner::{Planner, Snapshot},
         };
         let snapshot = Snapshot {
@@ -351,7 +353,15 @@ impl Lab {
             let plan = planner
                 .node_plan(&node.name)
                 .ok_or_else(|| "node is not in the description".to_string())?;
-            render(&[plan], Format::Yaml).map_err(|e| e.to_string())
+            let mut objects: Vec<Written> = planner
+                .slices(None)
+                .into_iter()
+                .filter(|(_, slice)| plan.views.contains(&slice.view))
+                .map(|(name, slice)| Written::Slice(slice_object(&name, slice)))
+                .collect();
+            let uid = planner.node_info(&node.name).and_then(|n| n.uid.clone());
+            objects.push(Written::Plan(plan_object(&node.name, uid.as_deref(), plan)));
+            serialize(&objects, Format::Yaml).map_err(|e| e.to_string())
         })
     }
 

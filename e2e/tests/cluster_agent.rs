@@ -36,20 +36,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cluster::{apply_crd, repo, suffix, wait_for};
+use cluster::{apply_crd, composed, composition, repo, suffix, wait_for};
 use futures::FutureExt;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::Scope;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use switchyard_api::conditions::{APPLIED, status as cond};
 use switchyard_api::names::AGENT_FIELD_MANAGER;
-use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanStatus};
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanStatus};
 use switchyard_controller::Config;
 use switchyard_controller::live::run::{Options, run};
 
@@ -590,14 +590,12 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
         let _ = controller.await;
     });
     for node in [&names.node_a, &names.node_b] {
-        let plans = plans.clone();
         let ns = names.ns.clone();
-        wait_for(WAIT, "the plans", || {
-            let plans = plans.clone();
+        wait_for(WAIT, "the plans and their views' slices", || {
             let ns = ns.clone();
             async move {
-                let plan = plans.get_opt(node).await.ok()??;
-                plan.spec
+                composed(client, node)
+                    .await?
                     .services
                     .iter()
                     .any(|s| s.name.starts_with(&format!("{ns}/")))
@@ -610,6 +608,7 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
     // The agent of node a, in its namespace.
     let netns = start_agent(&names.id, &names.node_a).await;
     *cleanup.netns.lock().unwrap() = Some(netns);
+    // Current: the agent reports the plan's revision and the digest of the current slices of its views.
     let observed_current = || {
         let plans = plans.clone();
         let node = names.node_a.clone();
@@ -620,8 +619,12 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
                 .conditions
                 .iter()
                 .any(|c| c.type_ == APPLIED && c.status == cond::TRUE);
-            (status.observed_revision.as_deref() == Some(plan.spec.revision.as_str()) && applied)
-                .then_some(plan.spec.revision)
+            let want = composition(client, &node).await?.slices?.digest;
+            let have = status.observed_slices?.digest;
+            (status.observed_revision.as_deref() == Some(plan.spec.revision.as_str())
+                && applied
+                && have == want)
+                .then_some(format!("{}/{want}", plan.spec.revision))
         }
     };
     let first = wait_for(WAIT, "the agent's status on its plan", observed_current).await;
@@ -667,6 +670,28 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
         .await
         .map(drop);
     assert_eq!(denied(result, "agent spec apply").code, 403);
+    // Slices: the agent may read them, never write them.
+    let agent_slices: Api<ForwardingSlice> = Api::all(agent.clone());
+    let listed = agent_slices
+        .list(&ListParams::default().labels("switchyard.io/view=all"))
+        .await
+        .expect("the agent may list slices");
+    let mut forged = listed.items.first().cloned().expect("view all has a slice");
+    forged.metadata.managed_fields = None;
+    forged.metadata.resource_version = None;
+    forged.spec.entries.clear();
+    let name = forged.metadata.name.clone().unwrap();
+    let result = agent_slices
+        .patch(
+            &name,
+            &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
+            &Patch::Apply(&forged),
+        )
+        .await
+        .map(drop);
+    assert_eq!(denied(result, "agent slice apply").code, 403);
+    let result = agent_slices.delete(&name, &Default::default()).await.map(drop);
+    assert_eq!(denied(result, "agent slice delete").code, 403);
 
     // … and cannot write another node's status: the admission policy (which takes effect a moment
     // after it is created, so ask until it answers).
@@ -693,19 +718,24 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
     );
     assert!(refusal.message.contains("carries no node name"), "{refusal:?}");
 
-    // The controller identity: reads plans, never writes status (RBAC: 403).
+    // The controller identity: reads plans and slices, never writes status (RBAC: 403).
     let controller = client_as(CONTROLLER_SA, None).await;
     Api::<NodeForwardingPlan>::all(controller.clone())
         .get(&names.node_a)
         .await
         .expect("the controller may read plans");
+    Api::<ForwardingSlice>::all(controller.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("the controller may list slices");
     let refusal = denied(
         write_status_as(&controller, &names.node_a, "forged").await,
         "controller status write",
     );
     assert_eq!(refusal.code, 403, "{refusal:?}");
 
-    // Status tracks spec changes (with the policy in force, so the agent's own writes pass it).
+    // Status tracks slice changes (with the policy in force, so the agent's own writes pass it): the new
+    // endpoint is on node b, so node a's plan stays as it is and only a slice changes.
     slices
         .replace("web-1", &PostParams::default(), &{
             let mut s = slice(&["10.244.2.5", "10.244.2.6"]);
@@ -721,12 +751,14 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
     })
     .await;
     let plan = plans.get(&names.node_a).await.unwrap();
-    assert_eq!(
-        plan.status.unwrap().observed_revision.as_deref(),
-        Some(second.as_str())
-    );
+    assert!(second.starts_with(&plan.spec.revision), "{second}");
     assert!(
-        plan.spec.services.iter().any(|s| s.endpoints.len() == 2),
-        "the new endpoint is in the plan the agent applied"
+        composed(client, &names.node_a)
+            .await
+            .unwrap()
+            .services
+            .iter()
+            .any(|s| s.name.starts_with(&format!("{}/", names.ns)) && s.endpoints.len() == 2),
+        "the new endpoint is in what the agent applied"
     );
 }

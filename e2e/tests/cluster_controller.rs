@@ -2,16 +2,18 @@
 //! kube-apiserver + etcd is enough: no kubelet, scheduler or controller-manager is needed, the test
 //! creates Nodes, Services and EndpointSlices itself). Without `KUBECONFIG` it prints a skip line.
 //!
-//! It applies `crds/`, runs the controller (in process, the same `run` the binary calls), and checks the
-//! plans through the API and `kubectl get nfp`; then edits a slice, hand-edits and deletes a plan, deletes
-//! a Node, and checks again. Everything it creates carries a random suffix and is deleted at the end.
+//! It applies `crds/`, runs the controller (in process, the same `run` the binary calls), and checks what
+//! each node forwards (its plan composed with its views' ForwardingSlices, read through the API) and
+//! `kubectl get nfp` / `kubectl get fws`; then edits an EndpointSlice (one slice write, no plan write),
+//! hand-edits and deletes a plan and a slice, deletes a Node, and checks again. Everything it creates
+//! carries a random suffix and is deleted at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cluster;
 
 use std::time::Duration;
 
-use cluster::{apply_crd, suffix, wait_for};
+use cluster::{apply_crd, composed, suffix, wait_for};
 
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Service},
@@ -22,7 +24,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use switchyard_api::NodeForwardingPlan;
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 use switchyard_controller::{
     Config,
     live::run::{Options, run},
@@ -109,19 +111,20 @@ async fn controller_keeps_plans_current_in_a_real_cluster() {
         None,
     ));
 
-    // Plans appear for our nodes, with the Service's ClusterIP and both endpoints.
+    // Plans appear for our nodes; composed with their views' slices they forward the Service's ClusterIP
+    // to both endpoints.
     let cluster_ip = svc.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap();
     for node in &node_names {
-        let plans = plans.clone();
+        let client = client.clone();
         let node = node.clone();
         let ip = cluster_ip.clone();
         wait_for(Duration::from_secs(30), "the plan", || {
-            let plans = plans.clone();
+            let client = client.clone();
             let node = node.clone();
             let ip = ip.clone();
             async move {
-                let plan = plans.get_opt(&node).await.ok()??;
-                plan.spec
+                composed(&client, &node)
+                    .await?
                     .services
                     .iter()
                     .any(|s| s.cluster_ip == ip && s.endpoints.len() == 2)
@@ -141,62 +144,70 @@ async fn controller_keeps_plans_current_in_a_real_cluster() {
             .collect(),
     };
     let offline = Planner::build(&snapshot, &config).unwrap();
-    let live = plans.get(&node_names[0]).await.unwrap();
+    let live = composed(&client, &node_names[0]).await.unwrap();
     let ours: Vec<_> = live
-        .spec
         .services
         .iter()
         .filter(|s| s.name.starts_with(&format!("{ns}/")))
         .cloned()
         .collect();
-    let want = offline
-        .node_plan(&node_names[0])
-        .unwrap()
-        .objects
-        .remove(0)
-        .services;
+    let want = offline.composed(&node_names[0]).unwrap().unwrap().spec.services;
     assert_eq!(ours, want);
 
-    // `kubectl get nfp` shows the audit columns (kubectl reads the same KUBECONFIG).
-    match std::process::Command::new("kubectl")
-        .args(["get", "nfp", &node_names[0]])
-        .output()
-    {
-        Ok(out) => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "kubectl get nfp: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(
-                text.contains("DESIRED") && text.contains("OBSERVED") && text.contains(&node_names[0]),
-                "{text}"
-            );
+    // `kubectl get nfp` and `kubectl get fws` show the audit columns (kubectl reads the same KUBECONFIG).
+    for (args, columns) in [
+        (
+            vec!["get", "nfp", node_names[0].as_str()],
+            vec!["DESIRED", "OBSERVED", "SLICES"],
+        ),
+        (vec!["get", "fws"], vec!["VIEW", "ENTRIES", "REVISION"]),
+    ] {
+        match std::process::Command::new("kubectl").args(&args).output() {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success(),
+                    "kubectl {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                for column in columns {
+                    assert!(text.contains(column), "{column} missing: {text}");
+                }
+            }
+            Err(e) => eprintln!("SKIP the `kubectl {args:?}` check: cannot run kubectl ({e})"),
         }
-        Err(e) => eprintln!("SKIP the `kubectl get nfp` check: cannot run kubectl ({e})"),
     }
 
-    // An endpoint change reaches every node's plan.
+    // An endpoint change reaches every node through its views' slices, and rewrites no plan (the
+    // new endpoint runs on no node: a plain Service's change is one slice write).
+    let revisions_before: Vec<String> = futures::future::join_all(node_names.iter().map(|n| plans.get(n)))
+        .await
+        .into_iter()
+        .map(|p| p.unwrap().spec.revision)
+        .collect();
     slices
         .replace("web-1", &PostParams::default(), &{
             let mut s = slice(&["10.244.1.5", "10.244.2.5", "10.244.3.5"]);
+            // The third endpoint is on no node.
+            if let Some(eps) = s.endpoints.as_mut().and_then(|e| e.get_mut(2)) {
+                eps.node_name = None;
+            }
             s.metadata.resource_version = slices.get("web-1").await.unwrap().metadata.resource_version;
             s
         })
         .await
         .unwrap();
     for node in &node_names {
-        let plans = plans.clone();
+        let client = client.clone();
         let node = node.clone();
         let ns = ns.clone();
         wait_for(Duration::from_secs(30), "the endpoint change", || {
-            let plans = plans.clone();
+            let client = client.clone();
             let node = node.clone();
             let ns = ns.clone();
             async move {
-                let plan = plans.get_opt(&node).await.ok()??;
-                plan.spec
+                composed(&client, &node)
+                    .await?
                     .services
                     .iter()
                     .any(|s| s.name.starts_with(&ns) && s.endpoints.len() == 3)
@@ -205,6 +216,34 @@ async fn controller_keeps_plans_current_in_a_real_cluster() {
         })
         .await;
     }
+    let revisions_after: Vec<String> = futures::future::join_all(node_names.iter().map(|n| plans.get(n)))
+        .await
+        .into_iter()
+        .map(|p| p.unwrap().spec.revision)
+        .collect();
+    assert_eq!(
+        revisions_before, revisions_after,
+        "a plain endpoint change rewrote a plan"
+    );
+
+    // A hand-edited slice is restored.
+    let fws: Api<ForwardingSlice> = Api::all(client.clone());
+    let all0 = fws.get("all-0000").await.unwrap();
+    let edit = json!({"spec": {"count": 1, "index": 0, "entries": []}});
+    fws.patch("all-0000", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    let fws2 = fws.clone();
+    wait_for(
+        Duration::from_secs(30),
+        "the hand-edited slice to be restored",
+        || {
+            let fws = fws2.clone();
+            let want = all0.spec.clone();
+            async move { (fws.get("all-0000").await.ok()?.spec == want).then_some(()) }
+        },
+    )
+    .await;
 
     // A hand edit is reverted; a deleted plan is recreated.
     let before = plans.get(&node_names[1]).await.unwrap().spec;

@@ -41,6 +41,9 @@ const POLICY: &str = "switchyard-agent-own-plan-status";
 const CONFIG_MAP: &str = "switchyard-controller-config";
 const PLANS: &str = "nodeforwardingplans";
 const PLAN_STATUS: &str = "nodeforwardingplans/status";
+const SLICES: &str = "forwardingslices";
+/// Every generated CRD file, by the CRD's name (`<plural>.<group>`).
+const CRDS: [&str; 2] = ["forwardingslices", "nodeforwardingplans"];
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const CONTROLLER_PORT: i32 = 10262;
 const AGENT_PORT: i32 = 10263;
@@ -554,23 +557,24 @@ fn every_yaml_file_under_config_parses_and_belongs_to_a_kustomization() {
 }
 
 #[test]
-fn the_generated_crd_is_used_unchanged() {
+fn the_generated_crds_are_used_unchanged() {
     let tree = Tree::load();
-    let crd = tree.resource("CustomResourceDefinition", &format!("{PLANS}.{GROUP}"));
-    assert_eq!(
-        crd.file,
-        Path::new("config/crd/nodeforwardingplans.switchyard.io.yaml")
-    );
-    let copy = std::fs::read_to_string(tree.root.join(&crd.file)).unwrap();
-    let original =
-        std::fs::read_to_string(tree.root.join("crds/nodeforwardingplans.switchyard.io.yaml")).unwrap();
-    assert!(
-        copy == original,
-        "config/crd and crds/ differ: run `make generate`"
-    );
+    for plural in CRDS {
+        let crd = tree.resource("CustomResourceDefinition", &format!("{plural}.{GROUP}"));
+        let file = format!("{plural}.{GROUP}.yaml");
+        assert_eq!(crd.file, Path::new("config/crd").join(&file));
+        let copy = std::fs::read_to_string(tree.root.join(&crd.file)).unwrap();
+        let original = std::fs::read_to_string(tree.root.join("crds").join(&file)).unwrap();
+        assert!(
+            copy == original,
+            "config/crd and crds/ differ: run `make generate`"
+        );
+    }
     assert_eq!(
         strings(&tree.kustomization("config/crd")["resources"]),
-        vec!["nodeforwardingplans.switchyard.io.yaml".to_string()]
+        CRDS.iter()
+            .map(|p| format!("{p}.{GROUP}.yaml"))
+            .collect::<Vec<_>>()
     );
 }
 
@@ -621,7 +625,7 @@ fn no_namespace_field_where_kustomize_would_stamp_it_on_cluster_scoped_policies(
 }
 
 #[test]
-fn controller_rbac_reads_inputs_writes_plan_specs_and_nothing_else() {
+fn controller_rbac_reads_inputs_writes_plan_and_slice_specs_and_nothing_else() {
     let tree = Tree::load();
     let role: ClusterRole = tree.resource("ClusterRole", CONTROLLER).typed();
     let have = grants(role.rules.as_deref().unwrap_or_default());
@@ -634,12 +638,14 @@ fn controller_rbac_reads_inputs_writes_plan_specs_and_nothing_else() {
         &["get", "list", "watch"],
         None,
     ));
-    want.extend(grant(
-        GROUP,
-        PLANS,
-        &["get", "list", "watch", "create", "patch", "delete"],
-        None,
-    ));
+    for resource in [PLANS, SLICES] {
+        want.extend(grant(
+            GROUP,
+            resource,
+            &["get", "list", "watch", "create", "patch", "delete"],
+            None,
+        ));
+    }
     assert!(
         verbs_on(&have, GROUP, PLAN_STATUS).is_empty(),
         "the controller must not write plan status"
@@ -672,7 +678,7 @@ fn controller_rbac_reads_inputs_writes_plan_specs_and_nothing_else() {
 }
 
 #[test]
-fn agent_rbac_reads_plans_and_writes_only_their_status() {
+fn agent_rbac_reads_plans_and_slices_and_writes_only_plan_status() {
     let tree = Tree::load();
     let role: ClusterRole = tree.resource("ClusterRole", AGENT).typed();
     let have = grants(role.rules.as_deref().unwrap_or_default());
@@ -686,8 +692,14 @@ fn agent_rbac_reads_plans_and_writes_only_their_status() {
         set(&["patch"]),
         "the agent writes status through the status subresource (server-side apply is a PATCH)"
     );
+    assert_eq!(
+        verbs_on(&have, GROUP, SLICES),
+        set(&["get", "list", "watch"]),
+        "the agent may only read slices"
+    );
     let mut want: BTreeSet<Grant> = BTreeSet::new();
     want.extend(grant(GROUP, PLANS, &["get", "list", "watch"], None));
+    want.extend(grant(GROUP, SLICES, &["get", "list", "watch"], None));
     want.extend(grant(GROUP, PLAN_STATUS, &["patch"], None));
     assert_eq!(have, want, "ClusterRole {AGENT} grants nothing else");
 
@@ -1296,9 +1308,11 @@ const NAMESPACED: &[&str] = &[
 fn expected_default() -> BTreeSet<(String, String, Option<String>)> {
     let ns = Some(NAMESPACE.to_string());
     let crd = format!("{PLANS}.{GROUP}");
+    let slice_crd = format!("{SLICES}.{GROUP}");
     [
         ("Namespace", NAMESPACE, None),
         ("CustomResourceDefinition", crd.as_str(), None),
+        ("CustomResourceDefinition", slice_crd.as_str(), None),
         ("ServiceAccount", CONTROLLER, ns.clone()),
         ("ServiceAccount", AGENT, ns.clone()),
         ("ClusterRole", CONTROLLER, None),
@@ -1368,17 +1382,19 @@ fn check_rendered(
         "controller image {image}"
     );
 
-    // The rendered CRD is the generated one (kustomize only adds labels).
-    let mut crd = by_name[&("CustomResourceDefinition".to_string(), format!("{PLANS}.{GROUP}"))]
-        .value
-        .clone();
-    crd["metadata"].as_object_mut().unwrap().remove("labels");
-    let generated = parse_yaml(
-        &repo_root(),
-        Path::new("crds/nodeforwardingplans.switchyard.io.yaml"),
-    );
-    if let Some(path) = first_difference(&crd, &generated[0], "") {
-        panic!("the rendered CRD differs from crds/ at {path}");
+    // The rendered CRDs are the generated ones (kustomize only adds labels).
+    for plural in CRDS {
+        let mut crd = by_name[&(
+            "CustomResourceDefinition".to_string(),
+            format!("{plural}.{GROUP}"),
+        )]
+            .value
+            .clone();
+        crd["metadata"].as_object_mut().unwrap().remove("labels");
+        let generated = parse_yaml(&repo_root(), Path::new(&format!("crds/{plural}.{GROUP}.yaml")));
+        if let Some(path) = first_difference(&crd, &generated[0], "") {
+            panic!("the rendered CRD {plural} differs from crds/ at {path}");
+        }
     }
     by_name
 }

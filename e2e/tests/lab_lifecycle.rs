@@ -163,12 +163,19 @@ fn supervised_and_one_shot_commands_run_inside_the_namespace() {
     let config = switchyard_controller::Config::parse("clusterCIDRs: [10.244.0.0/16]\n").unwrap();
     let planned = lab.write_plans(&plans, lab.description(), &config).unwrap();
     assert_eq!(planned.len(), 3);
-    let first: switchyard_api::NodeForwardingPlan =
-        serde_saphyr::from_multiple(&std::fs::read_to_string(&planned[0]).unwrap())
-            .unwrap()
-            .remove(0);
-    assert_eq!(first.spec.node_name, "node-a");
-    assert!(switchyard_api::validate::validate(&first.spec).is_clean());
+    // Each file holds the node's live plan and its views' slices; composed, it is a valid plan.
+    let first = switchyard_agent::planfile::read_plan_file(&planned[0]).unwrap();
+    assert_eq!(first.plan.node_name, "node-a");
+    assert!(!first.plan.views.is_empty() && !first.slices.is_empty());
+    let composed = match switchyard_agent::sync::compose_plan(
+        &first.plan,
+        &first.slices,
+        &mut switchyard_agent::sync::LastGood::default(),
+    ) {
+        switchyard_agent::sync::Composition::Ready { spec, .. } => spec,
+        incomplete => panic!("{incomplete:?}"),
+    };
+    assert!(switchyard_api::validate::validate(&composed).is_clean());
     let written = lab
         .write_plans_with(&plans, |description, node| {
             Ok(format!("node: {} of {}\n", node.name, description.nodes.len()))

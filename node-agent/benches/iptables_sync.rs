@@ -100,7 +100,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
     let render = render_only(&spec);
     let (full, rules, partial, drift_check) = netns.within(move || {
         let mut syncer = syncer(variant)?;
-        let (full, rules) = applied(syncer.sync(&[Arc::new(spec.clone())]))?;
+        let (full, rules) = applied(syncer.sync_plan(&Arc::new(spec.clone())))?;
         let mut drift_checks = Vec::new();
         for _ in 0..3 {
             let started = Instant::now();
@@ -120,7 +120,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
             let index = current.services.len() / 2;
             current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
             switchyard_api::testing::finish(&mut current);
-            partial.push(applied_partial(syncer.sync(&[Arc::new(current.clone())]))?);
+            partial.push(applied_partial(syncer.sync_plan(&Arc::new(current.clone())))?);
         }
         Ok((full, rules, partial, drift_check))
     })?;

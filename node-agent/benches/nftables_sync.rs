@@ -4,8 +4,9 @@
 //! (validate + render + one `nft -f -`, through the real [`Syncer`] and edge), a restart's full sync
 //! (a second agent reads the table back with `nft -j list table` and finds nothing to change), the
 //! cheap drift check (netlink), and at the largest size a one-service partial sync (one endpoint
-//! replaced; median of 5). Then the peak RSS of the real `switchyard-agent apply --plan` process at that
-//! size. Prints one table and, at 10,000 Services (not in smoke mode), one `target … met|MISSED` line per
+//! replaced; median of 5), both from a self-contained plan and as a live agent gets it: a plan with one
+//! view whose slices (100 entries each) it composes before every sync, one slice replaced per change.
+//! Then the peak RSS of the real `switchyard-agent apply --plan` process at that size, for both shapes. Prints one table and, at 10,000 Services (not in smoke mode), one `target … met|MISSED` line per
 //! target: full sync ≤ 10 s, one-service partial sync ≤ 20 ms, peak RSS ≤ 30 MiB. A partial sync that
 //! the agent did not apply as a partial one fails the benchmark.
 //!
@@ -36,8 +37,8 @@ use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, Netns, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss, root_bench_main,
-    spec, target,
+    ENDPOINTS, ENTRIES_PER_SLICE, Netns, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss,
+    root_bench_main, sliced, spec, target,
 };
 
 /// Targets at [`TARGET_SERVICES`]: full sync and one-service partial sync.
@@ -74,18 +75,20 @@ struct Row {
     restart: Duration,
     drift_check: Duration,
     partial: Option<Duration>,
+    /// The one-service partial sync through the slices path (compose + sync).
+    partial_sliced: Option<Duration>,
 }
 
 fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
     let netns = Netns::new(&services.to_string())?;
     let spec = spec(services, Backend::Nftables);
     let (render, bytes) = render_only(&spec);
-    let (full, programmed, restart, drift_check, partial) = netns.within(move || {
+    let (full, programmed, restart, drift_check, partial, partial_sliced) = netns.within(move || {
         let mut first = syncer()?;
-        let (full, programmed) = applied(first.sync(&[Arc::new(spec.clone())]))?;
+        let (full, programmed) = applied(first.sync_plan(&Arc::new(spec.clone())))?;
         // A restarted agent: reads the table back, diffs, finds nothing to do.
         let mut restarted = syncer()?;
-        let (restart, _) = applied(restarted.sync(&[Arc::new(spec.clone())]))?;
+        let (restart, _) = applied(restarted.sync_plan(&Arc::new(spec.clone())))?;
         let started = Instant::now();
         if let Some(result) = restarted.check_drift() {
             return Err(format!("unexpected drift: {result:?}"));
@@ -98,9 +101,31 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
             let index = current.services.len() / 2;
             current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
             switchyard_api::testing::finish(&mut current);
-            partial.push(applied_partial(restarted.sync(&[Arc::new(current.clone())]))?);
+            partial.push(applied_partial(restarted.sync_plan(&Arc::new(current.clone())))?);
         }
-        Ok((full, programmed, restart, drift_check, partial))
+        // The live agent's path: the same entries as a plan with one view and its slices, composed
+        // before every sync; a change replaces one slice (its revision changes).
+        let mut partial_sliced = Vec::new();
+        if partial_runs > 0 {
+            let (live, mut slices) = sliced(&current);
+            let live = Arc::new(live);
+            drop(current);
+            let mut agent = syncer()?;
+            applied(agent.sync(&live, &slices))?;
+            for run in 0..partial_runs {
+                let index = slices.len() / 2;
+                let mut changed = (*slices[index].1).clone();
+                changed.entries[ENTRIES_PER_SLICE / 2].endpoints[0].ip =
+                    format!("10.251.{}.{}", run / 250, run % 250 + 1);
+                changed.revision =
+                    switchyard_api::revision::compute_slice(&changed).map_err(|e| e.to_string())?;
+                slices[index].1 = Arc::new(changed);
+                let started = Instant::now();
+                applied_partial(agent.sync(&live, &slices))?;
+                partial_sliced.push(started.elapsed());
+            }
+        }
+        Ok((full, programmed, restart, drift_check, partial, partial_sliced))
     })?;
     Ok(Row {
         services,
@@ -111,6 +136,7 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
         restart,
         drift_check,
         partial: (!partial.is_empty()).then(|| median(partial)),
+        partial_sliced: (!partial_sliced.is_empty()).then(|| median(partial_sliced)),
     })
 }
 
@@ -130,7 +156,7 @@ fn run() -> Result<(), String> {
         "agent nftables benchmark: ClusterIP services × {ENDPOINTS} endpoints, fresh network namespaces"
     );
     println!(
-        "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23}",
+        "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23} {:>17}",
         "services",
         "rules+el.",
         "nft bytes",
@@ -138,13 +164,14 @@ fn run() -> Result<(), String> {
         "full sync",
         "restart (no-op)",
         "drift check",
-        "1-service partial (med)"
+        "1-service partial (med)",
+        "via slices (med)"
     );
     for &services in &sizes {
         let runs = if services == largest { partial_runs } else { 0 };
         let row = measure(services, runs)?;
         println!(
-            "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23}",
+            "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23} {:>17}",
             row.services,
             row.programmed,
             row.bytes,
@@ -152,7 +179,8 @@ fn run() -> Result<(), String> {
             ms(row.full),
             ms(row.restart),
             ms(row.drift_check),
-            row.partial.map(ms).unwrap_or_else(|| "-".into())
+            row.partial.map(ms).unwrap_or_else(|| "-".into()),
+            row.partial_sliced.map(ms).unwrap_or_else(|| "-".into())
         );
         let _ = std::io::stdout().flush();
         if !smoke && services == TARGET_SERVICES {
@@ -165,6 +193,14 @@ fn run() -> Result<(), String> {
             if let Some(partial) = row.partial {
                 target(
                     "agent (nftables) one-service partial sync at 10,000 Services",
+                    &ms(partial),
+                    "≤ 20 ms",
+                    partial <= PARTIAL_TARGET,
+                );
+            }
+            if let Some(partial) = row.partial_sliced {
+                target(
+                    "agent (nftables) one-service partial sync at 10,000 Services, composed from slices",
                     &ms(partial),
                     "≤ 20 ms",
                     partial <= PARTIAL_TARGET,

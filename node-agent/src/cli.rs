@@ -42,7 +42,9 @@ use crate::run::RunConfig;
 use crate::run::grace::GracePeriod;
 use crate::run::http::parse_bind;
 use crate::source::cache::cache_path;
-use crate::sync::{Assembly, Dataplane, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, assemble};
+use crate::sync::{
+    Composition, Dataplane, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
+};
 
 /// Exit status: the kernel refused the rules, or something failed at run time.
 pub const EXIT_FAILED: u8 = 1;
@@ -123,8 +125,9 @@ struct ApplyArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// This node: its NodeForwardingPlan (and shards) are watched on the API server and its status is
-    /// written there (default: $NODE_NAME, which the DaemonSet sets from the downward API).
+    /// This node: its NodeForwardingPlan and the ForwardingSlices of its views are watched on the API
+    /// server and its status is written there (default: $NODE_NAME, which the DaemonSet sets from the
+    /// downward API).
     #[arg(long)]
     node_name: Option<String>,
     /// Apply this plan file and watch it instead of the API server.
@@ -159,6 +162,11 @@ struct RunArgs {
     /// How often to look at the plan file (--plan-file only).
     #[arg(long, default_value = "200ms", value_parser = parse_duration)]
     poll_interval: Duration,
+    /// A status that changes only in progress (the slices applied, sync time, counts) is written at
+    /// most this often; a new plan revision, a condition or a failure is written at once. Every node of
+    /// a view syncs on every slice change, so this bounds status writes to nodes / interval.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    status_progress_interval: Duration,
     #[command(flatten)]
     iptables: IptablesArgs,
 }
@@ -245,14 +253,20 @@ fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Reads the plan file and assembles its objects; usage errors come back as exit status 2.
+/// Reads the plan file and composes its plan with its slices (if any); usage errors come back as exit
+/// status 2.
 fn load_plan(
     path: &std::path::Path,
-) -> Result<(Vec<Arc<NodeForwardingPlanSpec>>, Arc<NodeForwardingPlanSpec>), ExitCode> {
-    let objects = read_plan_file(path).map_err(|e| fail(EXIT_USAGE, &e))?;
-    match assemble(&objects) {
-        Assembly::Ready(spec) => Ok((objects, spec)),
-        Assembly::Incomplete(why) => Err(fail(EXIT_USAGE, &format!("{}: {why}", path.display()))),
+) -> Result<(crate::planfile::LoadedPlan, Arc<NodeForwardingPlanSpec>), ExitCode> {
+    let loaded = read_plan_file(path).map_err(|e| fail(EXIT_USAGE, &e))?;
+    match compose_plan(&loaded.plan, &loaded.slices, &mut LastGood::default()) {
+        Composition::Ready { spec, failures, .. } => {
+            for failure in failures {
+                eprintln!("warning: {}: {}", failure.service, failure.reason);
+            }
+            Ok((loaded, spec))
+        }
+        Composition::Incomplete(why) => Err(fail(EXIT_USAGE, &format!("{}: {why}", path.display()))),
     }
 }
 
@@ -408,16 +422,17 @@ fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error>
 }
 
 fn apply_command(args: &ApplyArgs) -> ExitCode {
-    let (objects, _) = match load_plan(&args.plan) {
+    let (loaded, composed) = match load_plan(&args.plan) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    drop(composed);
     let mut syncer = match real_syncer(&args.iptables, SyncConfig::default()) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
-    let result = syncer.sync(&objects);
-    drop(objects);
+    let result = syncer.sync(&loaded.plan, &loaded.slices);
+    drop(loaded);
     let status = syncer.status();
     match status_yaml(&status) {
         Ok(yaml) => print!("{yaml}"),
@@ -448,6 +463,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         },
         (None, Some(_)) => PlanFrom::Api {
             kubeconfig: args.kubeconfig.clone(),
+            status_progress_interval: args.status_progress_interval,
         },
         (None, None) => {
             return fail(

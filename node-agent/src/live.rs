@@ -4,7 +4,7 @@
 //! ```text
 //! --plan-file F ─► FileSource ───────────────────────────────────────────┐
 //! --node-name N ─► kube client (--kubeconfig | KUBECONFIG | in-cluster) ─┼─► run::run (cache first)
-//!                    ├─► ApiSource (watch plan N and its shards)  ───────┤
+//!                    ├─► ApiSource (watch plan N and its views' slices) ─┤
 //!                    └─► status_writer (SSA of N's status) ◄─ StatusSink ┘
 //! ```
 //!
@@ -34,10 +34,13 @@ pub enum PlanFrom {
         /// How often it is looked at.
         poll_interval: Duration,
     },
-    /// The API server: this node's plan objects.
+    /// The API server: this node's plan and its views' slices.
     Api {
         /// The kubeconfig; `None` infers (`KUBECONFIG`, then `~/.kube/config`, then in-cluster).
         kubeconfig: Option<PathBuf>,
+        /// A status that changes only in progress (slices applied, sync time, counts) is written at
+        /// most this often.
+        status_progress_interval: Duration,
     },
 }
 
@@ -76,13 +79,19 @@ pub async fn run_agent(
             };
             run(config, syncer, wiring, shutdown, None).await
         }
-        PlanFrom::Api { kubeconfig } => {
+        PlanFrom::Api {
+            kubeconfig,
+            status_progress_interval,
+        } => {
             let client = client(kubeconfig.as_deref()).await?;
             let node = config.node_name.clone();
             let (sink, writer) = status_writer::spawn(
                 Api::all(client.clone()),
                 node.clone(),
-                WriterConfig::default(),
+                WriterConfig {
+                    progress_interval: status_progress_interval,
+                    ..WriterConfig::default()
+                },
                 metrics.clone(),
             );
             let wiring = Wiring {

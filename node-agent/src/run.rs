@@ -1,8 +1,8 @@
 //! `switchyard-agent run`: the long-running loop, whatever the plan source.
 //!
 //! ```text
-//! start: /healthz /readyz /metrics served ─► cached plan (<state-dir>/plan.yaml) applied, if any
-//!        ─► the source starts: FileSource (--plan-file) | ApiSource (--node-name: watch own plan)
+//! start: /healthz /readyz /metrics served ─► cached plan and slices (<state-dir>/plan.yaml) applied, if any
+//!        ─► the source starts: FileSource (--plan-file) | ApiSource (--node-name: own plan + its views' slices)
 //! source ─► watch channel (latest PlanUpdate wins) ─┐
 //!   Objects (at most every min-sync-interval) ──────┼─► Syncer::sync ─► after every sync:
 //!   Invalid ─► Syncer::reject_input (rules stay)    │     health-check servers, /healthz state,
@@ -144,9 +144,10 @@ struct Loop {
     last_sync: Option<Instant>,
     next_drift_check: Instant,
     cleanup_not_before: Option<Instant>,
-    /// (uid, revision) of the plan in the cache file.
+    /// (uid, fingerprint) of the plan set in the cache file.
     cached: Option<(Option<String>, String)>,
-    /// The revision last programmed from a new plan set, and when its spec was written.
+    /// The fingerprint (plan revision and slices) last programmed from a new plan set, and when its
+    /// newest object was written.
     programmed: Option<String>,
     written_at: Option<SystemTime>,
 }
@@ -221,7 +222,7 @@ impl Loop {
             return;
         };
         self.last_sync = Some(Instant::now());
-        let result = tokio::task::block_in_place(|| self.syncer.sync(&set.objects));
+        let result = tokio::task::block_in_place(|| self.syncer.sync(&set.plan, &set.slices));
         self.retry_current = matches!(result, SyncResult::Failed { .. });
         self.after(result);
     }
@@ -234,8 +235,7 @@ impl Loop {
                 let revision = self.syncer.applied().map(|(spec, _)| spec.revision.clone());
                 self.health.synced(revision.clone());
                 if let Some(set) = self.current.clone()
-                    && revision.is_some()
-                    && set.revision() == revision.as_deref()
+                    && revision.as_deref() == Some(set.revision())
                 {
                     self.newly_applied(&set);
                 }
@@ -248,9 +248,9 @@ impl Loop {
 
     /// `set` is what the kernel now holds: latency, plan age, cache.
     fn newly_applied(&mut self, set: &PlanSet) {
-        let revision = set.revision().map(str::to_string);
-        if self.programmed != revision {
-            self.programmed = revision.clone();
+        let fingerprint = Some(set.fingerprint());
+        if self.programmed != fingerprint {
+            self.programmed = fingerprint.clone();
             self.written_at = set.written_at;
             if set.origin == Origin::Api
                 && let Some(trigger) = set.trigger_time
@@ -259,7 +259,7 @@ impl Loop {
                 self.metrics.network_programming.observe(latency.as_secs_f64());
             }
         }
-        let key = revision.map(|r| (set.uid.clone(), r));
+        let key = fingerprint.map(|f| (set.uid.clone(), f));
         if set.origin == Origin::Api
             && key.is_some()
             && self.cached != key
@@ -377,10 +377,11 @@ impl Loop {
             Ok(Some(set)) => {
                 tracing::info!(
                     path = %path.display(),
-                    revision = set.revision().unwrap_or_default(),
+                    revision = set.revision(),
+                    slices = set.slices.len(),
                     "applying the cached plan before contacting the API server"
                 );
-                self.cached = set.revision().map(|r| (set.uid.clone(), r.to_string()));
+                self.cached = Some((set.uid.clone(), set.fingerprint()));
                 self.health.queued();
                 self.current = Some(set);
                 self.sync_current();

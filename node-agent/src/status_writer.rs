@@ -4,15 +4,22 @@
 //! ```text
 //! run loop ─► StatusSink (watch: latest StatusReport wins) ─► writer task:
 //!   wait for a new report ─► at most one write per min interval ─► same as last written? skip
-//!   ─► PATCH /apis/switchyard.io/v1alpha1/nodeforwardingplans/<node>/status
+//!   ─► only progress changed (slices digest, sync time, counts)? at most one write per progress interval
+//!   ─► PATCH /apis/switchyard.io/v1alpha2/nodeforwardingplans/<node>/status
 //!          ?fieldManager=switchyard-agent&force=true   (application/apply-patch+yaml;
 //!          body: apiVersion, kind, metadata.name, status — nothing else)
 //!   ok ─► remembered      404 ─► the plan is gone: wait for the next report (a new plan's uid)
 //!   other error ─► failures += 1, retry the latest report after 1 s, 2 s, … 30 s (never a tight loop)
 //! ```
 //!
-//! The report carries the primary's uid, so a plan deleted and created again gets its status written
-//! even when the status itself did not change.
+//! The report carries the plan's uid, so a plan deleted and created again gets its status written even
+//! when the status itself did not change.
+//!
+//! Why a progress interval: with shared ForwardingSlices one endpoint change reaches every node of a
+//! view, and each agent syncs. Writing every sync's status would turn one slice write into one status
+//! write per node (1,000 writes at 1,000 nodes); a report that changes only what moves on every sync
+//! waits up to the progress interval (default 10 s), while a new plan revision, a condition, a failure
+//! or a drift repair is written at once.
 
 use std::time::Duration;
 
@@ -45,6 +52,9 @@ pub type StatusSink = watch::Sender<Option<StatusReport>>;
 pub struct WriterConfig {
     /// At most one write this often.
     pub min_interval: Duration,
+    /// A report that changes only progress (slices applied, sync time and duration, counts) is
+    /// written at most this often.
+    pub progress_interval: Duration,
     /// First retry delay after a failed write.
     pub retry_min: Duration,
     /// Longest retry delay.
@@ -55,10 +65,28 @@ impl Default for WriterConfig {
     fn default() -> Self {
         Self {
             min_interval: Duration::from_secs(1),
+            progress_interval: Duration::from_secs(10),
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
         }
     }
+}
+
+/// True when `next` differs from `written` only in what moves on every sync: which slices were
+/// applied, the sync's time, duration and mode, and the counts.
+pub fn only_progress(written: &StatusReport, next: &StatusReport) -> bool {
+    let strip = |report: &StatusReport| {
+        let mut status = report.status.clone();
+        status.observed_slices = None;
+        status.last_sync_time = None;
+        status.last_sync_duration_ms = None;
+        status.last_sync_mode = None;
+        status.services = None;
+        status.endpoints = None;
+        status.rules = None;
+        (report.uid.clone(), status)
+    };
+    strip(written) == strip(next)
 }
 
 /// The server-side apply body: only the status.
@@ -122,6 +150,7 @@ async fn write_loop(
 ) {
     let mut written: Option<StatusReport> = None;
     let mut last_attempt: Option<Instant> = None;
+    let mut last_write: Option<Instant> = None;
     let mut backoff = Backoff::new(config.retry_min, config.retry_max);
     let mut retry = false;
     let mut failing = false;
@@ -140,6 +169,22 @@ async fn write_loop(
         if written.as_ref() == Some(&report) {
             continue;
         }
+        if let (Some(done), Some(at)) = (&written, last_write)
+            && only_progress(done, &report)
+            && Instant::now() < at + config.progress_interval
+        {
+            // Hold progress back, unless something that matters more arrives meanwhile.
+            tokio::select! {
+                () = tokio::time::sleep_until(at + config.progress_interval) => {}
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+            retry = true;
+            continue;
+        }
         last_attempt = Some(Instant::now());
         match write_status(&api, &name, &report.status).await {
             Ok(()) => {
@@ -148,6 +193,7 @@ async fn write_loop(
                     failing = false;
                 }
                 backoff.reset();
+                last_write = Some(Instant::now());
                 metrics.status_writes.inc();
                 tracing::debug!(plan = %name, revision = ?report.status.observed_revision, "status written");
                 written = Some(report);

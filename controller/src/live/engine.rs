@@ -1,16 +1,20 @@
-//! The live controller's decisions, without a client: which nodes need planning, which plan objects to
-//! write or delete, and when a plan was changed behind our back.
+//! The live controller's decisions, without a client: what needs planning, which objects (slices and
+//! plans) to write or delete and in which order, and when an object was changed behind our back.
 //!
 //! ```text
 //! watch events ─► Engine::observe ─► caches + dirty set (Services by key; rebuild on relists/node changes)
-//!       tick (coalesced, ≥ minPlanInterval apart) ─► Engine::plan ─► Planner (incremental) ─► pending nodes
-//! pending node ─► Engine::work_for ─► NodeWork { apply: shards whose observed revision differs (secondaries
-//!                                                first, primary last), delete: shards no longer needed }
-//! observed plan edited or deleted by someone else ─► node pending again (restored, logged)
+//!       tick (coalesced, ≥ minPlanInterval apart) ─► Engine::plan ─► Planner (incremental) ─► Changes
+//!            ─► pending: slices that gain a moving entry, other slices, new nodes' plans, other plans
+//!            ─► retired slices: deleted once nothing waits to be written
+//! pending object ─► Engine::work_for ─► Work::Apply (observed revision differs) | Work::Delete | nothing
+//! observed object edited or deleted by someone else ─► pending again (restored, logged)
+//!   (our own late watch echoes are told apart by live::tracker and never count)
 //! ```
 //!
-//! Plans are deleted only when their Node is known to be gone: the engine lists candidates, the edge
-//! confirms each with a GET of the Node answering 404 before deleting.
+//! Slices go before plans so a plan never names a view whose slices are not written yet, and an entry
+//! moving between views is written where it arrives before it leaves where it was. Plans are deleted
+//! only when their Node is known to be gone: the engine lists candidates, the edge confirms each with a
+//! GET of the Node answering 404 before deleting.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,19 +24,22 @@ use k8s_openapi::{
 };
 use kube::runtime::watcher;
 use switchyard_api::{
-    NodeForwardingPlan,
+    ForwardingSlice, NodeForwardingPlan,
     names::{
         ANNOTATION_TRIGGER_TIME, LABEL_NODE, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
-        k8s::LABEL_SERVICE_NAME, plan_object_name,
+        k8s::LABEL_SERVICE_NAME,
     },
     revision,
 };
 
-use super::cache::{Applied, ObjectCache, cluster_key, namespaced_key};
+use super::{
+    cache::{Applied, ObjectCache, cluster_key, namespaced_key},
+    tracker::{Echo, Observed, Tracker},
+};
 use crate::{
     Config, Error,
-    output::object,
-    planner::{Diagnostics, NodeInfo, Planner, Snapshot},
+    output::{plan_object, slice_object},
+    planner::{Changes, Diagnostics, NodeInfo, Planner, ServiceChange, Snapshot},
 };
 
 /// A watch event for one of the kinds the controller follows.
@@ -48,13 +55,49 @@ pub enum Input {
     Node(watcher::Event<Node>),
     /// Our own plan objects.
     Plan(watcher::Event<NodeForwardingPlan>),
+    /// Our own ForwardingSlices.
+    ForwardingSlice(watcher::Event<ForwardingSlice>),
+}
+
+/// One object the controller writes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectRef {
+    /// A ForwardingSlice, by name.
+    Slice(String),
+    /// A node's NodeForwardingPlan, by node (= object) name.
+    Plan(String),
+}
+
+impl ObjectRef {
+    /// The object's kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Slice(_) => "ForwardingSlice",
+            Self::Plan(_) => "NodeForwardingPlan",
+        }
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Slice(name) | Self::Plan(name) => name,
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind(), self.name())
+    }
 }
 
 /// What one planning run did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PlanOutcome {
-    /// Nodes whose plan changed and now wait for a write.
+    /// Nodes whose plan changed and now waits for a write.
     pub changed: Vec<String>,
+    /// Slices that changed and now wait for a write.
+    pub slices: Vec<String>,
     /// Whether the whole cluster was re-planned (relist or node change) rather than changed Services.
     pub full: bool,
     /// Services re-planned incrementally.
@@ -63,27 +106,25 @@ pub struct PlanOutcome {
     pub diagnostics: Diagnostics,
 }
 
-/// The writes and deletes one node needs.
+/// What one pending object needs.
+// Built once per write and moved straight into the request; boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodeWork {
-    /// The node.
-    pub node: String,
-    /// Objects to server-side apply, in order: other shards first, the primary last, so an agent never sees
-    /// a primary listing shard revisions that do not exist yet.
-    pub apply: Vec<NodeForwardingPlan>,
-    /// Objects of this node that are no longer needed (shards beyond the current count), deleted after the
-    /// applies.
-    pub delete: Vec<String>,
-    /// Earliest `last-change-trigger-time` of the changes this work carries, for network programming latency.
-    pub trigger: Option<Timestamp>,
-    /// The node had no plan object yet.
-    pub new_node: bool,
+pub enum Work {
+    /// Server-side apply this plan.
+    ApplyPlan(NodeForwardingPlan),
+    /// Server-side apply this slice.
+    ApplySlice(ForwardingSlice),
+    /// Delete this slice (no longer wanted).
+    DeleteSlice(String),
 }
 
-/// Work waiting for one node.
+/// Work waiting for one object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Pending {
     trigger: Option<Timestamp>,
+    /// Written before other slices (it gains an entry another slice is about to lose).
+    first: bool,
 }
 
 /// A kind whose relist came back empty while objects were known: unconfirmed, so ignored for now.
@@ -95,13 +136,16 @@ pub enum SuspectEmpty {
     Slices,
 }
 
-/// What we know about an observed plan object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Observed {
-    node: String,
-    revision: String,
-    /// The spec's content hashes to its revision (false after a hand edit that kept the revision).
-    consistent: bool,
+/// Objects of one written kind listed (or written) since its watch's relist began.
+#[derive(Debug, Default)]
+struct Relist(Option<BTreeSet<String>>);
+
+impl Relist {
+    fn note(&mut self, name: &str) {
+        if let Some(seen) = self.0.as_mut() {
+            seen.insert(name.to_string());
+        }
+    }
 }
 
 /// The decision state of the live controller.
@@ -111,17 +155,21 @@ pub struct Engine {
     slices: ObjectCache<EndpointSlice>,
     nodes: ObjectCache<Node>,
     plans_synced: bool,
-    observed: BTreeMap<String, Observed>,
+    fws_synced: bool,
+    plans: Tracker,
+    fws: Tracker,
     planner: Option<Planner>,
     dirty_services: BTreeMap<String, Option<Timestamp>>,
     rebuild: bool,
-    pending: BTreeMap<String, Pending>,
-    /// Nodes whose plans a watch showed changed by someone else (for logs and metrics).
-    restored: Vec<String>,
+    pending: BTreeMap<ObjectRef, Pending>,
+    /// Slices to delete once nothing waits to be written.
+    retired: BTreeSet<String>,
+    /// Objects a watch showed changed or deleted by someone else (for logs and metrics).
+    restored: Vec<ObjectRef>,
     /// Empty relists waiting for confirmation (the objects known before them stay in the caches).
     suspects: BTreeSet<SuspectEmpty>,
-    /// Plan objects listed (or written) since the plan watch's relist began; `None` outside a relist.
-    relisted_plans: Option<BTreeSet<String>>,
+    relisted_plans: Relist,
+    relisted_fws: Relist,
 }
 
 impl Engine {
@@ -133,20 +181,28 @@ impl Engine {
             slices: ObjectCache::new(namespaced_key),
             nodes: ObjectCache::new(cluster_key),
             plans_synced: false,
-            observed: BTreeMap::new(),
+            fws_synced: false,
+            plans: Tracker::default(),
+            fws: Tracker::default(),
             planner: None,
             dirty_services: BTreeMap::new(),
             rebuild: true,
             pending: BTreeMap::new(),
+            retired: BTreeSet::new(),
             restored: Vec::new(),
             suspects: BTreeSet::new(),
-            relisted_plans: None,
+            relisted_plans: Relist::default(),
+            relisted_fws: Relist::default(),
         }
     }
 
-    /// Services, EndpointSlices, Nodes and plans have all been listed once.
+    /// Services, EndpointSlices, Nodes, plans and slices have all been listed once.
     pub fn synced(&self) -> bool {
-        self.services.synced() && self.slices.synced() && self.nodes.synced() && self.plans_synced
+        self.services.synced()
+            && self.slices.synced()
+            && self.nodes.synced()
+            && self.plans_synced
+            && self.fws_synced
     }
 
     /// A planning run is due.
@@ -154,9 +210,14 @@ impl Engine {
         self.rebuild || !self.dirty_services.is_empty()
     }
 
-    /// Nodes waiting for a write.
+    /// Objects waiting for a write or a delete.
     pub fn queue_depth(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.retired.len()
+    }
+
+    /// The planner, once planning ran.
+    pub fn planner(&self) -> Option<&Planner> {
+        self.planner.as_ref()
     }
 
     /// Applies one watch event.
@@ -218,76 +279,167 @@ impl Engine {
                 Applied::Nothing => {}
             },
             Input::Plan(event) => self.observe_plan(event),
+            Input::ForwardingSlice(event) => self.observe_fws(event),
         }
     }
 
     fn observe_plan(&mut self, event: watcher::Event<NodeForwardingPlan>) {
         match event {
-            watcher::Event::Apply(plan) | watcher::Event::InitApply(plan) => {
-                let Some(name) = plan.metadata.name.clone() else {
-                    return;
-                };
-                let node = plan
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL_NODE))
-                    .cloned()
-                    .unwrap_or_else(|| plan.spec.node_name.clone());
-                let consistent = revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision);
-                let observed = Observed {
-                    node: node.clone(),
-                    revision: plan.spec.revision.clone(),
-                    consistent,
-                };
-                self.observed.insert(name.clone(), observed);
-                if let Some(seen) = self.relisted_plans.as_mut() {
-                    seen.insert(name.clone());
-                }
-                if self.plans_synced && self.differs_from_desired(&name) {
-                    self.restored.push(name);
-                    self.pending.entry(node).or_default();
-                }
-            }
+            watcher::Event::Apply(plan) => self.plan_seen(plan, false),
+            watcher::Event::InitApply(plan) => self.plan_seen(plan, true),
             watcher::Event::Delete(plan) => {
-                let Some(name) = plan.metadata.name.clone() else {
-                    return;
-                };
-                if let Some(observed) = self.observed.remove(&name) {
-                    self.restore_if_wanted(name, observed.node);
+                let Some(name) = plan.metadata.name else { return };
+                if self.plans.remove(&name).is_some() {
+                    self.restore_if_wanted(ObjectRef::Plan(name));
                 }
             }
-            watcher::Event::Init => self.relisted_plans = Some(BTreeSet::new()),
+            watcher::Event::Init => self.relisted_plans = Relist(Some(BTreeSet::new())),
             watcher::Event::InitDone => {
-                // Plans deleted while the watch was down are missing from the relist: forget them, or
+                // Objects deleted while the watch was down are missing from the relist: forget them, or
                 // `work_for` would take them for up to date and never rewrite them.
-                if let Some(seen) = self.relisted_plans.take() {
+                if let Some(seen) = self.relisted_plans.0.take() {
                     let gone: Vec<String> = self
-                        .observed
-                        .keys()
-                        .filter(|name| !seen.contains(*name))
+                        .plans
+                        .names()
+                        .filter(|n| !seen.contains(*n))
                         .cloned()
                         .collect();
                     for name in gone {
-                        if let Some(observed) = self.observed.remove(&name) {
-                            self.restore_if_wanted(name, observed.node);
-                        }
+                        self.plans.remove(&name);
+                        self.restore_if_wanted(ObjectRef::Plan(name));
                     }
                 }
                 self.plans_synced = true;
-                let nodes: BTreeSet<String> = self.observed.values().map(|o| o.node.clone()).collect();
-                for node in nodes {
-                    self.pending.entry(node).or_default();
+                let names: Vec<String> = self.plans.names().cloned().collect();
+                for name in names {
+                    self.pending.entry(ObjectRef::Plan(name)).or_default();
                 }
             }
         }
     }
 
-    /// A plan object of `node` disappeared: queue the node when the object is still wanted.
-    fn restore_if_wanted(&mut self, name: String, node: String) {
-        if self.desired_revision_of(&node, &name).is_some() {
-            self.restored.push(name);
-            self.pending.entry(node).or_default();
+    fn plan_seen(&mut self, plan: NodeForwardingPlan, relisted: bool) {
+        let Some(name) = plan.metadata.name.clone() else {
+            return;
+        };
+        let node = plan
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_NODE))
+            .cloned()
+            .unwrap_or_else(|| plan.spec.node_name.clone());
+        let observed = Observed {
+            consistent: revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision),
+            revision: plan.spec.revision.clone(),
+            node: Some(node),
+        };
+        self.relisted_plans.note(&name);
+        let echo = self.plans.observe(
+            &name,
+            observed,
+            plan.metadata.resource_version.as_deref(),
+            relisted,
+        );
+        self.after_seen(ObjectRef::Plan(name), echo);
+    }
+
+    fn observe_fws(&mut self, event: watcher::Event<ForwardingSlice>) {
+        match event {
+            watcher::Event::Apply(slice) => self.fws_seen(slice, false),
+            watcher::Event::InitApply(slice) => self.fws_seen(slice, true),
+            watcher::Event::Delete(slice) => {
+                let Some(name) = slice.metadata.name else { return };
+                if self.fws.remove(&name).is_some() {
+                    self.retired.remove(&name);
+                    self.restore_if_wanted(ObjectRef::Slice(name));
+                }
+            }
+            watcher::Event::Init => self.relisted_fws = Relist(Some(BTreeSet::new())),
+            watcher::Event::InitDone => {
+                if let Some(seen) = self.relisted_fws.0.take() {
+                    let gone: Vec<String> =
+                        self.fws.names().filter(|n| !seen.contains(*n)).cloned().collect();
+                    for name in gone {
+                        self.fws.remove(&name);
+                        self.restore_if_wanted(ObjectRef::Slice(name));
+                    }
+                }
+                self.fws_synced = true;
+                let names: Vec<String> = self.fws.names().cloned().collect();
+                for name in names {
+                    self.pending.entry(ObjectRef::Slice(name)).or_default();
+                }
+            }
+        }
+    }
+
+    fn fws_seen(&mut self, slice: ForwardingSlice, relisted: bool) {
+        let Some(name) = slice.metadata.name.clone() else {
+            return;
+        };
+        let observed = Observed {
+            consistent: revision::compute_slice(&slice.spec).is_ok_and(|r| r == slice.spec.revision),
+            revision: slice.spec.revision.clone(),
+            node: None,
+        };
+        self.relisted_fws.note(&name);
+        let echo = self.fws.observe(
+            &name,
+            observed,
+            slice.metadata.resource_version.as_deref(),
+            relisted,
+        );
+        self.after_seen(ObjectRef::Slice(name), echo);
+    }
+
+    /// A watched object of ours arrived: queue it when it differs from what we want, and remember a
+    /// change someone else made.
+    fn after_seen(&mut self, object: ObjectRef, echo: Echo) {
+        let synced = match object {
+            ObjectRef::Plan(_) => self.plans_synced,
+            ObjectRef::Slice(_) => self.fws_synced,
+        };
+        if echo == Echo::Stale || !synced || self.planner.is_none() {
+            return;
+        }
+        match self.desired_revision(&object) {
+            Some(want) => {
+                let current = self.tracker(&object).is_current(object.name(), &want);
+                if !current {
+                    if echo == Echo::Foreign {
+                        self.restored.push(object.clone());
+                    }
+                    self.pending.entry(object).or_default();
+                }
+            }
+            // A slice nobody wants (left from an earlier layout, or made by hand): delete it.
+            None if matches!(object, ObjectRef::Slice(_)) => {
+                self.retired.insert(object.name().to_string());
+            }
+            None => {}
+        }
+    }
+
+    fn tracker(&self, object: &ObjectRef) -> &Tracker {
+        match object {
+            ObjectRef::Plan(_) => &self.plans,
+            ObjectRef::Slice(_) => &self.fws,
+        }
+    }
+
+    fn tracker_mut(&mut self, object: &ObjectRef) -> &mut Tracker {
+        match object {
+            ObjectRef::Plan(_) => &mut self.plans,
+            ObjectRef::Slice(_) => &mut self.fws,
+        }
+    }
+
+    /// An object of ours disappeared: queue it when it is still wanted.
+    fn restore_if_wanted(&mut self, object: ObjectRef) {
+        if self.desired_revision(&object).is_some() {
+            self.restored.push(object.clone());
+            self.pending.entry(object).or_default();
         }
     }
 
@@ -312,207 +464,221 @@ impl Engine {
         self.suspects.remove(&kind);
     }
 
-    /// Plan objects someone else changed or deleted since the last call (names), for logs and metrics.
-    pub fn take_restored(&mut self) -> Vec<String> {
+    /// Objects someone else changed or deleted since the last call, for logs and metrics.
+    pub fn take_restored(&mut self) -> Vec<ObjectRef> {
         std::mem::take(&mut self.restored)
     }
 
-    /// The revision the controller wants for a plan object, if it wants the object at all.
-    fn desired_revision(&self, name: &str) -> Option<&str> {
-        let observed_node = self.observed.get(name).map(|o| o.node.as_str());
+    /// The revision the controller wants for an object, if it wants the object at all.
+    fn desired_revision(&self, object: &ObjectRef) -> Option<String> {
         let planner = self.planner.as_ref()?;
-        let node = observed_node.or_else(|| planner.node_names().find(|n| *n == name))?;
-        self.desired_revision_of(node, name)
-    }
-
-    /// The revision the controller wants for `node`'s plan object `name` (a secondary shard's name does
-    /// not say its node, so callers that no longer observe it pass the node they knew).
-    fn desired_revision_of(&self, node: &str, name: &str) -> Option<&str> {
-        let revisions = self.planner.as_ref()?.shard_revisions(node)?;
-        (0..revisions.len())
-            .find(|&i| plan_object_name(node, i as u32) == name)
-            .and_then(|i| revisions.get(i).map(String::as_str))
-    }
-
-    fn differs_from_desired(&self, name: &str) -> bool {
-        match (self.observed.get(name), self.desired_revision(name)) {
-            (Some(observed), Some(want)) => !observed.consistent || observed.revision != want,
-            _ => false,
+        match object {
+            ObjectRef::Plan(node) => planner.plan_revision(node).map(str::to_string),
+            ObjectRef::Slice(name) => planner.slice_revision(name),
         }
     }
 
-    /// Runs the planner over what changed since the last run and queues the nodes whose plan changed.
+    /// Runs the planner over what changed since the last run and queues the objects that changed.
     pub fn plan(&mut self) -> Result<PlanOutcome, Error> {
         if !self.synced() {
             return Ok(PlanOutcome::default());
         }
         let dirty = std::mem::take(&mut self.dirty_services);
         let earliest = dirty.values().copied().fold(None, min_time);
-        let mut outcome = match self.planner.as_mut() {
+        let (changes, full, services) = match self.planner.as_mut() {
             Some(planner) if !self.rebuild => {
-                let mut outcome = PlanOutcome {
-                    services: dirty.len(),
-                    ..PlanOutcome::default()
-                };
-                for key in dirty.keys() {
-                    let slices: Vec<&EndpointSlice> = self
-                        .slices
-                        .values()
-                        .filter(|s| service_of(s).as_deref() == Some(key.as_str()))
-                        .collect();
-                    let (changed, diag) = planner.replan_service(key, self.services.get(key), &slices)?;
-                    outcome.changed.extend(changed);
-                    outcome.diagnostics.warnings.extend(diag.warnings);
-                    outcome.diagnostics.skipped.extend(diag.skipped);
+                let mut by_service: BTreeMap<&str, Vec<&EndpointSlice>> =
+                    dirty.keys().map(|k| (k.as_str(), Vec::new())).collect();
+                for slice in self.slices.values() {
+                    if let Some(key) = service_of(slice)
+                        && let Some(list) = by_service.get_mut(key.as_str())
+                    {
+                        list.push(slice);
+                    }
                 }
-                outcome
+                let changes: Vec<ServiceChange<'_>> = by_service
+                    .into_iter()
+                    .map(|(key, slices)| (key, self.services.get(key), slices))
+                    .collect();
+                (planner.replan_services(&changes)?, false, dirty.len())
             }
-            _ => self.rebuild_all()?,
+            _ => {
+                let snapshot = Snapshot {
+                    services: self.services.values().cloned().collect(),
+                    slices: self.slices.values().cloned().collect(),
+                    nodes: self.nodes.values().cloned().collect(),
+                };
+                let planner = Planner::build(&snapshot, &self.config)?;
+                let changes = planner.changes_since(self.planner.as_ref());
+                // Objects that exist but are no longer wanted (a restart after a layout change).
+                let unwanted: Vec<String> = self
+                    .fws
+                    .names()
+                    .filter(|n| planner.slice_revision(n).is_none())
+                    .cloned()
+                    .collect();
+                self.retired.extend(unwanted);
+                self.planner = Some(planner);
+                self.rebuild = false;
+                (changes, true, 0)
+            }
         };
-        outcome.changed.sort();
-        outcome.changed.dedup();
-        for node in &outcome.changed {
-            let pending = self.pending.entry(node.clone()).or_default();
+        Ok(self.queue(changes, earliest, full, services))
+    }
+
+    fn queue(
+        &mut self,
+        changes: Changes,
+        earliest: Option<Timestamp>,
+        full: bool,
+        services: usize,
+    ) -> PlanOutcome {
+        for change in &changes.slices {
+            self.retired.remove(&change.name);
+            let pending = self
+                .pending
+                .entry(ObjectRef::Slice(change.name.clone()))
+                .or_default();
+            pending.trigger = min_time(pending.trigger, earliest);
+            pending.first |= change.first;
+        }
+        for node in &changes.plans {
+            let pending = self.pending.entry(ObjectRef::Plan(node.clone())).or_default();
             pending.trigger = min_time(pending.trigger, earliest);
         }
-        Ok(outcome)
+        for name in &changes.retired {
+            self.pending.remove(&ObjectRef::Slice(name.clone()));
+            if self.fws.get(name).is_some() {
+                self.retired.insert(name.clone());
+            }
+        }
+        PlanOutcome {
+            changed: changes.plans,
+            slices: changes.slices.into_iter().map(|c| c.name).collect(),
+            full,
+            services,
+            diagnostics: changes.diagnostics,
+        }
     }
 
-    fn rebuild_all(&mut self) -> Result<PlanOutcome, Error> {
-        let snapshot = Snapshot {
-            services: self.services.values().cloned().collect(),
-            slices: self.slices.values().cloned().collect(),
-            nodes: self.nodes.values().cloned().collect(),
+    /// The next object to handle and its trigger time: slices gaining a moving entry first, then other
+    /// slices, then plans of nodes without one (a new node must not wait behind a rollout), then the
+    /// longest-waiting plans; slices no longer wanted last, once nothing else waits.
+    pub fn next_pending(&mut self) -> Option<(ObjectRef, Option<Timestamp>)> {
+        let rank = |object: &ObjectRef, p: &Pending| -> u8 {
+            match object {
+                ObjectRef::Slice(_) if p.first => 0,
+                ObjectRef::Slice(_) => 1,
+                ObjectRef::Plan(name) if self.plans.get(name).is_none() => 2,
+                ObjectRef::Plan(_) => 3,
+            }
         };
-        let planner = Planner::build(&snapshot, &self.config)?;
-        let changed = planner
-            .node_names()
-            .filter(|n| self.planner.as_ref().and_then(|p| p.revision(n)) != planner.revision(n))
-            .map(str::to_string)
-            .collect();
-        let diagnostics = planner.diagnostics().clone();
-        self.planner = Some(planner);
-        self.rebuild = false;
-        Ok(PlanOutcome {
-            changed,
-            full: true,
-            services: 0,
-            diagnostics,
-        })
-    }
-
-    /// The next node to write and its trigger time: nodes without any plan object first (a new node must
-    /// not wait behind a rollout), then the longest-waiting.
-    pub fn next_pending(&mut self) -> Option<(String, Option<Timestamp>)> {
-        let new = self
+        let next = self
             .pending
-            .keys()
-            .find(|n| !self.observed.contains_key(n.as_str()))
-            .cloned();
-        let node = new.or_else(|| {
-            self.pending
-                .iter()
-                .min_by_key(|(name, p)| (p.trigger.is_none(), p.trigger, (*name).clone()))
-                .map(|(n, _)| n.clone())
-        })?;
-        let pending = self.pending.remove(&node)?;
-        Some((node, pending.trigger))
+            .iter()
+            .min_by_key(|(object, p)| (rank(object, p), p.trigger.is_none(), p.trigger, (*object).clone()))
+            .map(|(object, _)| object.clone());
+        if let Some(object) = next {
+            let pending = self.pending.remove(&object)?;
+            return Some((object, pending.trigger));
+        }
+        let name = self.retired.pop_first()?;
+        Some((ObjectRef::Slice(name), None))
     }
 
-    /// Puts a node back (after a failed write), keeping its trigger time.
-    pub fn requeue(&mut self, node: &str, trigger: Option<Timestamp>) {
-        let pending = self.pending.entry(node.to_string()).or_default();
+    /// Puts an object back (after a failed write), keeping its trigger time.
+    pub fn requeue(&mut self, object: &ObjectRef, trigger: Option<Timestamp>) {
+        if let ObjectRef::Slice(name) = object
+            && self
+                .planner
+                .as_ref()
+                .is_some_and(|p| p.slice_revision(name).is_none())
+        {
+            self.retired.insert(name.clone());
+            return;
+        }
+        let pending = self.pending.entry(object.clone()).or_default();
         pending.trigger = min_time(pending.trigger, trigger);
     }
 
-    /// What `node` needs written, comparing desired revisions with the observed objects. `None` when the
-    /// node is not planned (gone, or planning not done yet).
-    pub fn work_for(&self, node: &str, trigger: Option<Timestamp>) -> Option<NodeWork> {
+    /// What an object needs, comparing the desired revision with the observed object. `None` when it is
+    /// up to date, or not planned (gone, or planning not done yet).
+    pub fn work_for(&self, object: &ObjectRef, trigger: Option<Timestamp>) -> Option<Work> {
         let planner = self.planner.as_ref()?;
-        let revisions = planner.shard_revisions(node)?;
-        let count = revisions.len() as u32;
-        let stale: BTreeSet<u32> = (0..count)
-            .filter(|&i| {
-                let name = plan_object_name(node, i);
-                !matches!(self.observed.get(&name), Some(o) if o.consistent && o.revision == revisions[i as usize])
-            })
-            .collect();
-        let new_node = !self.observed.contains_key(node);
-        let info = planner.node_info(node)?;
-        let mut shards = planner.node_shards(node, &stale)?;
-        // Other shards first, the primary (index 0) last.
-        shards.sort_by_key(|(index, _)| if *index == 0 { u32::MAX } else { *index });
-        let apply = shards
-            .into_iter()
-            .map(|(index, spec)| {
-                let mut object = object(node, info.uid.as_deref(), index, count, spec);
-                if let Some(trigger) = trigger {
-                    object
-                        .metadata
-                        .annotations
-                        .get_or_insert_with(BTreeMap::new)
-                        .insert(ANNOTATION_TRIGGER_TIME.to_string(), trigger.to_string());
+        let mut work = match object {
+            ObjectRef::Plan(node) => {
+                let revision = planner.plan_revision(node)?;
+                if self.plans.is_current(node, revision) {
+                    return None;
                 }
-                object
-            })
-            .collect();
-        let delete: Vec<String> = self
-            .observed
-            .iter()
-            .filter(|(name, o)| o.node == node && !(0..count).any(|i| plan_object_name(node, i) == **name))
-            .map(|(name, _)| name.clone())
-            .collect();
-        Some(NodeWork {
-            node: node.to_string(),
-            apply,
-            delete,
-            trigger,
-            new_node,
-        })
+                let uid = planner.node_info(node).and_then(|n| n.uid.clone());
+                Work::ApplyPlan(plan_object(node, uid.as_deref(), planner.node_plan(node)?))
+            }
+            ObjectRef::Slice(name) => match planner.slice_revision(name) {
+                Some(revision) if self.fws.is_current(name, &revision) => return None,
+                Some(_) => Work::ApplySlice(slice_object(name, planner.slice(name)?)),
+                None if self.fws.get(name).is_some() => return Some(Work::DeleteSlice(name.clone())),
+                None => return None,
+            },
+        };
+        if let Some(trigger) = trigger {
+            let meta = match &mut work {
+                Work::ApplyPlan(o) => &mut o.metadata,
+                Work::ApplySlice(o) => &mut o.metadata,
+                Work::DeleteSlice(_) => return Some(work),
+            };
+            meta.annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(ANNOTATION_TRIGGER_TIME.to_string(), trigger.to_string());
+        }
+        Some(work)
     }
 
-    /// Plan objects whose Node is not in the cache: candidates for deletion once the Node is confirmed gone.
+    /// Plans whose Node is not in the cache: candidates for deletion once the Node is confirmed gone.
     pub fn orphans(&self) -> BTreeMap<String, Vec<String>> {
         if !self.nodes.synced() {
             return BTreeMap::new();
         }
         let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (name, observed) in &self.observed {
-            if self.nodes.get(&observed.node).is_none() {
-                orphans
-                    .entry(observed.node.clone())
-                    .or_default()
-                    .push(name.clone());
+        for (name, observed) in self.plans.iter() {
+            let node = observed.node.clone().unwrap_or_else(|| name.clone());
+            if self.nodes.get(&node).is_none() {
+                orphans.entry(node).or_default().push(name.clone());
             }
         }
         orphans
     }
 
-    /// Records that an object was written with the given revision (so the watch echo is not mistaken for
-    /// an edit and an immediate retry does not rewrite it).
-    pub fn written(&mut self, node: &str, name: &str, revision: &str) {
+    /// Records a revision about to be written (its watch echo may come back before the response).
+    pub fn intend(&mut self, object: &ObjectRef, revision: &str) {
+        self.tracker_mut(object).intend(object.name(), revision);
+    }
+
+    /// Records that an object was written with the given revision and resourceVersion.
+    pub fn written(&mut self, object: &ObjectRef, revision: &str, resource_version: Option<&str>) {
         // Written during a relist: the list may predate the write, which must not count as a deletion.
-        if let Some(seen) = self.relisted_plans.as_mut() {
-            seen.insert(name.to_string());
-        }
-        self.observed.insert(
-            name.to_string(),
-            Observed {
-                node: node.to_string(),
-                revision: revision.to_string(),
-                consistent: true,
-            },
-        );
+        let node = match object {
+            ObjectRef::Plan(node) => {
+                self.relisted_plans.note(node);
+                Some(node.as_str())
+            }
+            ObjectRef::Slice(name) => {
+                self.relisted_fws.note(name);
+                None
+            }
+        };
+        let name = object.name().to_string();
+        self.tracker_mut(object)
+            .written(&name, revision, resource_version, node);
     }
 
     /// Records that an object was deleted.
-    pub fn deleted(&mut self, name: &str) {
-        self.observed.remove(name);
-    }
-
-    /// How many objects the node's plan has (0 when the node is not planned).
-    pub fn shard_count(&self, node: &str) -> Option<usize> {
-        self.planner.as_ref()?.shard_revisions(node).map(<[String]>::len)
+    pub fn deleted(&mut self, object: &ObjectRef) {
+        let name = object.name().to_string();
+        self.tracker_mut(object).remove(&name);
+        if let ObjectRef::Slice(name) = object {
+            self.retired.remove(name);
+        }
     }
 
     /// Services currently known (for the empty-relist guard and metrics).
@@ -584,7 +750,13 @@ mod tests {
         engine.observe(Input::Node(Event::InitDone));
         engine.observe(Input::Plan(Event::Init));
         engine.observe(Input::Plan(Event::InitDone));
+        engine.observe(Input::ForwardingSlice(Event::Init));
+        engine.observe(Input::ForwardingSlice(Event::InitDone));
         engine
+    }
+
+    fn plan_ref(node: &str) -> ObjectRef {
+        ObjectRef::Plan(node.into())
     }
 
     #[test]
@@ -597,35 +769,53 @@ mod tests {
     }
 
     #[test]
-    fn the_first_planning_queues_every_node_and_bursts_coalesce() {
+    fn the_first_planning_queues_every_object_and_bursts_coalesce() {
         let mut engine = synced_engine();
         let outcome = engine.plan().unwrap();
         assert!(outcome.full);
         assert_eq!(outcome.changed, vec!["node-a", "node-b", "node-c"]);
+        assert_eq!(
+            outcome.slices,
+            vec!["all-0000", "zone-zone-a-0000", "zone-zone-b-0000"]
+        );
         assert!(!engine.dirty());
-        // Ten updates of one slice before the next tick: one incremental run for one Service.
+        write_all(&mut engine);
+        // Ten updates of one slice before the next tick: one incremental run for one Service, which
+        // rewrites the one slice holding it and the plan of the node its endpoint moved to.
         for i in 0..10 {
             let eps = slice(
                 "ns1",
                 "web",
                 &[("", 80, "TCP")],
-                vec![endpoint(&format!("10.244.1.{}", 10 + i), "node-a")],
+                vec![endpoint(&format!("10.244.2.{}", 10 + i), "node-b")],
             );
             engine.observe(Input::Slice(Event::Apply(eps)));
         }
         let outcome = engine.plan().unwrap();
         assert!(!outcome.full);
         assert_eq!(outcome.services, 1);
+        assert_eq!(outcome.slices, vec!["all-0000"]);
+        assert_eq!(
+            outcome.changed,
+            vec!["node-a", "node-b"],
+            "endpointsOnNode of both changed"
+        );
         assert_eq!(engine.queue_depth(), 3);
     }
 
     #[test]
-    fn new_nodes_are_written_first() {
+    fn slices_are_written_before_plans_and_new_nodes_before_other_plans() {
         let mut engine = synced_engine();
         engine.plan().unwrap();
-        engine.written("node-a", "node-a", "x");
-        engine.written("node-c", "node-c", "y");
-        assert_eq!(engine.next_pending().map(|(n, _)| n).as_deref(), Some("node-b"));
+        engine.written(&plan_ref("node-a"), "x", None);
+        engine.written(&plan_ref("node-c"), "y", None);
+        let mut order = Vec::new();
+        while let Some((object, _)) = engine.next_pending() {
+            order.push(object);
+        }
+        assert!(matches!(&order[0], ObjectRef::Slice(_)));
+        assert!(matches!(&order[2], ObjectRef::Slice(_)));
+        assert_eq!(order[3], plan_ref("node-b"), "the node without a plan first");
     }
 
     #[test]
@@ -660,25 +850,38 @@ mod tests {
         assert_eq!(engine.service_count(), 0);
     }
 
-    /// Writes every pending node and feeds the objects back as the plan watch would.
-    fn write_all(engine: &mut Engine) -> Vec<NodeForwardingPlan> {
-        let mut written = Vec::new();
-        while let Some((node, _)) = engine.next_pending() {
-            for object in engine.work_for(&node, None).unwrap().apply {
-                engine.observe(Input::Plan(Event::Apply(object.clone())));
-                written.push(object);
+    /// Writes every pending object and feeds it back as the watches would.
+    fn write_all(engine: &mut Engine) -> (Vec<NodeForwardingPlan>, Vec<ForwardingSlice>) {
+        let (mut plans, mut slices) = (Vec::new(), Vec::new());
+        while let Some((object, _)) = engine.next_pending() {
+            match engine.work_for(&object, None) {
+                Some(Work::ApplyPlan(plan)) => {
+                    engine.intend(&object, &plan.spec.revision);
+                    engine.observe(Input::Plan(Event::Apply(plan.clone())));
+                    plans.push(plan);
+                }
+                Some(Work::ApplySlice(slice)) => {
+                    engine.intend(&object, &slice.spec.revision);
+                    engine.observe(Input::ForwardingSlice(Event::Apply(slice.clone())));
+                    slices.push(slice);
+                }
+                Some(Work::DeleteSlice(_)) => engine.deleted(&object),
+                None => {}
             }
         }
-        written
+        (plans, slices)
     }
 
     #[test]
-    fn a_relist_forgets_plans_deleted_while_the_watch_was_down() {
+    fn a_relist_forgets_objects_deleted_while_the_watch_was_down() {
         let mut engine = synced_engine();
         engine.plan().unwrap();
-        let plans = write_all(&mut engine);
-        assert_eq!(plans.len(), 3);
-        assert!(engine.take_restored().is_empty());
+        let (plans, slices) = write_all(&mut engine);
+        assert_eq!((plans.len(), slices.len()), (3, 3));
+        assert!(
+            engine.take_restored().is_empty(),
+            "our own writes are not restores"
+        );
 
         engine.observe(Input::Plan(Event::Init));
         for plan in plans
@@ -688,21 +891,90 @@ mod tests {
             engine.observe(Input::Plan(Event::InitApply(plan.clone())));
         }
         engine.observe(Input::Plan(Event::InitDone));
-        assert_eq!(engine.take_restored(), vec!["node-b"]);
-        let mut apply = BTreeMap::new();
-        while let Some((node, _)) = engine.next_pending() {
-            apply.insert(node.clone(), engine.work_for(&node, None).unwrap().apply.len());
+        engine.observe(Input::ForwardingSlice(Event::Init));
+        for slice in slices
+            .iter()
+            .filter(|s| s.metadata.name.as_deref() != Some("all-0000"))
+        {
+            engine.observe(Input::ForwardingSlice(Event::InitApply(slice.clone())));
         }
-        let want: BTreeMap<String, usize> =
-            [("node-a".into(), 0), ("node-b".into(), 1), ("node-c".into(), 0)].into();
-        assert_eq!(apply, want);
+        engine.observe(Input::ForwardingSlice(Event::InitDone));
+        assert_eq!(
+            engine.take_restored(),
+            vec![plan_ref("node-b"), ObjectRef::Slice("all-0000".into())]
+        );
+        let mut applied = Vec::new();
+        while let Some((object, _)) = engine.next_pending() {
+            if engine.work_for(&object, None).is_some() {
+                applied.push(object);
+            }
+        }
+        assert_eq!(
+            applied,
+            vec![ObjectRef::Slice("all-0000".into()), plan_ref("node-b")]
+        );
+    }
+
+    #[test]
+    fn late_echoes_of_our_own_writes_are_not_restores() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        let (plans, _) = write_all(&mut engine);
+        let old = plans[0].clone();
+        // A new endpoint on node-a: node-a's plan gets a new revision and is written.
+        let eps = slice(
+            "ns1",
+            "web",
+            &[("", 80, "TCP")],
+            vec![endpoint("10.244.1.5", "node-a"), endpoint("10.244.1.6", "node-a")],
+        );
+        engine.observe(Input::Slice(Event::Apply(eps)));
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        // The watch now delivers the older write late (and an agent's status write on top of it).
+        let mut echo = old.clone();
+        echo.metadata.resource_version = Some("5".into());
+        engine.observe(Input::Plan(Event::Apply(old)));
+        engine.observe(Input::Plan(Event::Apply(echo)));
+        assert!(engine.take_restored().is_empty());
+        assert_eq!(engine.queue_depth(), 0, "nothing to rewrite");
+    }
+
+    #[test]
+    fn an_outside_edit_is_restored_and_counted() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        let (plans, _) = write_all(&mut engine);
+        let mut edited = plans[0].clone();
+        edited.spec.endpoints_on_node.push("10.9.9.9".into());
+        engine.observe(Input::Plan(Event::Apply(edited)));
+        assert_eq!(engine.take_restored(), vec![plan_ref("node-a")]);
+        assert!(matches!(
+            engine.next_pending().and_then(|(o, _)| engine.work_for(&o, None)),
+            Some(Work::ApplyPlan(_))
+        ));
+    }
+
+    #[test]
+    fn a_slice_nobody_wants_is_deleted_after_the_writes() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        let (name, spec) = switchyard_api::testing::slice("all", 1, 2, vec![]);
+        engine.observe(Input::ForwardingSlice(Event::Apply(slice_object(&name, spec))));
+        let (object, _) = engine.next_pending().unwrap();
+        assert_eq!(object, ObjectRef::Slice("all-0001".into()));
+        assert_eq!(
+            engine.work_for(&object, None),
+            Some(Work::DeleteSlice("all-0001".into()))
+        );
     }
 
     #[test]
     fn plans_of_unknown_nodes_are_only_candidates() {
         let mut engine = synced_engine();
         engine.plan().unwrap();
-        engine.written("node-x", "node-x", "abc");
+        engine.written(&plan_ref("node-x"), "abc", None);
         let orphans = engine.orphans();
         assert_eq!(orphans.keys().collect::<Vec<_>>(), vec!["node-x"]);
     }

@@ -40,16 +40,26 @@ pub struct Metrics {
     registry: Registry,
     /// Plan objects written.
     pub plans_written: Counter,
-    /// Plan objects found already up to date when a node was reconciled.
+    /// Plan objects found already up to date when they were reconciled.
     pub plans_unchanged: Counter,
-    /// Plan writes that failed.
+    /// Plan and slice writes and deletes that failed.
     pub write_failures: Counter,
     /// Bytes of plan objects written.
     pub bytes_written: Counter,
-    /// Plan objects deleted (orphans, shards no longer needed).
+    /// Plan objects deleted (plans of nodes that are gone).
     pub plans_deleted: Counter,
     /// Plans restored after someone else edited or deleted them.
     pub plans_restored: Counter,
+    /// ForwardingSlices written.
+    pub slices_written: Counter,
+    /// ForwardingSlices found already up to date when they were reconciled.
+    pub slices_unchanged: Counter,
+    /// Bytes of ForwardingSlices written.
+    pub slice_bytes_written: Counter,
+    /// ForwardingSlices deleted (no longer needed).
+    pub slices_deleted: Counter,
+    /// ForwardingSlices restored after someone else edited or deleted them.
+    pub slices_restored: Counter,
     /// Writes that waited for the write budget.
     pub throttled_writes: Counter,
     /// Input objects the planner skipped as invalid: each counted once, not once per re-plan (again only
@@ -76,6 +86,11 @@ impl Default for Metrics {
             bytes_written: Counter::default(),
             plans_deleted: Counter::default(),
             plans_restored: Counter::default(),
+            slices_written: Counter::default(),
+            slices_unchanged: Counter::default(),
+            slice_bytes_written: Counter::default(),
+            slices_deleted: Counter::default(),
+            slices_restored: Counter::default(),
             throttled_writes: Counter::default(),
             skipped_objects: Family::default(),
             planning_duration: Family::new_with_constructor(|| {
@@ -101,7 +116,7 @@ impl Default for Metrics {
         );
         registry.register(
             "plan_write_failures",
-            "Plan writes that failed",
+            "Plan and slice writes and deletes that failed",
             m.write_failures.clone(),
         );
         registry.register(
@@ -116,8 +131,33 @@ impl Default for Metrics {
             m.plans_restored.clone(),
         );
         registry.register(
+            "slices_written",
+            "ForwardingSlices written (server-side apply)",
+            m.slices_written.clone(),
+        );
+        registry.register(
+            "slices_unchanged",
+            "ForwardingSlices already up to date, not written",
+            m.slices_unchanged.clone(),
+        );
+        registry.register(
+            "slice_bytes_written",
+            "Bytes of ForwardingSlices written",
+            m.slice_bytes_written.clone(),
+        );
+        registry.register(
+            "slices_deleted",
+            "ForwardingSlices deleted (no longer needed)",
+            m.slices_deleted.clone(),
+        );
+        registry.register(
+            "slices_restored",
+            "ForwardingSlices restored after an outside edit or delete",
+            m.slices_restored.clone(),
+        );
+        registry.register(
             "throttled_writes",
-            "Plan writes that waited for the write budget",
+            "Plan and slice writes that waited for the write budget",
             m.throttled_writes.clone(),
         );
         registry.register(
@@ -132,12 +172,12 @@ impl Default for Metrics {
         );
         registry.register(
             "network_programming_duration_seconds",
-            "From the EndpointSlice last-change-trigger-time to the plan write",
+            "From the EndpointSlice last-change-trigger-time to the plan or slice write",
             m.network_programming.clone(),
         );
         registry.register(
             "queue_depth",
-            "Nodes waiting for a plan write",
+            "Plans and slices waiting for a write or delete",
             m.queue_depth.clone(),
         );
         registry.register(

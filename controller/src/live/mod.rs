@@ -1,11 +1,11 @@
-//! The live controller: keeps every node's plan current against the API server.
+//! The live controller: keeps every ForwardingSlice and every node's plan current against the API server.
 //!
 //! ```text
-//! watch Services, EndpointSlices, Nodes, plans ─► Engine::observe (caches, dirty set)
-//!    every minPlanInterval while dirty ─► Engine::plan (incremental planner) ─► pending nodes
-//!    leader only: pending node ─► reconcile(node, ctx) ─► write budget ─► server-side apply (spec only)
-//!                                                     └► error_policy ─► requeue with backoff
-//!    orphan sweep: plan whose Node is gone (GET 404) ─► delete
+//! watch Services, EndpointSlices, Nodes, plans, slices ─► Engine::observe (caches, dirty set)
+//!    every minPlanInterval while dirty ─► Engine::plan (incremental planner) ─► pending slices and plans
+//!    leader only: pending object ─► reconcile(object, ctx) ─► write budget ─► server-side apply (spec only)
+//!                                                         └► error_policy ─► requeue with backoff
+//!    retired slices ─► delete;  orphan sweep: plan whose Node is gone (GET 404) ─► delete
 //! ```
 
 pub mod budget;
@@ -15,4 +15,5 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod run;
+pub mod tracker;
 pub mod watch;

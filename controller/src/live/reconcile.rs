@@ -1,10 +1,10 @@
-//! Writing one node's plan: `reconcile(node, ctx) -> Result<Action>` and `error_policy`, kube-runtime's
-//! shape, driven by the engine's queue instead of a watch on the node itself.
+//! Writing one object (a ForwardingSlice or a node's plan): `reconcile(object, ctx) -> Result<Action>` and
+//! `error_policy`, kube-runtime's shape, driven by the engine's queue instead of a watch on the object.
 //!
 //! ```text
-//! node ─► Engine::work_for ─► for each stale shard (others first, primary last):
-//!            leader? ─► write budget ─► PATCH …/nodeforwardingplans/<name>?fieldManager=switchyard-controller&force=true
-//!        ─► delete shards no longer needed ─► metrics (written, unchanged, bytes, network programming latency)
+//! object ─► Engine::work_for ─► Apply: leader? ─► write budget ─► PATCH …/<plural>/<name>?fieldManager=switchyard-controller&force=true
+//!                           └─► Delete (a slice no longer wanted) ─► DELETE
+//!        ─► metrics (written, unchanged, bytes, network programming latency)
 //! error ─► error_policy ─► requeue after 0.5 s · 2^failures (capped at 5 min, at least a 429's
 //!          retryAfterSeconds): never a tight loop
 //! every API call here is bounded by Context::api_timeout (kube's client has no read timeout)
@@ -21,10 +21,15 @@ use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams},
 };
-use switchyard_api::{NodeForwardingPlan, names::CONTROLLER_FIELD_MANAGER};
+use serde::Serialize;
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan, names::CONTROLLER_FIELD_MANAGER};
 use tokio::sync::watch;
 
-use super::{budget::WriteBudget, engine::Engine, metrics::Metrics};
+use super::{
+    budget::WriteBudget,
+    engine::{Engine, ObjectRef, Work},
+    metrics::Metrics,
+};
 use crate::Error;
 
 /// What to do next with a node, after a reconcile or an error.
@@ -49,6 +54,8 @@ pub struct Context {
     pub engine: Arc<Mutex<Engine>>,
     /// Plan objects.
     pub plans: Api<NodeForwardingPlan>,
+    /// ForwardingSlices.
+    pub slices: Api<ForwardingSlice>,
     /// Nodes (to confirm deletions).
     pub nodes: Api<Node>,
     /// The global write budget.
@@ -59,7 +66,7 @@ pub struct Context {
     pub leader: watch::Receiver<bool>,
     /// Longest wait for one API call.
     pub api_timeout: Duration,
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Mutex<HashMap<ObjectRef, u32>>,
 }
 
 impl Context {
@@ -75,6 +82,7 @@ impl Context {
         Self {
             engine,
             plans: Api::all(client.clone()),
+            slices: Api::all(client.clone()),
             nodes: Api::all(client),
             budget,
             metrics,
@@ -130,93 +138,120 @@ async fn while_leading<T>(
     }
 }
 
-/// Brings one node's plan objects up to date.
+/// Brings one object up to date.
 pub async fn reconcile(
-    node: Arc<String>,
+    object: Arc<ObjectRef>,
     trigger: Option<Timestamp>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let work = match ctx.engine.lock() {
-        Ok(engine) => engine.work_for(&node, trigger),
+        Ok(engine) => engine.work_for(&object, trigger),
         Err(_) => None,
     };
-    let Some(work) = work else {
-        return Ok(Action::AwaitChange);
-    };
-    let total = work.apply.len() as u64;
-    let planned = ctx
-        .engine
-        .lock()
-        .ok()
-        .and_then(|e| e.shard_count(&node))
-        .unwrap_or(0) as u64;
-    for object in &work.apply {
-        if !ctx.is_leader() {
-            return Err(Error::NotLeader);
+    let wrote = matches!(work, Some(Work::ApplyPlan(_) | Work::ApplySlice(_)));
+    match work {
+        None => {
+            let unchanged = match object.as_ref() {
+                ObjectRef::Plan(_) => &ctx.metrics.plans_unchanged,
+                ObjectRef::Slice(_) => &ctx.metrics.slices_unchanged,
+            };
+            unchanged.inc();
         }
-        if ctx.budget.acquire().await {
-            ctx.metrics.throttled_writes.inc();
+        Some(Work::ApplyPlan(plan)) => {
+            let revision = plan.spec.revision.clone();
+            apply(&object, &revision, &ctx.plans, &plan, &ctx).await?;
         }
-        if !ctx.is_leader() {
-            return Err(Error::NotLeader);
+        Some(Work::ApplySlice(slice)) => {
+            let revision = slice.spec.revision.clone();
+            apply(&object, &revision, &ctx.slices, &slice, &ctx).await?;
         }
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let params = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
-        ctx.bounded_while_leader(ctx.plans.patch(&name, &params, &Patch::Apply(object)))
-            .await
-            .ok_or(Error::NotLeader)?
-            .map_err(|source| Error::ApplyPlan {
-                name: name.clone(),
-                source,
-            })?;
-        let bytes = serde_json::to_vec(object).map_or(0, |v| v.len()) as u64;
-        ctx.metrics.plans_written.inc();
-        ctx.metrics.bytes_written.inc_by(bytes);
-        if let Ok(mut engine) = ctx.engine.lock() {
-            engine.written(&node, &name, &object.spec.revision);
-        }
-        tracing::debug!(plan = %name, revision = %object.spec.revision, bytes, "plan written");
-    }
-    ctx.metrics.plans_unchanged.inc_by(planned.saturating_sub(total));
-    for name in &work.delete {
-        if !ctx.is_leader() {
-            return Err(Error::NotLeader);
-        }
-        match ctx
-            .bounded_while_leader(ctx.plans.delete(name, &DeleteParams::default()))
-            .await
-            .ok_or(Error::NotLeader)?
-        {
-            Ok(_) => {
-                ctx.metrics.plans_deleted.inc();
+        Some(Work::DeleteSlice(name)) => {
+            if !ctx.is_leader() {
+                return Err(Error::NotLeader);
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(source) => {
-                return Err(Error::DeletePlan {
-                    name: name.clone(),
-                    source,
-                });
+            match ctx
+                .bounded_while_leader(ctx.slices.delete(&name, &DeleteParams::default()))
+                .await
+                .ok_or(Error::NotLeader)?
+            {
+                Ok(_) => ctx.metrics.slices_deleted.inc(),
+                Err(kube::Error::Api(e)) if e.code == 404 => 0,
+                Err(source) => {
+                    return Err(Error::Delete {
+                        kind: object.kind(),
+                        name,
+                        source,
+                    });
+                }
+            };
+            if let Ok(mut engine) = ctx.engine.lock() {
+                engine.deleted(&object);
             }
+            tracing::info!(slice = %name, "deleted a slice no longer needed");
         }
-        if let Ok(mut engine) = ctx.engine.lock() {
-            engine.deleted(name);
-        }
-        tracing::info!(plan = %name, "deleted a shard no longer needed");
     }
-    if let (Some(trigger), true) = (work.trigger, total > 0) {
+    if let (Some(trigger), true) = (trigger, wrote) {
         let latency = Timestamp::now().duration_since(trigger).as_secs_f64();
         if latency >= 0.0 {
             ctx.metrics.network_programming.observe(latency);
         }
     }
     if let Ok(mut failures) = ctx.failures.lock() {
-        failures.remove(node.as_str());
+        failures.remove(object.as_ref());
     }
     Ok(Action::AwaitChange)
 }
 
-/// What to do after a failed reconcile: back off exponentially per node.
-pub fn error_policy(node: Arc<String>, error: &Error, ctx: Arc<Context>) -> Action {
+/// Server-side applies one object (spec only, our field manager, forced) under the write budget.
+async fn apply<K>(
+    object: &ObjectRef,
+    revision: &str,
+    api: &Api<K>,
+    body: &K,
+    ctx: &Context,
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if !ctx.is_leader() {
+        return Err(Error::NotLeader);
+    }
+    if ctx.budget.acquire().await {
+        ctx.metrics.throttled_writes.inc();
+    }
+    if !ctx.is_leader() {
+        return Err(Error::NotLeader);
+    }
+    if let Ok(mut engine) = ctx.engine.lock() {
+        engine.intend(object, revision);
+    }
+    let name = object.name().to_string();
+    let params = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
+    let written = ctx
+        .bounded_while_leader(api.patch(&name, &params, &Patch::Apply(body)))
+        .await
+        .ok_or(Error::NotLeader)?
+        .map_err(|source| Error::Apply {
+            kind: object.kind(),
+            name: name.clone(),
+            source,
+        })?;
+    let bytes = serde_json::to_vec(body).map_or(0, |v| v.len()) as u64;
+    let (count, total) = match object {
+        ObjectRef::Plan(_) => (&ctx.metrics.plans_written, &ctx.metrics.bytes_written),
+        ObjectRef::Slice(_) => (&ctx.metrics.slices_written, &ctx.metrics.slice_bytes_written),
+    };
+    count.inc();
+    total.inc_by(bytes);
+    if let Ok(mut engine) = ctx.engine.lock() {
+        engine.written(object, revision, written.meta().resource_version.as_deref());
+    }
+    tracing::debug!(%object, revision, bytes, "written");
+    Ok(())
+}
+
+/// What to do after a failed reconcile: back off exponentially per object.
+pub fn error_policy(object: Arc<ObjectRef>, error: &Error, ctx: Arc<Context>) -> Action {
     if matches!(error, Error::NotLeader) {
         // Not a failure of this node: the new leader writes it.
         return Action::AwaitChange;
@@ -224,7 +259,7 @@ pub fn error_policy(node: Arc<String>, error: &Error, ctx: Arc<Context>) -> Acti
     ctx.metrics.write_failures.inc();
     let failures = match ctx.failures.lock() {
         Ok(mut failures) => {
-            let n = failures.entry(node.to_string()).or_insert(0);
+            let n = failures.entry(object.as_ref().clone()).or_insert(0);
             *n += 1;
             *n
         }
@@ -232,7 +267,7 @@ pub fn error_policy(node: Arc<String>, error: &Error, ctx: Arc<Context>) -> Acti
     };
     // The API server's retryAfterSeconds (sent with a 429) is a floor: retrying sooner only adds load.
     let delay = backoff(failures).max(retry_after(error).unwrap_or_default());
-    tracing::warn!(%node, %error, failures, retry_in = ?delay, "writing the plan failed");
+    tracing::warn!(%object, %error, failures, retry_in = ?delay, "writing failed");
     Action::Requeue(delay)
 }
 
@@ -240,9 +275,7 @@ pub fn error_policy(node: Arc<String>, error: &Error, ctx: Arc<Context>) -> Acti
 /// API server puts the same value in the Status body's `details.retryAfterSeconds`.
 pub fn retry_after(error: &Error) -> Option<Duration> {
     let source = match error {
-        Error::ApplyPlan { source, .. }
-        | Error::DeletePlan { source, .. }
-        | Error::GetNode { source, .. } => source,
+        Error::Apply { source, .. } | Error::Delete { source, .. } | Error::GetNode { source, .. } => source,
         _ => return None,
     };
     match source {
@@ -284,12 +317,18 @@ pub async fn sweep_orphans(ctx: &Context) -> Result<usize, Error> {
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => return Err(Error::DeletePlan { name, source }),
+                Err(source) => {
+                    return Err(Error::Delete {
+                        kind: "NodeForwardingPlan",
+                        name,
+                        source,
+                    });
+                }
             }
             tracing::info!(plan = %name, %node, "deleted the plan of a node that no longer exists");
             ctx.metrics.plans_deleted.inc();
             if let Ok(mut engine) = ctx.engine.lock() {
-                engine.deleted(&name);
+                engine.deleted(&ObjectRef::Plan(name.clone()));
             }
             deleted += 1;
         }
@@ -337,7 +376,8 @@ mod tests {
     }
 
     fn apply_error(status: serde_json::Value) -> Error {
-        Error::ApplyPlan {
+        Error::Apply {
+            kind: "NodeForwardingPlan",
             name: "node-a".into(),
             source: kube::Error::Api(Box::new(serde_json::from_value(status).unwrap())),
         }

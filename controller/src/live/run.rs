@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! watch channel ─► engine.observe ──► every minPlanInterval while dirty: engine.plan ─► writer notified
-//! writer task (leader only): engine.next_pending ─► reconcile ─► Action (requeue after backoff on error)
+//! writer task (leader only): engine.next_pending (slices, then plans, then retired slices)
+//!                            ─► reconcile ─► Action (requeue after backoff on error)
 //! orphan sweep (leader only, periodic) ─► GET node 404 ─► delete its plans
 //! shutdown ─► stop writing, release the lease
 //! ```
@@ -23,7 +24,7 @@ use tokio::sync::{Notify, mpsc, watch};
 
 use super::{
     budget::WriteBudget,
-    engine::{Engine, SuspectEmpty},
+    engine::{Engine, ObjectRef, SuspectEmpty},
     leader::{self, Timing},
     metrics::{Health, KindLabel, Metrics, ModeLabel, router},
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
@@ -166,9 +167,12 @@ pub async fn run(
             Some(input) = rx.recv() => {
                 if let Ok(mut engine) = engine.lock() {
                     engine.observe(input);
-                    for name in engine.take_restored() {
-                        tracing::info!(plan = %name, "plan changed or deleted by someone else; restoring it");
-                        metrics.plans_restored.inc();
+                    for object in engine.take_restored() {
+                        tracing::info!(%object, "changed or deleted by someone else; restoring it");
+                        match object {
+                            ObjectRef::Plan(_) => metrics.plans_restored.inc(),
+                            ObjectRef::Slice(_) => metrics.slices_restored.inc(),
+                        };
                     }
                     metrics.queue_depth.set(engine.queue_depth() as i64);
                 }
@@ -255,7 +259,7 @@ fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics, skipped: &mut Skipp
                     })
                     .inc();
             }
-            tracing::info!(mode, services = outcome.services, changed = outcome.changed.len(), elapsed = ?start.elapsed(), "planned");
+            tracing::info!(mode, services = outcome.services, plans = outcome.changed.len(), slices = outcome.slices.len(), elapsed = ?start.elapsed(), "planned");
             metrics.queue_depth.set(engine.queue_depth() as i64);
         }
         Err(error) => tracing::error!(%error, "planning failed"),
@@ -325,7 +329,7 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
             }
         }
         let next = ctx.engine.lock().ok().and_then(|mut e| e.next_pending());
-        let Some((node, trigger)) = next else {
+        let Some((object, trigger)) = next else {
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -333,18 +337,18 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
             }
             continue;
         };
-        let node = Arc::new(node);
-        let action = match reconcile(Arc::clone(&node), trigger, Arc::clone(&ctx)).await {
+        let object = Arc::new(object);
+        let action = match reconcile(Arc::clone(&object), trigger, Arc::clone(&ctx)).await {
             Ok(action) => action,
             Err(Error::NotLeader) => {
-                // The node already left the queue: put it back (not a failure), for when this replica
-                // leads again; otherwise its remaining writes would wait for an unrelated change.
+                // The object already left the queue: put it back (not a failure), for when this replica
+                // leads again; otherwise its write would wait for an unrelated change.
                 if let Ok(mut engine) = ctx.engine.lock() {
-                    engine.requeue(&node, trigger);
+                    engine.requeue(&object, trigger);
                 }
                 Action::AwaitChange
             }
-            Err(error) => error_policy(Arc::clone(&node), &error, Arc::clone(&ctx)),
+            Err(error) => error_policy(Arc::clone(&object), &error, Arc::clone(&ctx)),
         };
         if let Ok(engine) = ctx.engine.lock() {
             ctx.metrics.queue_depth.set(engine.queue_depth() as i64);
@@ -355,7 +359,7 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 if let Ok(mut engine) = ctx.engine.lock() {
-                    engine.requeue(&node, trigger);
+                    engine.requeue(&object, trigger);
                 }
                 wake.notify_one();
             });

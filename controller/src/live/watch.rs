@@ -9,7 +9,7 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 use switchyard_api::{
-    NodeForwardingPlan,
+    ForwardingSlice, NodeForwardingPlan,
     names::{LABEL_MANAGED_BY, MANAGED_BY},
 };
 use tokio::sync::mpsc;
@@ -41,7 +41,7 @@ fn spawn<K>(
     });
 }
 
-/// Starts the four watches.
+/// Starts the five watches.
 pub fn start(client: &Client, tx: mpsc::Sender<Input>) {
     spawn(
         Api::<Service>::all(client.clone()),
@@ -64,8 +64,14 @@ pub fn start(client: &Client, tx: mpsc::Sender<Input>) {
     let ours = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
     spawn(
         Api::<NodeForwardingPlan>::all(client.clone()),
-        ours,
+        ours.clone(),
         Input::Plan,
+        tx.clone(),
+    );
+    spawn(
+        Api::<ForwardingSlice>::all(client.clone()),
+        ours,
+        Input::ForwardingSlice,
         tx,
     );
 }

@@ -1,30 +1,35 @@
-//! The planner: Services + EndpointSlices + Nodes + config → one `NodeForwardingPlanSpec` per node (or
-//! several shards of one). Pure: no client, no async, no clock.
+//! The planner: Services + EndpointSlices + Nodes + config → ForwardingSlices (shared, per view) and
+//! one `NodeForwardingPlanSpec` per node (header, views, overrides). Pure: no client, no async, no clock.
 //!
 //! ```text
 //! Services ──► services::templates ─┐
-//!                                   ├─► slots (one per ServicePort × family, sorted)
+//!                                   ├─► slots (one per ServicePort × family, by key)
 //! EndpointSlices ─► slices::collect ┘        │
-//!                                            ├─► per zone:   topology::categorize(node = none, zone)  ─► base entry
-//! Nodes ─► nodes::node_info ─────────────────┴─► per special node (hosts an endpoint / named in a hint)
-//!                                                               topology::categorize(node, zone)       ─► override
-//! node plan = zone's base entries with that node's overrides, split into shards, revisions from digests
+//!                                            ├─► per zone: categorize(node = none, zone)  ─► view answer
+//!                                            │     same digest in every zone ─► view `all`, else `zone-<z>`
+//! Nodes ─► nodes::node_info ─────────────────┴─► per node hosting an endpoint / named in a hint:
+//!                                                  categorize(node, zone) ─► the oracle's answer
+//! override(node) = oracle's answer ≠ view answer with onNode taken from endpointsOnNode  (hosting.rs)
+//! views ─► views::ViewLayout (slices, revisions)       nodes ─► plans::NodeLayout (plan, revision)
 //! ```
 //!
-//! Why slots and overrides: most entries come out identical on every node of a zone; only nodes hosting
-//! one of the entry's endpoints (on-node flag, Local policies) or named in a node hint differ. Computing
-//! the common answer once per zone and the exceptions per node keeps 1,000 nodes × 10,000 services to a
-//! few hundred thousand categorisations, and revisions come from per-entry digests summed
-//! ([`switchyard_api::revision`]), so no node's plan is ever serialised just to hash it.
+//! Why: most entries come out identical on every node of a zone; only nodes hosting one of the entry's
+//! endpoints under a Local policy, or named in a node hint, differ in a way that changes their rules
+//! (a plain Service's endpoint on the node differs only in `onNode`, which the agent derives from the
+//! plan's `endpointsOnNode`). So one endpoint change rewrites one slice (one per zone when hinted) and
+//! at most the plans of the nodes whose own answer or endpoint list changed. The per-node answer
+//! ([`Planner::oracle`]) stays as the test oracle: composing slices and plan must give exactly it.
 
 mod diagnostics;
 #[cfg(test)]
 pub(crate) mod fixtures;
-mod layout;
+mod hosting;
 mod nodes;
+mod plans;
 mod services;
 mod slices;
 pub mod topology;
+mod views;
 
 #[cfg(test)]
 mod tests;
@@ -39,19 +44,18 @@ use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
-pub use layout::NodePlan;
 pub use nodes::NodeInfo;
 pub(crate) use nodes::node_info;
 pub use slices::EndpointInfo;
 use switchyard_api::{
-    PlanEndpoint, ServicePlan,
+    ForwardingSliceSpec, IpFamily, NodeForwardingPlanSpec, PlanEndpoint, Protocol, ServicePlan, View,
+    compose::{Composed, SliceRef, compose},
     revision::{EntryFingerprint, fingerprint},
 };
+pub use views::service_hash;
 
 use self::{
-    layout::{Layout, ZoneCache},
-    services::PortTemplate,
-    topology::categorize,
+    hosting::Hosting, plans::NodeLayout, services::PortTemplate, topology::categorize, views::ViewLayout,
 };
 use crate::{Error, config::Config};
 
@@ -66,7 +70,7 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
 }
 
-/// One planned entry with its digest and size, shared by every node that gets the same answer.
+/// One planned entry with its digest and size, shared by every node and view that gets the same answer.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PlannedEntry {
     /// The entry.
@@ -75,43 +79,107 @@ pub struct PlannedEntry {
     pub fingerprint: EntryFingerprint,
 }
 
+/// An entry's identity: (ServicePortName, protocol, family).
+pub type EntryKey = (String, Protocol, IpFamily);
+
+/// A node's own answer for one entry, where it differs from its view's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    /// Hash of the entry's Service (its slice when the node's overrides move into its own view).
+    pub hash: u64,
+    /// The answer.
+    pub planned: Arc<PlannedEntry>,
+}
+
 type Zone = Option<String>;
 
-/// One ServicePort × family: the answers per zone and per special node.
+/// One ServicePort × family: the answer per zone and per node that hosts an endpoint or is hinted.
 #[derive(Debug)]
 struct Slot {
     /// The Service it belongs to (`namespace/name`).
     service_key: String,
-    /// Stable shard assignment: hash of the Service key, so all ports of a Service share a shard.
-    shard_hash: u64,
-    by_zone: HashMap<Zone, Arc<PlannedEntry>>,
-    overrides: HashMap<String, Arc<PlannedEntry>>,
+    /// [`service_hash`] of it: all ports of a Service share a slice.
+    hash: u64,
+    /// What a node of each zone forwards when it hosts none of the endpoints and no hint names it.
+    by_zone: BTreeMap<Zone, Arc<PlannedEntry>>,
+    /// The answer of each node hosting an endpoint or named in a node hint (the oracle's).
+    special: HashMap<String, Arc<PlannedEntry>>,
+    /// Each endpoint's IP and the (known) node the EndpointSlice puts it on.
+    hosts: Vec<(String, Option<String>)>,
+    /// Every zone's answer is the same: the entry lives once, in view `all`.
+    all: bool,
 }
 
 impl Slot {
-    /// The entry's sort key (the same in every answer).
-    fn key(&self) -> Option<(&str, switchyard_api::Protocol, switchyard_api::IpFamily)> {
-        self.by_zone
-            .values()
-            .next()
-            .or_else(|| self.overrides.values().next())
-            .map(|p| p.entry.key())
+    /// The entry as view `view` holds it (`None` when it is not in that view).
+    fn in_view(&self, view: &View) -> Option<&Arc<PlannedEntry>> {
+        match view {
+            View::All if self.all => self.by_zone.values().next(),
+            View::Zone(zone) if !self.all => self.by_zone.get(zone),
+            _ => None,
+        }
+    }
+
+    /// The views holding this entry.
+    fn views(&self) -> Vec<View> {
+        if self.all {
+            vec![View::All]
+        } else {
+            self.by_zone.keys().map(|z| View::Zone(z.clone())).collect()
+        }
+    }
+
+    /// What the per-node planner gives `node` (the oracle).
+    fn oracle(&self, node: &NodeInfo) -> Option<&Arc<PlannedEntry>> {
+        self.special
+            .get(&node.name)
+            .or_else(|| self.by_zone.get(&node.zone))
     }
 }
 
-/// Everything planned for a snapshot; nodes' plans are materialised on demand.
+/// What one planning run changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Nodes whose plan is new or has a new revision, sorted.
+    pub plans: Vec<String>,
+    /// Slices that are new or have a new revision, sorted by name.
+    pub slices: Vec<SliceChange>,
+    /// Slices no longer wanted (a view shrank or went away), sorted.
+    pub retired: Vec<String>,
+    /// What the planner could not use in the re-planned input.
+    pub diagnostics: Diagnostics,
+}
+
+/// One slice to write.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SliceChange {
+    /// Its name.
+    pub name: String,
+    /// It gained an entry another slice is about to lose (an entry moving between views): write it
+    /// before the others, so no agent ever misses the entry in between.
+    pub first: bool,
+}
+
+/// One Service to re-plan: its key, the Service (`None`: deleted) and its EndpointSlices.
+pub type ServiceChange<'a> = (&'a str, Option<&'a Service>, Vec<&'a EndpointSlice>);
+
+/// Everything planned for a snapshot; objects are materialised on demand.
 #[derive(Debug)]
 pub struct Planner {
     config: Config,
-    /// Sorted by entry key.
-    slots: Vec<Slot>,
+    slots: BTreeMap<EntryKey, Slot>,
+    by_service: HashMap<String, Vec<EntryKey>>,
     nodes: BTreeMap<String, NodeInfo>,
-    layouts: BTreeMap<String, Layout>,
+    zones: BTreeSet<Zone>,
+    hosting: Hosting,
+    overrides: BTreeMap<String, BTreeMap<EntryKey, Override>>,
+    plans: BTreeMap<String, NodeLayout>,
+    views: BTreeMap<View, ViewLayout>,
     diagnostics: Diagnostics,
 }
 
 impl Planner {
-    /// Plans every node of the snapshot.
+    /// Plans every node and view of the snapshot.
     pub fn build(snapshot: &Snapshot, config: &Config) -> Result<Self, Error> {
         let mut diag = Diagnostics::default();
         let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
@@ -128,103 +196,310 @@ impl Planner {
                 }
             }
         }
+        let zones: BTreeSet<Zone> = nodes.values().map(|n| n.zone.clone()).collect();
         let services: Vec<&Service> = snapshot.services.iter().collect();
         let slices: Vec<&EndpointSlice> = snapshot.slices.iter().collect();
-        let slots = plan_slots(&services, &slices, config, &nodes, &mut diag)?;
+        let fresh = plan_slots(&services, &slices, config, &nodes, &zones, &mut diag)?;
         let mut planner = Self {
             config: config.clone(),
-            slots,
+            slots: BTreeMap::new(),
+            by_service: HashMap::new(),
             nodes,
-            layouts: BTreeMap::new(),
+            zones,
+            hosting: Hosting::default(),
+            overrides: BTreeMap::new(),
+            plans: BTreeMap::new(),
+            views: BTreeMap::new(),
             diagnostics: Diagnostics::default(),
         };
-        planner.relayout()?;
+        let keys: Vec<EntryKey> = fresh.iter().map(|(k, _)| k.clone()).collect();
+        for (key, slot) in fresh {
+            planner.insert_slot(key, slot);
+        }
+        for key in &keys {
+            planner.refresh_overrides(key);
+        }
+        let names: Vec<String> = planner.nodes.keys().cloned().collect();
+        for name in &names {
+            planner.relayout_node(name)?;
+        }
+        let views: BTreeSet<View> = planner.wanted_views();
+        for view in views {
+            planner.relayout_view(view)?;
+        }
         diag.sort();
         planner.diagnostics = diag;
         Ok(planner)
     }
 
-    /// Re-plans one Service (`namespace/name`) after it or its slices changed (`service` is `None` when it
-    /// was deleted). Returns the nodes whose plan changed, and what was wrong with the new input.
+    /// Re-plans one Service (`namespace/name`) after it or its EndpointSlices changed (`service` is
+    /// `None` when it was deleted).
     pub fn replan_service(
         &mut self,
         service_key: &str,
         service: Option<&Service>,
         slices: &[&EndpointSlice],
-    ) -> Result<(Vec<String>, Diagnostics), Error> {
+    ) -> Result<Changes, Error> {
+        self.replan_services(&[(service_key, service, slices.to_vec())])
+    }
+
+    /// Re-plans several Services at once: every view and plan they touch is laid out once.
+    pub fn replan_services(&mut self, changes: &[ServiceChange<'_>]) -> Result<Changes, Error> {
+        let slices_before: BTreeMap<String, String> = self.slice_revisions();
         let mut diag = Diagnostics::default();
-        let services: Vec<&Service> = service.into_iter().collect();
-        let mut fresh = plan_slots(&services, slices, &self.config, &self.nodes, &mut diag)?;
-        fresh.retain(|slot| slot.service_key == service_key);
-        let (old, kept): (Vec<Slot>, Vec<Slot>) = std::mem::take(&mut self.slots)
-            .into_iter()
-            .partition(|slot| slot.service_key == service_key);
-        self.slots = kept;
-        let mut changed = Vec::new();
-        let mut stale = Vec::new();
-        for (name, info) in &self.nodes {
-            let pick = |slots: &[Slot]| -> Vec<(u64, Arc<PlannedEntry>)> {
-                slots
-                    .iter()
-                    .filter_map(|s| s.for_node(info).map(|p| (s.shard_hash, Arc::clone(p))))
-                    .collect()
-            };
-            let (removed, added) = (pick(&old), pick(&fresh));
-            let same = removed.len() == added.len()
-                && removed
-                    .iter()
-                    .zip(&added)
-                    .all(|((_, a), (_, b))| a.fingerprint == b.fingerprint);
-            if same {
-                continue;
+        let mut touched_views: BTreeSet<View> = BTreeSet::new();
+        let mut touched_nodes: BTreeSet<String> = BTreeSet::new();
+        let mut moved_from: BTreeMap<EntryKey, BTreeSet<String>> = BTreeMap::new();
+        let mut fresh_keys: Vec<EntryKey> = Vec::new();
+        let mut hosting_changed: BTreeSet<(String, String)> = BTreeSet::new();
+
+        for (service_key, service, slices) in changes {
+            let services: Vec<&Service> = service.iter().copied().collect();
+            let mut fresh = plan_slots(
+                &services,
+                slices,
+                &self.config,
+                &self.nodes,
+                &self.zones,
+                &mut diag,
+            )?;
+            fresh.retain(|(_, slot)| slot.service_key == *service_key);
+            for key in self.by_service.remove(*service_key).unwrap_or_default() {
+                let Some(slot) = self.slots.remove(&key) else {
+                    continue;
+                };
+                touched_views.extend(slot.views());
+                moved_from.insert(key.clone(), self.locations(&slot));
+                hosting_changed.extend(self.hosting.remove(&key, &slot.hosts));
+                for (node, overrides) in &mut self.overrides {
+                    if overrides.remove(&key).is_some() {
+                        touched_nodes.insert(node.clone());
+                    }
+                }
             }
-            changed.push(name.clone());
-            let Some(layout) = self.layouts.get_mut(name) else {
-                continue;
-            };
-            let removed_refs: Vec<(u64, &PlannedEntry)> =
-                removed.iter().map(|(h, p)| (*h, p.as_ref())).collect();
-            let added_refs: Vec<(u64, &PlannedEntry)> = added.iter().map(|(h, p)| (*h, p.as_ref())).collect();
-            if !layout.apply_delta(info, &self.config, &removed_refs, &added_refs)? {
-                stale.push(name.clone());
+            for (key, slot) in fresh {
+                touched_views.extend(slot.views());
+                hosting_changed.extend(self.hosting.add(&key, &slot.hosts));
+                fresh_keys.push(key.clone());
+                let service = slot.service_key.clone();
+                self.slots.insert(key.clone(), slot);
+                self.by_service.entry(service).or_default().push(key);
             }
         }
-        for slot in fresh {
-            let at = self.slots.partition_point(|s| s.key() < slot.key());
-            self.slots.insert(at, slot);
+        self.overrides.retain(|_, o| !o.is_empty());
+        for key in &fresh_keys {
+            touched_nodes.extend(self.refresh_overrides(key));
         }
-        if !stale.is_empty() {
-            // A shard outgrew the budget: lay those nodes out anew (the shard count may double).
-            self.relayout_nodes(&stale)?;
+        // An (ip, node) pair that appeared or disappeared changes the derived onNode of every entry
+        // listing that ip on that node.
+        for (node, ip) in &hosting_changed {
+            touched_nodes.insert(node.clone());
+            let keys: Vec<EntryKey> = self.hosting.entries_of(ip).cloned().collect();
+            for key in keys {
+                if self.refresh_override(&key, node) {
+                    touched_nodes.insert(node.clone());
+                }
+            }
         }
+
+        let mut plans = Vec::new();
+        for node in &touched_nodes {
+            let before = self.plans.get(node).cloned();
+            self.relayout_node(node)?;
+            let after = self.plans.get(node);
+            if before.as_ref().is_some_and(|b| b.overflow) || after.is_some_and(|a| a.overflow) {
+                touched_views.insert(View::Node(node.clone()));
+            }
+            if before.as_ref().map(|b| &b.revision) != after.map(|a| &a.revision) {
+                plans.push(node.clone());
+            }
+        }
+        let wanted = self.wanted_views();
+        for view in touched_views {
+            if wanted.contains(&view) {
+                self.relayout_view(view)?;
+            } else {
+                self.views.remove(&view);
+            }
+        }
+        let slices_after = self.slice_revisions();
+        let mut first: BTreeSet<String> = BTreeSet::new();
+        for (key, from) in &moved_from {
+            if let Some(slot) = self.slots.get(key) {
+                first.extend(self.locations(slot).into_iter().filter(|n| !from.contains(n)));
+            }
+        }
+        // A brand-new entry has no old location: nothing to lose, nothing to order.
+        let slices = changed_slices(&slices_before, &slices_after, &first);
+        let retired = slices_before
+            .keys()
+            .filter(|n| !slices_after.contains_key(*n))
+            .cloned()
+            .collect();
         diag.sort();
-        Ok((changed, diag))
+        Ok(Changes {
+            plans,
+            slices,
+            retired,
+            diagnostics: diag,
+        })
     }
 
-    /// Recomputes every node's layout and revisions from the slots' digests (no entry is re-planned).
-    fn relayout(&mut self) -> Result<(), Error> {
-        let all: Vec<String> = self.nodes.keys().cloned().collect();
-        self.relayout_nodes(&all)
-    }
-
-    fn relayout_nodes(&mut self, names: &[String]) -> Result<(), Error> {
-        let wanted: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-        let mut overrides: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (index, slot) in self.slots.iter().enumerate() {
-            for node in slot.overrides.keys().filter(|n| wanted.contains(n.as_str())) {
-                overrides.entry(node.as_str()).or_default().push(index);
+    /// What changed from `old` to this planner (after a full rebuild).
+    pub fn changes_since(&self, old: Option<&Planner>) -> Changes {
+        let before = old.map(Planner::slice_revisions).unwrap_or_default();
+        let after = self.slice_revisions();
+        let mut first = BTreeSet::new();
+        if let Some(old) = old {
+            for (key, slot) in &self.slots {
+                let Some(old_slot) = old.slots.get(key) else {
+                    continue;
+                };
+                let from = old.locations(old_slot);
+                first.extend(self.locations(slot).into_iter().filter(|n| !from.contains(n)));
             }
         }
-        let mut cache = ZoneCache::default();
-        for name in names {
-            let Some(info) = self.nodes.get(name) else {
-                continue;
-            };
-            let own = overrides.get(name.as_str()).map_or(&[][..], Vec::as_slice);
-            let layout = Layout::compute(info, &self.config, &self.slots, own, &mut cache)?;
-            self.layouts.insert(name.clone(), layout);
+        let plans = self
+            .plans
+            .iter()
+            .filter(|(node, layout)| {
+                old.and_then(|o| o.plans.get(*node))
+                    .is_none_or(|o| o.revision != layout.revision)
+            })
+            .map(|(node, _)| node.clone())
+            .collect();
+        Changes {
+            plans,
+            slices: changed_slices(&before, &after, &first),
+            retired: before
+                .keys()
+                .filter(|n| !after.contains_key(*n))
+                .cloned()
+                .collect(),
+            diagnostics: self.diagnostics.clone(),
         }
+    }
+
+    fn insert_slot(&mut self, key: EntryKey, slot: Slot) {
+        self.hosting.add(&key, &slot.hosts);
+        self.by_service
+            .entry(slot.service_key.clone())
+            .or_default()
+            .push(key.clone());
+        self.slots.insert(key, slot);
+    }
+
+    /// Recomputes the overrides of one entry for every node that might need one. Returns the nodes whose
+    /// override changed.
+    fn refresh_overrides(&mut self, key: &EntryKey) -> Vec<String> {
+        let Some(slot) = self.slots.get(key) else {
+            return Vec::new();
+        };
+        let mut candidates: BTreeSet<String> = slot.special.keys().cloned().collect();
+        for (ip, _) in &slot.hosts {
+            candidates.extend(self.hosting.nodes_of(ip).map(str::to_string));
+        }
+        candidates
+            .into_iter()
+            .filter(|node| self.refresh_override(key, node))
+            .collect()
+    }
+
+    /// Recomputes whether `node` needs an override for one entry; true when that changed.
+    fn refresh_override(&mut self, key: &EntryKey, node: &str) -> bool {
+        let wanted = match (self.slots.get(key), self.nodes.get(node)) {
+            (Some(slot), Some(info)) => override_for(slot, info, &self.hosting),
+            _ => None,
+        };
+        let overrides = self.overrides.entry(node.to_string()).or_default();
+        let changed = match &wanted {
+            Some(o) => overrides
+                .get(key)
+                .is_none_or(|have| have.planned.fingerprint != o.planned.fingerprint),
+            None => overrides.contains_key(key),
+        };
+        match wanted {
+            Some(o) => {
+                overrides.insert(key.clone(), o);
+            }
+            None => {
+                overrides.remove(key);
+            }
+        }
+        if overrides.is_empty() {
+            self.overrides.remove(node);
+        }
+        changed
+    }
+
+    fn relayout_node(&mut self, name: &str) -> Result<(), Error> {
+        let Some(info) = self.nodes.get(name) else {
+            self.plans.remove(name);
+            return Ok(());
+        };
+        let layout = NodeLayout::compute(
+            info,
+            &self.config,
+            self.hosting.ips_on(name),
+            self.overrides.get(name).unwrap_or(&EMPTY),
+        )?;
+        self.plans.insert(name.to_string(), layout);
         Ok(())
+    }
+
+    /// Views some node composes: `all`, every zone with a node, and the own view of every node whose
+    /// overrides outgrew its plan.
+    fn wanted_views(&self) -> BTreeSet<View> {
+        let mut views: BTreeSet<View> = self
+            .plans
+            .values()
+            .flat_map(|p| p.views.iter().cloned())
+            .collect();
+        views.extend(self.zones.iter().map(|z| View::Zone(z.clone())));
+        if !self.nodes.is_empty() {
+            views.insert(View::All);
+        }
+        views
+    }
+
+    fn relayout_view(&mut self, view: View) -> Result<(), Error> {
+        let members = self.members(&view);
+        let layout = ViewLayout::build(view.clone(), &members, self.config.max_object_bytes)?;
+        self.views.insert(view, layout);
+        Ok(())
+    }
+
+    /// (Service hash, entry) of every entry of a view, sorted by entry key.
+    fn members(&self, view: &View) -> Vec<(u64, &PlannedEntry)> {
+        match view {
+            View::Node(node) => self
+                .overrides
+                .get(node)
+                .into_iter()
+                .flat_map(|o| o.values().map(|o| (o.hash, o.planned.as_ref())))
+                .collect(),
+            _ => self
+                .slots
+                .values()
+                .filter_map(|s| s.in_view(view).map(|p| (s.hash, p.as_ref())))
+                .collect(),
+        }
+    }
+
+    /// Names of the slices holding a slot's entry (in view `all`, or one per zone).
+    fn locations(&self, slot: &Slot) -> BTreeSet<String> {
+        slot.views()
+            .iter()
+            .filter_map(|v| self.views.get(v))
+            .map(|layout| layout.name(layout.index_of(slot.hash)))
+            .collect()
+    }
+
+    fn slice_revisions(&self) -> BTreeMap<String, String> {
+        self.views
+            .values()
+            .flat_map(|layout| layout.slices().map(|(n, r)| (n, r.to_string())))
+            .collect()
     }
 
     /// Names of the planned nodes, sorted.
@@ -232,47 +507,101 @@ impl Planner {
         self.nodes.keys().map(String::as_str)
     }
 
-    /// The node's revision (the primary shard's), when the node is known.
-    pub fn revision(&self, node: &str) -> Option<&str> {
-        self.layouts.get(node).map(Layout::primary_revision)
-    }
-
-    /// How many objects the node's plan is split into.
-    pub fn shard_count(&self, node: &str) -> Option<u32> {
-        self.layouts.get(node).map(Layout::count)
-    }
-
-    /// Revisions of the node's plan objects, primary first.
-    pub fn shard_revisions(&self, node: &str) -> Option<&[String]> {
-        self.layouts.get(node).map(Layout::revisions)
-    }
-
-    /// Only the given shards of one node's plan, as (index, spec).
-    pub fn node_shards(
-        &self,
-        node: &str,
-        wanted: &BTreeSet<u32>,
-    ) -> Option<Vec<(u32, switchyard_api::NodeForwardingPlanSpec)>> {
-        let info = self.nodes.get(node)?;
-        let layout = self.layouts.get(node)?;
-        Some(layout.materialize_shards(info, &self.config, &self.slots, wanted))
-    }
-
     /// The planner's view of a node (name, zone, IPs, pod CIDRs, backend, UID).
     pub fn node_info(&self, node: &str) -> Option<&NodeInfo> {
         self.nodes.get(node)
     }
 
-    /// The plan objects of one node (one, or several shards), fully materialised.
-    pub fn node_plan(&self, node: &str) -> Option<NodePlan> {
-        let info = self.nodes.get(node)?;
-        let layout = self.layouts.get(node)?;
-        Some(layout.materialize(info, &self.config, &self.slots))
+    /// The revision of a node's plan, when the node is known.
+    pub fn plan_revision(&self, node: &str) -> Option<&str> {
+        self.plans.get(node).map(|p| p.revision.as_str())
     }
 
-    /// Every node's plan, sorted by node name.
-    pub fn all_plans(&self) -> Vec<NodePlan> {
-        self.nodes.keys().filter_map(|n| self.node_plan(n)).collect()
+    /// The node's live plan object spec.
+    pub fn node_plan(&self, node: &str) -> Option<NodeForwardingPlanSpec> {
+        let info = self.nodes.get(node)?;
+        let layout = self.plans.get(node)?;
+        Some(layout.materialize(
+            info,
+            &self.config,
+            self.hosting.ips_on(node),
+            self.overrides.get(node).unwrap_or(&EMPTY),
+        ))
+    }
+
+    /// Every slice's (name, revision), sorted by name.
+    pub fn slice_names(&self) -> BTreeMap<String, String> {
+        self.slice_revisions()
+    }
+
+    /// The revision of a slice, when it is wanted.
+    pub fn slice_revision(&self, name: &str) -> Option<String> {
+        let (layout, index) = self.find_slice(name)?;
+        layout.slices().nth(index as usize).map(|(_, r)| r.to_string())
+    }
+
+    fn find_slice(&self, name: &str) -> Option<(&ViewLayout, u32)> {
+        let (id, index) = name.rsplit_once('-')?;
+        let index: u32 = index.parse().ok()?;
+        let layout = self.views.values().find(|l| l.view().id() == id)?;
+        (index < layout.count() && layout.name(index) == name).then_some((layout, index))
+    }
+
+    /// One slice's spec, materialised.
+    pub fn slice(&self, name: &str) -> Option<ForwardingSliceSpec> {
+        let (layout, index) = self.find_slice(name)?;
+        let entries = self
+            .members(layout.view())
+            .into_iter()
+            .filter(|(hash, _)| layout.index_of(*hash) == index)
+            .map(|(_, p)| p.entry.clone())
+            .collect();
+        Some(layout.spec(index, entries))
+    }
+
+    /// Every slice of the given views (all views when `None`), materialised, sorted by name.
+    pub fn slices(&self, views: Option<&[View]>) -> Vec<(String, ForwardingSliceSpec)> {
+        let mut out = Vec::new();
+        for layout in self.views.values() {
+            if views.is_some_and(|v| !v.contains(layout.view())) {
+                continue;
+            }
+            let mut buckets: Vec<Vec<ServicePlan>> = vec![Vec::new(); layout.count() as usize];
+            for (hash, planned) in self.members(layout.view()) {
+                buckets[layout.index_of(hash) as usize].push(planned.entry.clone());
+            }
+            for (index, entries) in buckets.into_iter().enumerate() {
+                let index = index as u32;
+                out.push((layout.name(index), layout.spec(index, entries)));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// What the node forwards: its plan composed with its views' slices, exactly as its agent composes
+    /// them. `None` for an unknown node.
+    pub fn composed(&self, node: &str) -> Option<Result<Composed, String>> {
+        let plan = self.node_plan(node)?;
+        let views: Vec<View> = self.plans.get(node)?.views.clone();
+        let slices = self.slices(Some(&views));
+        let refs: Vec<SliceRef<'_>> = slices
+            .iter()
+            .map(|(name, spec)| SliceRef { name, spec })
+            .collect();
+        Some(compose(&plan, &refs))
+    }
+
+    /// The per-node answer for every entry, sorted by key: what the planner gave each node before
+    /// slices existed, kept as the oracle that composing a plan with its slices must reproduce.
+    pub fn oracle(&self, node: &str) -> Option<Vec<ServicePlan>> {
+        let info = self.nodes.get(node)?;
+        Some(
+            self.slots
+                .values()
+                .filter_map(|s| s.oracle(info).map(|p| p.entry.clone()))
+                .collect(),
+        )
     }
 
     /// Warnings and skipped Services of the last full build.
@@ -284,16 +613,125 @@ impl Planner {
     pub fn entry_count(&self) -> usize {
         self.slots.len()
     }
+
+    /// Number of overrides over every node.
+    pub fn override_count(&self) -> usize {
+        self.overrides.values().map(BTreeMap::len).sum()
+    }
+
+    /// Nodes whose overrides moved into their own view.
+    pub fn overflowing_nodes(&self) -> impl Iterator<Item = &str> {
+        self.plans
+            .iter()
+            .filter(|(_, p)| p.overflow)
+            .map(|(n, _)| n.as_str())
+    }
 }
 
-/// Services and their slices → slots sorted by entry key.
+static EMPTY: BTreeMap<EntryKey, Override> = BTreeMap::new();
+
+/// Slices new in `after` or with another revision, those in `first` flagged.
+fn changed_slices(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    first: &BTreeSet<String>,
+) -> Vec<SliceChange> {
+    after
+        .iter()
+        .filter(|(name, revision)| before.get(*name) != Some(*revision))
+        .map(|(name, _)| SliceChange {
+            name: name.clone(),
+            first: first.contains(name),
+        })
+        .collect()
+}
+
+/// The node's override for a slot: its own answer, unless that equals its view's answer with `onNode`
+/// derived from the node's hosted endpoint IPs.
+fn override_for(slot: &Slot, node: &NodeInfo, hosting: &Hosting) -> Option<Override> {
+    let view = slot.by_zone.get(&node.zone)?;
+    let own = slot.special.get(&node.name).unwrap_or(view);
+    let derived_matches = same_but_on_node(&own.entry, &view.entry)
+        && own
+            .entry
+            .endpoints
+            .iter()
+            .all(|ep| ep.on_node == hosting.is_on(&node.name, &ep.ip));
+    (!derived_matches).then(|| Override {
+        hash: slot.hash,
+        planned: Arc::clone(own),
+    })
+}
+
+/// Equal in everything but the endpoints' `onNode` flags.
+fn same_but_on_node(a: &ServicePlan, b: &ServicePlan) -> bool {
+    let same_endpoint = |x: &PlanEndpoint, y: &PlanEndpoint| {
+        let PlanEndpoint {
+            ip,
+            port,
+            cluster,
+            local,
+            on_node: _,
+            terminating,
+            weight,
+        } = x;
+        *ip == y.ip
+            && *port == y.port
+            && *cluster == y.cluster
+            && *local == y.local
+            && *terminating == y.terminating
+            && *weight == y.weight
+    };
+    // Exhaustive on purpose: a new entry field fails to compile here until it is compared.
+    let ServicePlan {
+        name,
+        protocol,
+        family,
+        cluster_ip,
+        port,
+        node_port,
+        external_ips,
+        load_balancer_ips,
+        source_ranges,
+        affinity_timeout_seconds,
+        external_policy,
+        internal_policy,
+        health_check_node_port,
+        scheduler,
+        has_endpoints,
+        endpoints,
+    } = a;
+    *name == b.name
+        && *protocol == b.protocol
+        && *family == b.family
+        && *cluster_ip == b.cluster_ip
+        && *port == b.port
+        && *node_port == b.node_port
+        && *external_ips == b.external_ips
+        && *load_balancer_ips == b.load_balancer_ips
+        && *source_ranges == b.source_ranges
+        && *affinity_timeout_seconds == b.affinity_timeout_seconds
+        && *external_policy == b.external_policy
+        && *internal_policy == b.internal_policy
+        && *health_check_node_port == b.health_check_node_port
+        && *scheduler == b.scheduler
+        && *has_endpoints == b.has_endpoints
+        && endpoints.len() == b.endpoints.len()
+        && endpoints
+            .iter()
+            .zip(&b.endpoints)
+            .all(|(x, y)| same_endpoint(x, y))
+}
+
+/// Services and their slices → slots, keyed.
 fn plan_slots(
     services: &[&Service],
     slices: &[&EndpointSlice],
     config: &Config,
     nodes: &BTreeMap<String, NodeInfo>,
+    zones: &BTreeSet<Zone>,
     diag: &mut Diagnostics,
-) -> Result<Vec<Slot>, Error> {
+) -> Result<Vec<(EntryKey, Slot)>, Error> {
     let mut templates: Vec<PortTemplate> = services
         .iter()
         .flat_map(|s| services::templates(s, config, diag))
@@ -327,17 +765,21 @@ fn plan_slots(
             "slices for a Service that is not in the input; ignored",
         );
     }
-    let zones: BTreeSet<Zone> = nodes.values().map(|n| n.zone.clone()).collect();
     let mut slots = Vec::with_capacity(templates.len());
     for template in templates {
-        let key = (
+        let port_key = (
             template.service_key.clone(),
             template.port_name.clone(),
             template.entry.protocol,
             template.entry.family,
         );
-        let eps = endpoints.remove(&key).unwrap_or_default();
-        slots.push(plan_slot(template, eps, &zones, nodes)?);
+        let eps = endpoints.remove(&port_key).unwrap_or_default();
+        let key: EntryKey = (
+            template.entry.name.clone(),
+            template.entry.protocol,
+            template.entry.family,
+        );
+        slots.push((key, plan_slot(template, eps, zones, nodes)?));
     }
     Ok(slots)
 }
@@ -349,7 +791,7 @@ fn plan_slot(
     zones: &BTreeSet<Zone>,
     nodes: &BTreeMap<String, NodeInfo>,
 ) -> Result<Slot, Error> {
-    let mut by_zone = HashMap::with_capacity(zones.len());
+    let mut by_zone = BTreeMap::new();
     for zone in zones {
         let planned = planned_entry(&template, &endpoints, None, zone.as_deref())?;
         by_zone.insert(zone.clone(), Arc::new(planned));
@@ -360,18 +802,29 @@ fn plan_slot(
         .map(String::as_str)
         .filter(|n| nodes.contains_key(*n))
         .collect();
-    let mut overrides = HashMap::with_capacity(special.len());
+    let mut answers = HashMap::with_capacity(special.len());
     for node in special {
         let zone = nodes.get(node).and_then(|n| n.zone.as_deref());
         let planned = planned_entry(&template, &endpoints, Some(node), zone)?;
-        overrides.insert(node.to_string(), Arc::new(planned));
+        answers.insert(node.to_string(), Arc::new(planned));
     }
-    let shard_hash = layout::shard_hash(&template.service_key);
+    let hosts = endpoints
+        .iter()
+        .map(|ep| {
+            let node = ep.node.clone().filter(|n| nodes.contains_key(n));
+            (ep.ip.to_string(), node)
+        })
+        .collect();
+    let mut digests = by_zone.values().map(|p| p.fingerprint.digest);
+    let first = digests.next();
+    let all = digests.all(|d| Some(d) == first);
     Ok(Slot {
+        hash: service_hash(&template.service_key),
         service_key: template.service_key,
-        shard_hash,
         by_zone,
-        overrides,
+        special: answers,
+        hosts,
+        all,
     })
 }
 
@@ -404,13 +857,4 @@ fn planned_entry(
         .collect();
     let fingerprint = fingerprint(&entry)?;
     Ok(PlannedEntry { entry, fingerprint })
-}
-
-impl Slot {
-    /// The entry a node gets.
-    fn for_node(&self, node: &NodeInfo) -> Option<&Arc<PlannedEntry>> {
-        self.overrides
-            .get(&node.name)
-            .or_else(|| self.by_zone.get(&node.zone))
-    }
 }

@@ -10,7 +10,11 @@
 //!
 //! It is state-based, not a script: tests assert on the requests it received and the objects it holds,
 //! so a refactor that issues the same writes in another order does not break them. Server-side apply is
-//! modelled as "the patch's spec (or status) replaces the stored one"; field ownership is not tracked.
+//! modelled as "the patch's spec (or status) replaces the stored one" (our specs are atomic), with field
+//! ownership at that grain: `managedFields` gets one entry per manager and subresource (operation,
+//! apiVersion, time), and an apply without `force=true` of a spec another manager owns answers 409
+//! Conflict, as the real server does. Label selectors: equality (`=`, `==`, `!=`), set-based (`in`,
+//! `notin`) and existence (`key`, `!key`).
 
 use std::{
     collections::BTreeMap,
@@ -67,6 +71,8 @@ pub struct Recorded {
     pub body: Option<Value>,
     /// Size of the request body in bytes.
     pub body_len: usize,
+    /// When it arrived (Tokio's clock: virtual time in paused-clock simulations).
+    pub at: tokio::time::Instant,
 }
 
 impl Recorded {
@@ -85,8 +91,10 @@ pub enum Kind {
     EndpointSlice,
     /// core/v1 Nodes.
     Node,
-    /// switchyard.io/v1alpha1 NodeForwardingPlans.
+    /// switchyard.io/v1alpha2 NodeForwardingPlans.
     Plan,
+    /// switchyard.io/v1alpha2 ForwardingSlices.
+    ForwardingSlice,
     /// coordination.k8s.io/v1 Leases.
     Lease,
 }
@@ -96,7 +104,7 @@ impl Kind {
         match self {
             Self::Service | Self::Node => "v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
-            Self::Plan => "switchyard.io/v1alpha1",
+            Self::Plan | Self::ForwardingSlice => "switchyard.io/v1alpha2",
             Self::Lease => "coordination.k8s.io/v1",
         }
     }
@@ -107,6 +115,7 @@ impl Kind {
             Self::EndpointSlice => "EndpointSlice",
             Self::Node => "Node",
             Self::Plan => "NodeForwardingPlan",
+            Self::ForwardingSlice => "ForwardingSlice",
             Self::Lease => "Lease",
         }
     }
@@ -144,6 +153,7 @@ fn parse_path(path: &str) -> Option<Target> {
         "endpointslices" => Kind::EndpointSlice,
         "nodes" => Kind::Node,
         "nodeforwardingplans" => Kind::Plan,
+        "forwardingslices" => Kind::ForwardingSlice,
         "leases" => Kind::Lease,
         _ => return None,
     };
@@ -181,18 +191,126 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `k=v,k2=v2` equality selectors against a map (labels or a flattened field view).
+/// A label or field selector against a map: comma-separated terms, each `k=v`, `k==v`, `k!=v`,
+/// `k in (a,b)`, `k notin (a,b)`, `k` or `!k` (commas inside parentheses belong to the set).
 fn selector_matches(selector: &str, lookup: impl Fn(&str) -> Option<String>) -> bool {
-    selector
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .all(|term| match term.split_once("!=") {
-            Some((k, v)) => lookup(k).as_deref() != Some(v),
-            None => match term.split_once('=') {
-                Some((k, v)) => lookup(k.trim_end_matches('=')).as_deref() == Some(v.trim_start_matches('=')),
-                None => lookup(term).is_some(),
-            },
-        })
+    let mut terms = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in selector.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                terms.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&selector[start..]);
+    terms
+        .into_iter()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .all(|term| term_matches(term, &lookup))
+}
+
+fn term_matches(term: &str, lookup: &impl Fn(&str) -> Option<String>) -> bool {
+    let set = |rest: &str| -> Vec<String> {
+        rest.trim()
+            .trim_start_matches('(')
+            .trim_end_matches(')')
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .collect()
+    };
+    if let Some((key, rest)) = term.split_once(" notin ") {
+        return lookup(key.trim()).is_none_or(|v| !set(rest).contains(&v));
+    }
+    if let Some((key, rest)) = term.split_once(" in ") {
+        return lookup(key.trim()).is_some_and(|v| set(rest).contains(&v));
+    }
+    if let Some((k, v)) = term.split_once("!=") {
+        return lookup(k.trim()).as_deref() != Some(v.trim());
+    }
+    if let Some((k, v)) = term.split_once('=') {
+        return lookup(k.trim()).as_deref() == Some(v.trim_start_matches('=').trim());
+    }
+    match term.strip_prefix('!') {
+        Some(key) => lookup(key.trim()).is_none(),
+        None => lookup(term).is_some(),
+    }
+}
+
+/// Records `manager` as owner of the spec (or of the status, for the status subresource) in
+/// `managedFields`, replacing its earlier entry for the same subresource.
+fn record_manager(
+    object: &mut Value,
+    manager: &str,
+    operation: &str,
+    subresource: Option<&str>,
+    api_version: &str,
+) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let time = now.round(k8s_openapi::jiff::Unit::Second).unwrap_or(now);
+    let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let fields = meta.entry("managedFields").or_insert_with(|| json!([]));
+    let Some(list) = fields.as_array_mut() else {
+        return;
+    };
+    let owned = if subresource == Some("status") {
+        "f:status"
+    } else {
+        "f:spec"
+    };
+    list.retain(|entry| {
+        !(entry.get("manager").and_then(Value::as_str) == Some(manager)
+            && entry.get("subresource").and_then(Value::as_str) == subresource)
+    });
+    if subresource.is_none() {
+        // The spec is atomic: whoever writes it now owns it whole.
+        for entry in list.iter_mut() {
+            if entry.get("subresource").is_none()
+                && let Some(fields) = entry.pointer_mut("/fieldsV1").and_then(Value::as_object_mut)
+            {
+                fields.remove("f:spec");
+            }
+        }
+        list.retain(|entry| {
+            entry.get("subresource").is_some()
+                || entry
+                    .pointer("/fieldsV1")
+                    .and_then(Value::as_object)
+                    .is_some_and(|f| !f.is_empty())
+        });
+    }
+    let mut entry = json!({
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": api_version,
+        "time": time.to_string(),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {owned: {}},
+    });
+    if let (Some(sub), Some(map)) = (subresource, entry.as_object_mut()) {
+        map.insert("subresource".into(), json!(sub));
+    }
+    list.push(entry);
+}
+
+/// The manager that owns the spec now, other than `manager`.
+fn other_spec_owner(object: &Value, manager: &str) -> Option<String> {
+    object
+        .pointer("/metadata/managedFields")?
+        .as_array()?
+        .iter()
+        .filter(|e| e.get("subresource").is_none())
+        .filter(|e| e.pointer("/fieldsV1/f:spec").is_some())
+        .filter_map(|e| e.get("manager").and_then(Value::as_str))
+        .find(|m| *m != manager)
+        .map(str::to_string)
 }
 
 struct Watcher {
@@ -316,6 +434,15 @@ fn matches_selectors(object: &Value, labels: Option<&str>, fields: Option<&str>)
     label_ok && field_ok
 }
 
+/// A server-side apply patch (`application/apply-patch+yaml`).
+fn content_type_is_apply(parts: &http::request::Parts) -> bool {
+    parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/apply-patch"))
+}
+
 fn full(status: StatusCode, body: &Value) -> Response<FakeBody> {
     let mut response = Response::new(FakeBody {
         inner: FakeBodyInner::Full(Some(Bytes::from(body.to_string()))),
@@ -362,6 +489,28 @@ impl FakeApiServer {
             }
         });
         kube::Client::new(service, "default")
+    }
+
+    /// Serves the same API over plain HTTP on `127.0.0.1:<ephemeral>` (for a controller in another
+    /// process, so its memory can be measured on its own): the address and the server task.
+    pub async fn serve_http(&self) -> std::io::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server = self.clone();
+        let app = axum::Router::new().fallback(move |request: Request<axum::body::Body>| {
+            let server = server.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let request = Request::from_parts(parts, Body::from(bytes.to_vec()));
+                server.serve(request).await.map(axum::body::Body::new)
+            }
+        });
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok((addr, task))
     }
 
     /// Adds or replaces an object (as if someone else wrote it); watchers see it.
@@ -503,6 +652,7 @@ impl FakeApiServer {
                     content_type: None,
                     body: None,
                     body_len: bytes.len(),
+                    at: tokio::time::Instant::now(),
                 });
             }
             let mut response = Response::new(FakeBody {
@@ -536,6 +686,7 @@ impl FakeApiServer {
                     content_type,
                     body: body.clone(),
                     body_len,
+                    at: tokio::time::Instant::now(),
                 });
                 state
                     .hangs
@@ -592,6 +743,9 @@ impl FakeApiServer {
                         &format!("{name} already exists"),
                     );
                 }
+                let mut object = object;
+                let manager = query_param(&query, "fieldManager").unwrap_or_else(|| "unknown".into());
+                record_manager(&mut object, &manager, "Update", None, target.kind.api_version());
                 let (object, _) = state.upsert(target.kind, key, object);
                 full(StatusCode::CREATED, &object)
             }
@@ -613,6 +767,18 @@ impl FakeApiServer {
                 if want.is_some() && want != have {
                     return status_error(StatusCode::CONFLICT, "Conflict", "the object has been modified");
                 }
+                let mut object = object;
+                if let Some(fields) = current.pointer("/metadata/managedFields") {
+                    object["metadata"]["managedFields"] = fields.clone();
+                }
+                let manager = query_param(&query, "fieldManager").unwrap_or_else(|| "unknown".into());
+                record_manager(
+                    &mut object,
+                    &manager,
+                    "Update",
+                    target.subresource.as_deref(),
+                    target.kind.api_version(),
+                );
                 let (object, _) = state.upsert(target.kind, key, object);
                 full(StatusCode::OK, &object)
             }
@@ -623,6 +789,21 @@ impl FakeApiServer {
                 let key = State::key(&target, &name);
                 let current = state.objects.get(&target.kind).and_then(|m| m.get(&key)).cloned();
                 let status_only = target.subresource.as_deref() == Some("status");
+                let manager = query_param(&query, "fieldManager").unwrap_or_else(|| "unknown".into());
+                let forced = query_param(&query, "force").as_deref() == Some("true");
+                let apply = content_type_is_apply(&parts);
+                if apply
+                    && !forced
+                    && !status_only
+                    && patch.get("spec").is_some()
+                    && let Some(owner) = current.as_ref().and_then(|c| other_spec_owner(c, &manager))
+                {
+                    return status_error(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        &format!("Apply failed with 1 conflict: conflict with \"{owner}\": .spec"),
+                    );
+                }
                 let merged = match (current, status_only) {
                     (None, true) => {
                         return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found"));
@@ -650,6 +831,17 @@ impl FakeApiServer {
                         current
                     }
                 };
+                let mut merged = merged;
+                let operation = if apply { "Apply" } else { "Update" };
+                if status_only || merged.get("spec").is_some() {
+                    record_manager(
+                        &mut merged,
+                        &manager,
+                        operation,
+                        target.subresource.as_deref(),
+                        target.kind.api_version(),
+                    );
+                }
                 let (object, _) = state.upsert(target.kind, key, merged);
                 full(StatusCode::OK, &object)
             }
@@ -794,11 +986,77 @@ mod tests {
             (t.kind, t.namespace.as_deref(), t.name.as_deref()),
             (Kind::Lease, Some("sys"), Some("ctl"))
         );
-        let t = parse_path("/apis/switchyard.io/v1alpha1/nodeforwardingplans/node-a/status").unwrap();
+        let t = parse_path("/apis/switchyard.io/v1alpha2/nodeforwardingplans/node-a/status").unwrap();
         assert_eq!(t.subresource.as_deref(), Some("status"));
         assert_eq!(percent_decode("a%3Db%2Cc"), "a=b,c");
-        let object = json!({"metadata": {"name": "n", "labels": {"x": "1"}}});
+        let object = json!({"metadata": {"name": "n", "labels": {"x": "1", "view": "all"}}});
         assert!(matches_selectors(&object, Some("x=1"), Some("metadata.name=n")));
         assert!(!matches_selectors(&object, Some("x=2"), None));
+        let cases = [
+            ("x==1", true),
+            ("x!=1", false),
+            ("view in (all,zone-a)", true),
+            ("view in (zone-a, zone-b)", false),
+            ("view notin (zone-a)", true),
+            ("missing notin (a)", true),
+            ("x=1,view in (all,zone-a)", true),
+            ("view in (all,zone-a),x=2", false),
+            ("x", true),
+            ("!x", false),
+            ("!missing", true),
+        ];
+        for (selector, want) in cases {
+            assert_eq!(
+                matches_selectors(&object, Some(selector), None),
+                want,
+                "{selector}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn server_side_apply_tracks_managers_and_conflicts_without_force() {
+        use kube::api::{Patch, PatchParams};
+        use switchyard_api::{ForwardingSlice, testing::slice};
+        let server = FakeApiServer::new();
+        let api: Api<ForwardingSlice> = Api::all(server.client());
+        let (name, spec) = slice("all", 0, 1, vec![]);
+        let object = ForwardingSlice::new(&name, spec);
+        let forced = PatchParams::apply("switchyard-controller").force();
+        let written = api.patch(&name, &forced, &Patch::Apply(&object)).await.unwrap();
+        let managers: Vec<_> = written
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|f| (f.manager.clone().unwrap(), f.operation.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            managers,
+            [("switchyard-controller".to_string(), "Apply".to_string())]
+        );
+        assert!(switchyard_api::meta::written_at(&written.metadata).is_some());
+        let gentle = PatchParams::apply("kubectl");
+        let conflict = api.patch(&name, &gentle, &Patch::Apply(&object)).await;
+        assert!(
+            matches!(&conflict, Err(kube::Error::Api(e)) if e.code == 409),
+            "{conflict:?}"
+        );
+        let taken = api
+            .patch(
+                &name,
+                &PatchParams::apply("kubectl").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .unwrap();
+        let owners: Vec<_> = taken
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|f| f.manager.clone())
+            .collect();
+        assert_eq!(owners, ["kubectl"], "an atomic spec has one owner");
     }
 }

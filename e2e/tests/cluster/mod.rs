@@ -1,5 +1,6 @@
 //! Shared helpers of the cluster e2e suites (`cluster_controller.rs`, `cluster_agent.rs`): repository
-//! paths, random name suffixes, polling, and applying `crds/` to the API server.
+//! paths, random name suffixes, polling, applying `crds/` to the API server, and composing a node's
+//! plan with its views' slices as read from the API server.
 #![allow(dead_code)]
 
 use std::{path::PathBuf, time::Duration};
@@ -7,7 +8,12 @@ use std::{path::PathBuf, time::Duration};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams},
+};
+use switchyard_api::{
+    ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanSpec,
+    compose::{SliceRef, compose},
+    names::views_selector,
 };
 
 /// A path inside the repository.
@@ -44,28 +50,59 @@ where
     }
 }
 
-/// Applies `crds/` (server-side apply) and waits until the CRD is established.
+/// Applies every CRD in `crds/` (server-side apply) and waits until each is established.
 pub async fn apply_crd(client: &Client, field_manager: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let text = std::fs::read_to_string(repo("crds/nodeforwardingplans.switchyard.io.yaml")).unwrap();
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
-    crds.patch(
+    for file in [
+        "forwardingslices.switchyard.io",
         "nodeforwardingplans.switchyard.io",
-        &PatchParams::apply(field_manager).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-    wait_for(Duration::from_secs(30), "the CRD to be established", || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("nodeforwardingplans.switchyard.io").await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
+    ] {
+        let text = std::fs::read_to_string(repo(&format!("crds/{file}.yaml"))).unwrap();
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
+        crds.patch(
+            file,
+            &PatchParams::apply(field_manager).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        wait_for(Duration::from_secs(30), "the CRD to be established", || {
+            let crds = crds.clone();
+            async move {
+                let crd = crds.get(file).await.ok()?;
+                crd.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+/// What `node` forwards according to the API server: its plan composed with its views' slices, as
+/// its agent composes them. `None` while the plan or a view is missing.
+pub async fn composed(client: &Client, node: &str) -> Option<NodeForwardingPlanSpec> {
+    composition(client, node).await.map(|c| c.spec)
+}
+
+/// [`composed`] with the digest of the slices used, as the agent reports it in
+/// `status.observedSlices`.
+pub async fn composition(client: &Client, node: &str) -> Option<switchyard_api::compose::Composed> {
+    let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
+    let plan = plans.get_opt(node).await.ok()??;
+    let selector = views_selector(plan.spec.views.iter().map(String::as_str));
+    let slices: Api<ForwardingSlice> = Api::all(client.clone());
+    let listed = slices.list(&ListParams::default().labels(&selector)).await.ok()?;
+    let named: Vec<(String, &ForwardingSlice)> = listed
+        .items
+        .iter()
+        .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+        .collect();
+    let refs: Vec<SliceRef<'_>> = named
+        .iter()
+        .map(|(name, s)| SliceRef { name, spec: &s.spec })
+        .collect();
+    compose(&plan.spec, &refs).ok()
 }

@@ -536,7 +536,7 @@ pub fn bad_plans_keep_the_last_good_rules(suite: Suite) {
     deployed
         .write_raw_plan(
             "node-a",
-            "apiVersion: switchyard.io/v1alpha1\nkind: NodeForwardingPlan\nspec: {nodeName: \"\"}\n",
+            "apiVersion: switchyard.io/v1alpha2\nkind: NodeForwardingPlan\nspec: {nodeName: \"\"}\n",
         )
         .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);

@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use switchyard_agent::sync::SyncResult;
-use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
-use switchyard_api::{Backend, NodeForwardingPlan, NodeForwardingPlanSpec, SyncMode};
+use std::sync::Arc;
+
+use switchyard_agent::sync::{SliceObject, SyncResult};
+use switchyard_api::testing::{EntryExt, entry, ep, finish, live_plan, plan, slice};
+use switchyard_api::{Backend, ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanSpec, SyncMode};
 
 /// Endpoints per Service.
 pub const ENDPOINTS: u32 = 5;
@@ -38,6 +40,32 @@ pub fn spec(n: u32, backend: Backend) -> NodeForwardingPlanSpec {
     spec.backend = backend;
     finish(&mut spec);
     spec
+}
+
+/// Entries per ForwardingSlice in [`sliced`]: about what the controller's 48 KiB slices hold.
+pub const ENTRIES_PER_SLICE: usize = 100;
+
+/// The same entries as the controller delivers them to a live agent: a plan with one view (`all`) and
+/// that view's slices of [`ENTRIES_PER_SLICE`] entries each.
+pub fn sliced(spec: &NodeForwardingPlanSpec) -> (NodeForwardingPlanSpec, Vec<SliceObject>) {
+    let mut live = live_plan(&spec.node_name, &["all"], vec![]);
+    live.backend = spec.backend;
+    finish(&mut live);
+    let chunks: Vec<&[switchyard_api::ServicePlan]> = spec.services.chunks(ENTRIES_PER_SLICE).collect();
+    let count = chunks.len().max(1) as u32;
+    let mut slices: Vec<SliceObject> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, entries)| {
+            let (name, spec) = slice("all", i as u32, count, entries.to_vec());
+            (name, Arc::new(spec))
+        })
+        .collect();
+    if slices.is_empty() {
+        let (name, spec) = slice("all", 0, 1, vec![]);
+        slices.push((name, Arc::new(spec)));
+    }
+    (live, slices)
 }
 
 /// `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then a benchmark runs as a
@@ -144,16 +172,36 @@ mod summary;
 #[allow(unused_imports)] // each bench uses its own subset
 pub use summary::{record, target};
 
-/// Peak RSS (VmHWM, KiB) and wall time of `switchyard-agent apply --plan` in a fresh namespace.
-pub fn apply_rss(agent: &Path, services: u32, backend: Backend) -> Result<(u64, Duration), String> {
-    let netns = Netns::new(&format!("rss-{services}"))?;
+/// Peak RSS (VmHWM, KiB) and wall time of `switchyard-agent apply --plan` in a fresh namespace: the
+/// plan self-contained, or (`sliced`) a live plan with its view's slices, which the agent composes.
+pub fn apply_rss(
+    agent: &Path,
+    services: u32,
+    backend: Backend,
+    sliced_plan: bool,
+) -> Result<(u64, Duration), String> {
+    let netns = Netns::new(&format!("rss-{services}-{sliced_plan}"))?;
     let dir = std::env::temp_dir().join(format!("swyd-bench-rss-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let file: PathBuf = dir.join("plan.json");
     let spec = spec(services, backend);
-    let object = NodeForwardingPlan::new(&spec.node_name.clone(), spec);
-    std::fs::write(&file, serde_json::to_vec(&object).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    let body = if sliced_plan {
+        let (live, slices) = sliced(&spec);
+        drop(spec);
+        let mut items: Vec<serde_json::Value> = slices
+            .into_iter()
+            .map(|(name, s)| serde_json::to_value(ForwardingSlice::new(&name, (*s).clone())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        items.push(
+            serde_json::to_value(NodeForwardingPlan::new(&live.node_name.clone(), live))
+                .map_err(|e| e.to_string())?,
+        );
+        serde_json::to_vec(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}))
+    } else {
+        serde_json::to_vec(&NodeForwardingPlan::new(&spec.node_name.clone(), spec))
+    };
+    std::fs::write(&file, body.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let mut child = Command::new("ip")
         .args(["netns", "exec", &netns.0])
@@ -199,19 +247,27 @@ pub const RSS_TARGET_MIB: f64 = 30.0;
 /// `backend`, and judges the RSS target at full size.
 pub fn report_rss(services: u32, backend: Backend, smoke: bool) -> Result<(), String> {
     let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
-    let (kib, wall) = apply_rss(agent, services, backend)?;
-    let mib = kib as f64 / 1024.0;
-    println!(
-        "peak RSS of `switchyard-agent apply --plan` ({services} services, backend {backend}, JSON plan, fresh namespace): {mib:.1} MiB (VmHWM), {:.1} s",
-        wall.as_secs_f64()
-    );
-    if !smoke && services == TARGET_SERVICES {
-        target(
-            &format!("agent ({backend}) peak RSS at 10,000 Services"),
-            &format!("{mib:.1} MiB"),
-            "≤ 30 MiB",
-            mib <= RSS_TARGET_MIB,
+    for sliced_plan in [false, true] {
+        let (kib, wall) = apply_rss(agent, services, backend, sliced_plan)?;
+        let mib = kib as f64 / 1024.0;
+        let shape = if sliced_plan {
+            "a live plan and its view's slices, composed"
+        } else {
+            "one self-contained plan"
+        };
+        println!(
+            "peak RSS of `switchyard-agent apply --plan` ({services} services, backend {backend}, {shape}, JSON, fresh namespace): {mib:.1} MiB (VmHWM), {:.1} s",
+            wall.as_secs_f64()
         );
+        if !smoke && services == TARGET_SERVICES {
+            let what = if sliced_plan { ", composed from slices" } else { "" };
+            target(
+                &format!("agent ({backend}) peak RSS at 10,000 Services{what}"),
+                &format!("{mib:.1} MiB"),
+                "≤ 30 MiB",
+                mib <= RSS_TARGET_MIB,
+            );
+        }
     }
     Ok(())
 }

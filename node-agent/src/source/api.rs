@@ -1,30 +1,34 @@
-//! `run --node-name N`: the node's own plan objects from the API server.
+//! `run --node-name N`: the node's plan and its views' ForwardingSlices from the API server.
 //!
 //! ```text
-//! watcher(NodeForwardingPlans, labelSelector switchyard.io/node=N)   (kube-runtime: list, then watch;
-//!     │                                                               relists and retries with backoff)
+//! watcher(NodeForwardingPlans, labelSelector switchyard.io/node=N)     (kube-runtime: list, then watch;
+//! watcher(ForwardingSlices, labelSelector switchyard.io/view in (…))    relists and retries with backoff;
+//!     │          restarted with a new selector when the plan's views change)
 //!     ▼
-//! Store::observe ─► decide ─► Ready ──────────────► PlanUpdate::Objects   (unless nothing changed: our own
-//!                          ├► Incomplete ─ settled? ─► PlanUpdate::Objects   status writes come back here)
-//!                          ├► WrongNode ─────────────► PlanUpdate::Invalid
-//!                          └► Missing ─► GET N ─ 404 ─► PlanUpdate::Deleted
-//!                                            ├ found ─► a relist glitch: the object is kept
-//!                                            └ error ─► asked again later (backoff); rules stay
+//! Store::observe_* ─► decide ─► Ready ──────────────► PlanUpdate::Objects   (unless nothing changed: our own
+//!                            ├► Incomplete ─ settled? ─► PlanUpdate::Objects   status writes come back here)
+//!                            ├► WrongNode ─────────────► PlanUpdate::Invalid
+//!                            ├► Wait (first lists) ────► nothing: the rules (or the cache's) stay
+//!                            └► Missing ─► GET N ─ 404 ─► PlanUpdate::Deleted
+//!                                              ├ found ─► a relist glitch: the object is kept
+//!                                              └ error ─► asked again later (backoff); rules stay
 //! ```
 //!
-//! An incomplete shard set is common for a moment (the controller rewrites the shards, then the
-//! primary), so it is passed on only after it stayed incomplete for the settle time; the syncer then
-//! reports `IncompleteShards` and keeps the current rules. API errors are logged and never reach the
-//! loop: the rules stay as they are.
+//! An incomplete view is common for a moment (the controller rewrites a view's slices when it grows),
+//! so it is passed on only after it stayed incomplete for the settle time; the syncer then reports
+//! `IncompleteView` and keeps the current rules. API errors are logged and never reach the loop: the
+//! rules stay as they are. The agent reads only its own plan and its views' slices: a change to
+//! another zone's slices never reaches it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use switchyard_api::NodeForwardingPlan;
-use switchyard_api::names::LABEL_NODE;
+use switchyard_api::names::{LABEL_NODE, views_selector};
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 use tokio::time::Instant;
 
 use super::store::{Decision, Store};
@@ -38,7 +42,7 @@ pub struct ApiSource {
     pub client: Client,
     /// The node.
     pub node: String,
-    /// How long an incomplete shard set may stay so before it is reported.
+    /// How long an incomplete view may stay so before it is reported.
     pub settle: Duration,
 }
 
@@ -69,7 +73,7 @@ impl PlanSource for ApiSource {
 
     fn describe(&self) -> String {
         format!(
-            "NodeForwardingPlans labelled {LABEL_NODE}={} (plan {} and its shards)",
+            "NodeForwardingPlan {} (labelled {LABEL_NODE}={}) and the ForwardingSlices of its views",
             self.node, self.node
         )
     }
@@ -131,7 +135,7 @@ impl State {
                 self.confirm_at = None;
                 let since = *self.incomplete_since.get_or_insert(now);
                 if now < since + self.settle {
-                    tracing::debug!(%why, "shard set incomplete; waiting for it to settle");
+                    tracing::debug!(%why, "views incomplete; waiting for them to settle");
                     return true;
                 }
                 let key = Sent::Objects(self.store.key());
@@ -148,11 +152,23 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+type SliceStream = BoxStream<'static, Result<watcher::Event<ForwardingSlice>, watcher::Error>>;
+
 impl ApiSource {
+    fn slice_stream(&self, views: &[String]) -> SliceStream {
+        let api: Api<ForwardingSlice> = Api::all(self.client.clone());
+        let selector = views_selector(views.iter().map(String::as_str));
+        tracing::info!(%selector, "watching the slices of this node's views");
+        watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed()
+    }
+
     async fn run(self: Box<Self>, tx: UpdateSender) {
         let api: Api<NodeForwardingPlan> = Api::all(self.client.clone());
         let config = watcher::Config::default().labels(&format!("{LABEL_NODE}={}", self.node));
         let mut stream = watcher(api.clone(), config).default_backoff().boxed();
+        let mut slices: Option<SliceStream> = None;
         let mut state = State {
             store: Store::new(&self.node),
             sent: Sent::Nothing,
@@ -163,17 +179,35 @@ impl ApiSource {
             tx,
         };
         let mut failing = false;
+        let mut slices_failing = false;
         loop {
+            // A plan with other views than the slice watch follows: watch those views instead.
+            let wanted = state
+                .store
+                .plan_views()
+                .filter(|v| !v.is_empty())
+                .map(<[String]>::to_vec);
+            if wanted.is_some() && wanted.as_deref() != state.store.watched_views() {
+                let views = wanted.unwrap_or_default();
+                slices = Some(self.slice_stream(&views));
+                state.store.watch_slices(views);
+            }
             let settle_at = state.incomplete_since.map(|since| since + state.settle);
+            let next_slice = async {
+                match slices.as_mut() {
+                    Some(stream) => stream.next().await,
+                    None => std::future::pending().await,
+                }
+            };
             let alive = tokio::select! {
                 item = stream.next() => match item {
                     None => return,
                     Some(Ok(event)) => {
                         if failing {
-                            tracing::info!("watching plans again");
+                            tracing::info!("watching the plan again");
                             failing = false;
                         }
-                        !state.store.observe(event) || state.evaluate(Instant::now())
+                        !state.store.observe_plan(event) || state.evaluate(Instant::now())
                     }
                     Some(Err(error)) => {
                         // kube-runtime retries with backoff; say it once per outage, then quietly.
@@ -182,6 +216,25 @@ impl ApiSource {
                         } else {
                             tracing::warn!(%error, "plan watch failed; the current rules stay, retrying");
                             failing = true;
+                        }
+                        true
+                    }
+                },
+                item = next_slice => match item {
+                    None => return,
+                    Some(Ok(event)) => {
+                        if slices_failing {
+                            tracing::info!("watching slices again");
+                            slices_failing = false;
+                        }
+                        !state.store.observe_slice(event) || state.evaluate(Instant::now())
+                    }
+                    Some(Err(error)) => {
+                        if slices_failing {
+                            tracing::debug!(%error, "slice watch still failing");
+                        } else {
+                            tracing::warn!(%error, "slice watch failed; the current rules stay, retrying");
+                            slices_failing = true;
                         }
                         true
                     }
@@ -195,7 +248,7 @@ impl ApiSource {
         }
     }
 
-    /// The watch says the primary is gone: ask the API server directly before calling it deleted.
+    /// The watch says the plan is gone: ask the API server directly before calling it deleted.
     async fn confirm(&self, api: &Api<NodeForwardingPlan>, state: &mut State) -> bool {
         state.confirm_at = None;
         if state.store.decide() != Decision::Missing {

@@ -2,16 +2,17 @@
 //! reachable (and keeps forwarding when it is not).
 //!
 //! ```text
-//! applied PlanSet (from the API) ─► write(): JSON List of the plan objects ─► <file>.tmp, fsync
+//! applied PlanSet (from the API) ─► write(): JSON List of the plan and its slices ─► <file>.tmp, fsync
 //!                                     ─► rename over <state-dir>/plan.yaml ─► fsync the directory
-//! start ─► read(): parse, keep only this node's objects ─► PlanSet (origin Cache) ─► applied first
+//! start ─► read(): parse, keep this node's plan and its views' slices ─► PlanSet (origin Cache)
+//!        ─► applied first (the syncer composes it exactly as a set from the API)
 //! plan deleted and its grace period over ─► remove()
 //! ```
 //!
-//! The file is a `kind: List` of NodeForwardingPlan objects in JSON (which is YAML too, so
-//! `switchyard-agent render --plan <state-dir>/plan.yaml` reads it). The objects keep their name,
-//! uid, labels, annotations and managedFields times (no field sets): what the agent needs to report
-//! status and plan age.
+//! The file is a `kind: List` of the NodeForwardingPlan and its ForwardingSlices in JSON (which is YAML
+//! too, so `switchyard-agent render --plan <state-dir>/plan.yaml` reads it). The objects keep their
+//! name, uid, labels, annotations and managedFields times (no field sets): what the agent needs to
+//! report status and plan age.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
-use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec};
+use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
 
 use super::store::{Decision, Store};
 use super::{Origin, PlanSet};
@@ -33,11 +34,18 @@ pub fn cache_path(state_dir: &Path) -> PathBuf {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct CachedObject<'a> {
+struct CachedObject<'a, S> {
     api_version: &'a str,
     kind: &'a str,
     metadata: &'a ObjectMeta,
-    spec: &'a NodeForwardingPlanSpec,
+    spec: &'a S,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Cached<'a> {
+    Plan(CachedObject<'a, NodeForwardingPlanSpec>),
+    Slice(CachedObject<'a, ForwardingSliceSpec>),
 }
 
 #[derive(Serialize)]
@@ -45,12 +53,24 @@ struct CachedObject<'a> {
 struct CachedList<'a> {
     api_version: &'a str,
     kind: &'a str,
-    items: Vec<CachedObject<'a>>,
+    items: Vec<Cached<'a>>,
+}
+
+/// One cached object: its spec stays raw text until its kind says what it is (no second copy of a
+/// 10,000-entry plan in a generic value tree).
+#[derive(Deserialize)]
+struct ReadObject<'a> {
+    kind: String,
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(borrow)]
+    spec: &'a serde_json::value::RawValue,
 }
 
 #[derive(Deserialize)]
-struct ReadList {
-    items: Vec<NodeForwardingPlan>,
+struct ReadList<'a> {
+    #[serde(borrow)]
+    items: Vec<ReadObject<'a>>,
 }
 
 /// Writes `set` to `path` atomically: readers (and a crash) see the old file or the new one, whole.
@@ -60,22 +80,27 @@ pub fn write(path: &Path, set: &PlanSet) -> Result<(), Error> {
         source,
     };
     let api_version = NodeForwardingPlan::api_version(&());
-    let kind = NodeForwardingPlan::kind(&());
+    let plan_kind = NodeForwardingPlan::kind(&());
+    let slice_kind = ForwardingSlice::kind(&());
     let empty = ObjectMeta::default();
+    let mut items = vec![Cached::Plan(CachedObject {
+        api_version: &api_version,
+        kind: &plan_kind,
+        metadata: &set.plan_meta,
+        spec: &set.plan,
+    })];
+    items.extend(set.slices.iter().enumerate().map(|(i, (_, spec))| {
+        Cached::Slice(CachedObject {
+            api_version: &api_version,
+            kind: &slice_kind,
+            metadata: set.slice_meta.get(i).unwrap_or(&empty),
+            spec,
+        })
+    }));
     let list = CachedList {
         api_version: "v1",
         kind: "List",
-        items: set
-            .objects
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| CachedObject {
-                api_version: &api_version,
-                kind: &kind,
-                metadata: set.metadata.get(i).unwrap_or(&empty),
-                spec,
-            })
-            .collect(),
+        items,
     };
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
@@ -120,14 +145,43 @@ pub fn read(path: &Path, node: &str) -> Result<Option<PlanSet>, Error> {
         path: path.to_path_buf(),
         message,
     };
-    let list: ReadList = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
-    drop(text);
+    let list: ReadList<'_> = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
     let mut store = Store::new(node);
-    store.observe(watcher::Event::Init);
+    store.observe_plan(watcher::Event::Init);
+    let mut slices = Vec::new();
     for object in list.items {
-        store.observe(watcher::Event::InitApply(object));
+        let name = object.metadata.name.clone().unwrap_or_default();
+        match object.kind.as_str() {
+            "NodeForwardingPlan" => {
+                let spec = serde_json::from_str(object.spec.get())
+                    .map_err(|e| fail(format!("NodeForwardingPlan {name}: {e}")))?;
+                store.observe_plan(watcher::Event::InitApply(NodeForwardingPlan {
+                    metadata: object.metadata,
+                    spec,
+                    status: None,
+                }));
+            }
+            "ForwardingSlice" => {
+                let spec = serde_json::from_str(object.spec.get())
+                    .map_err(|e| fail(format!("ForwardingSlice {name}: {e}")))?;
+                slices.push(ForwardingSlice {
+                    metadata: object.metadata,
+                    spec,
+                });
+            }
+            other => return Err(fail(format!("unexpected object of kind {other:?}"))),
+        }
     }
-    store.observe(watcher::Event::InitDone);
+    drop(text);
+    store.observe_plan(watcher::Event::InitDone);
+    if let Some(views) = store.plan_views().map(<[String]>::to_vec) {
+        store.watch_slices(views);
+    }
+    store.observe_slice(watcher::Event::Init);
+    for slice in slices {
+        store.observe_slice(watcher::Event::InitApply(slice));
+    }
+    store.observe_slice(watcher::Event::InitDone);
     let set = match store.decide() {
         Decision::Ready(set) => set,
         Decision::Incomplete(_, why) => return Err(fail(format!("not a complete plan: {why}"))),
@@ -158,12 +212,20 @@ pub fn remove(path: &Path) -> Result<(), Error> {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+    use switchyard_api::testing::{EntryExt, entry, ep, live_plan, plan, slice};
 
     fn dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("switchyard-cache-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
+    }
+
+    fn meta(name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..ObjectMeta::default()
+        }
     }
 
     fn set(node: &str) -> PlanSet {
@@ -172,16 +234,29 @@ mod tests {
             vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
         );
         PlanSet {
-            objects: vec![Arc::new(spec)],
-            metadata: vec![ObjectMeta {
-                name: Some(node.into()),
-                uid: Some("uid-1".into()),
-                ..ObjectMeta::default()
-            }],
+            plan_meta: meta(node),
+            uid: Some(format!("uid-{node}")),
             origin: Origin::Api,
-            uid: Some("uid-1".into()),
-            trigger_time: None,
-            written_at: None,
+            ..PlanSet::from_file(Arc::new(spec), vec![])
+        }
+    }
+
+    fn set_with_slices(node: &str) -> PlanSet {
+        let (name, all) = slice(
+            "all",
+            0,
+            1,
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        );
+        PlanSet {
+            plan_meta: meta(node),
+            slice_meta: vec![meta(&name)],
+            uid: Some(format!("uid-{node}")),
+            origin: Origin::Api,
+            ..PlanSet::from_file(
+                Arc::new(live_plan(node, &["all"], vec![])),
+                vec![(name, Arc::new(all))],
+            )
         }
     }
 
@@ -190,15 +265,19 @@ mod tests {
         let dir = dir("roundtrip");
         let path = cache_path(&dir.join("state"));
         assert_eq!(read(&path, "node-a").unwrap(), None);
-        let written = set("node-a");
-        write(&path, &written).unwrap();
-        assert!(!path.with_file_name(".plan.yaml.tmp").exists());
-        let back = read(&path, "node-a").unwrap().unwrap();
-        assert_eq!(back.origin, Origin::Cache);
-        assert_eq!(back.objects, written.objects);
-        assert_eq!(back.uid.as_deref(), Some("uid-1"));
-        let as_plan_file = crate::planfile::read_plan_file(&path).unwrap();
-        assert_eq!(as_plan_file, written.objects);
+        for written in [set("node-a"), set_with_slices("node-a")] {
+            write(&path, &written).unwrap();
+            assert!(!path.with_file_name(".plan.yaml.tmp").exists());
+            let back = read(&path, "node-a").unwrap().unwrap();
+            assert_eq!(back.origin, Origin::Cache);
+            assert_eq!((&back.plan, &back.slices), (&written.plan, &written.slices));
+            assert_eq!(back.uid.as_deref(), Some("uid-node-a"));
+            let as_plan_file = crate::planfile::read_plan_file(&path).unwrap();
+            assert_eq!(
+                (as_plan_file.plan, as_plan_file.slices),
+                (written.plan, written.slices)
+            );
+        }
         remove(&path).unwrap();
         remove(&path).unwrap();
         assert_eq!(read(&path, "node-a").unwrap(), None);
@@ -206,12 +285,18 @@ mod tests {
     }
 
     #[test]
-    fn a_cache_for_another_node_or_garbage_is_refused() {
+    fn a_cache_for_another_node_an_incomplete_one_or_garbage_is_refused() {
         let dir = dir("refused");
         let path = cache_path(&dir);
         write(&path, &set("node-b")).unwrap();
         let err = read(&path, "node-a").unwrap_err().to_string();
         assert!(err.contains("no plan named node-a"), "{err}");
+        let mut incomplete = set_with_slices("node-a");
+        incomplete.slices.clear();
+        incomplete.slice_meta.clear();
+        write(&path, &incomplete).unwrap();
+        let err = read(&path, "node-a").unwrap_err().to_string();
+        assert!(err.contains("not a complete plan"), "{err}");
         std::fs::write(&path, "{\"items\": [").unwrap();
         assert!(read(&path, "node-a").is_err());
         let _ = std::fs::remove_dir_all(&dir);

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! every poll interval: stat ─► (inode, size, mtime, ctime) changed? ─► read file ─► content hash
-//!                      changed? ─► parse ─► PlanUpdate::Objects
+//!                      changed? ─► parse (a plan, or a plan and its slices) ─► PlanUpdate::Objects
 //!                                                               └──► PlanUpdate::Invalid (rules stay)
 //!                      unreadable ─► PlanUpdate::Invalid (and the next readable content is applied
 //!                                    again, even if it is the same as before)
@@ -90,9 +90,12 @@ impl PlanFile {
         drop(bytes);
         // Parse from the file again rather than keeping its bytes: one copy of a large plan at a time.
         match read_plan_file(path) {
-            Ok(objects) => {
+            Ok(loaded) => {
                 self.error = None;
-                Some(PlanUpdate::Objects(PlanSet::from_file(objects)))
+                Some(PlanUpdate::Objects(PlanSet::from_file(
+                    loaded.plan,
+                    loaded.slices,
+                )))
             }
             Err(e) => self.failed(e.to_string()),
         }
@@ -153,9 +156,10 @@ mod tests {
         std::fs::write(&path, serde_saphyr::to_string(&object).unwrap()).unwrap();
         match file.poll(&path) {
             Some(PlanUpdate::Objects(set)) => {
-                assert_eq!(set.objects, vec![Arc::new(spec.clone())]);
+                assert_eq!(set.plan, Arc::new(spec.clone()));
+                assert!(set.slices.is_empty());
                 assert_eq!(set.origin, super::super::Origin::File);
-                assert_eq!(set.revision(), Some(spec.revision.as_str()));
+                assert_eq!(set.revision(), spec.revision.as_str());
             }
             other => panic!("{other:?}"),
         }

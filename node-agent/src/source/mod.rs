@@ -2,10 +2,10 @@
 //! feeds the same sync loop ([`crate::run`]) through one channel holding only the latest state.
 //!
 //! ```text
-//! file::FileSource (poll, parse)            ─┐
-//! api::ApiSource (watch own plan + shards,  ─┼─► watch::Sender<Option<Arc<PlanUpdate>>> ─► run loop
-//!    store: assemble, settle, confirm 404)   │      (latest wins: intermediate plans are never needed)
-//! cache::read (<state-dir>/plan.yaml, start) ┘      applied before any source starts
+//! file::FileSource (poll, parse: a plan, or a plan and its slices) ─┐
+//! api::ApiSource (watch own plan; watch the slices of its views;    ├─► watch::Sender<Option<Arc<PlanUpdate>>> ─► run loop
+//!    store: completeness, settle, confirm 404)                      │      (latest wins: intermediate states are never needed)
+//! cache::read (<state-dir>/plan.yaml: plan + slices, at start) ─────┘      applied before any source starts
 //! ```
 //!
 //! A [`PlanUpdate`] is a state, not an event: `Objects` (apply these), `Invalid` (the input cannot be
@@ -21,7 +21,10 @@ use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use switchyard_api::NodeForwardingPlanSpec;
+use switchyard_api::compose::slices_digest;
 use tokio::sync::watch;
+
+use crate::sync::SliceObject;
 
 /// Where a plan set came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,30 +37,37 @@ pub enum Origin {
     Cache,
 }
 
-/// One node's plan objects (the primary and its shards) and what the primary's metadata says.
+/// A node's plan and the slices of its views, and what their metadata says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanSet {
-    /// The objects' specs, primary first when known.
-    pub objects: Vec<Arc<NodeForwardingPlanSpec>>,
-    /// Their metadata, in the same order (API and cache; empty for a plan file): what the cache keeps.
-    pub metadata: Vec<ObjectMeta>,
+    /// The plan's spec.
+    pub plan: Arc<NodeForwardingPlanSpec>,
+    /// The slices of its views (name, spec), sorted by name.
+    pub slices: Vec<SliceObject>,
+    /// The plan's metadata (API and cache; default for a plan file): what the cache keeps.
+    pub plan_meta: ObjectMeta,
+    /// The slices' metadata, in the order of `slices`.
+    pub slice_meta: Vec<ObjectMeta>,
     /// Where they came from.
     pub origin: Origin,
-    /// The primary's uid (API and cache only): status is written to this object.
+    /// The plan's uid (API and cache only): status is written to this object.
     pub uid: Option<String>,
-    /// The primary's `switchyard.io/last-change-trigger-time`: the earliest EndpointSlice change this
-    /// plan write carries (for network programming latency).
+    /// The newest `switchyard.io/last-change-trigger-time` among the plan and its slices: the
+    /// EndpointSlice change this state carries last (for network programming latency).
     pub trigger_time: Option<SystemTime>,
-    /// When the controller last wrote the primary's spec (see [`store::written_at`]).
+    /// When the controller last wrote any of them (see [`store::written_at`]).
     pub written_at: Option<SystemTime>,
 }
 
 impl PlanSet {
     /// A set from a plan file (no metadata).
-    pub fn from_file(objects: Vec<Arc<NodeForwardingPlanSpec>>) -> Self {
+    pub fn from_file(plan: Arc<NodeForwardingPlanSpec>, slices: Vec<SliceObject>) -> Self {
+        let slice_meta = vec![ObjectMeta::default(); slices.len()];
         Self {
-            objects,
-            metadata: Vec::new(),
+            plan,
+            slices,
+            plan_meta: ObjectMeta::default(),
+            slice_meta,
             origin: Origin::File,
             uid: None,
             trigger_time: None,
@@ -65,16 +75,24 @@ impl PlanSet {
         }
     }
 
-    /// The revision of the primary (index 0 or unsharded), which covers every shard.
-    pub fn revision(&self) -> Option<&str> {
-        self.objects
-            .iter()
-            .find(|o| o.shard.as_ref().is_none_or(|s| s.index == 0))
-            .map(|o| o.revision.as_str())
+    /// The plan's revision.
+    pub fn revision(&self) -> &str {
+        &self.plan.revision
+    }
+
+    /// Identifies what applying this set programs: the plan's revision and the slices' digest.
+    pub fn fingerprint(&self) -> String {
+        if self.slices.is_empty() {
+            return self.plan.revision.clone();
+        }
+        let digest = slices_digest(self.slices.iter().map(|(n, s)| (n.as_str(), s.revision.as_str())));
+        format!("{}/{digest}", self.plan.revision)
     }
 }
 
 /// The latest state of a node's plan, as a source sees it.
+// Sent once behind an Arc; boxing the set would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum PlanUpdate {
     /// Apply these objects (a complete set, or an incomplete one the syncer will report).

@@ -1,18 +1,20 @@
-//! The API source's view of one node's plan objects, fed by watch events; pure, so every decision of
-//! the source is tested without a server.
+//! The API source's view of one node's plan and its views' slices, fed by watch events; pure, so every
+//! decision of the source is tested without a server.
 //!
 //! ```text
-//! watcher::Event ─► observe() ─► objects { name → Entry (Arc<spec>, uid, trigger, written_at) }
+//! plan watch  ─► observe_plan()  ─► plan   { name → Entry }   (only the object named after the node)
+//! slice watch ─► observe_slice() ─► slices { name → Entry }   (the views the watch selects)
 //!   Init / InitApply… / InitDone: a relist replaces the set whole (only at InitDone)
 //!   Apply / Delete: one object
-//! decide() ─► Wait (first list not done)            ─► nothing yet
-//!          ─► Missing (no primary)                  ─► confirm with a GET (404: Deleted; found: a glitch)
-//!          ─► WrongNode(why)                        ─► PlanUpdate::Invalid
-//!          ─► Ready(set) | Incomplete(set, why)     ─► send (an incomplete set only after it settled)
+//! decide() ─► Wait (a first list not done, or the slice watch not yet on the plan's views) ─► nothing yet
+//!          ─► Missing (no plan)                         ─► confirm with a GET (404: Deleted; found: a glitch)
+//!          ─► WrongNode(why)                            ─► PlanUpdate::Invalid
+//!          ─► Ready(set) | Incomplete(set, why)         ─► send (an incomplete set only after it settled)
 //! ```
 //!
-//! Only objects named `<node>` (the primary) or `<node>.shard-<i>` count; anything else the label
-//! selector lets through is ignored.
+//! A view is incomplete while its slices are being rewritten (a view doubling its slice count) or when a
+//! slice is missing; the agent never programs from an incomplete view, and only reports it once it has
+//! stayed incomplete for the settle time.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,17 +23,17 @@ use std::time::SystemTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher;
-use switchyard_api::names::{ANNOTATION_TRIGGER_TIME, CONTROLLER_FIELD_MANAGER};
-use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec};
+use switchyard_api::compose::{SliceRef, incomplete};
+use switchyard_api::names::ANNOTATION_TRIGGER_TIME;
+use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
 
 use super::{Origin, PlanSet};
-use crate::sync::{Assembly, assemble};
 
-/// One plan object, reduced to what the agent needs.
+/// One object (plan or slice), reduced to what the agent needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Entry {
+pub struct Entry<S> {
     /// The spec.
-    pub spec: Arc<NodeForwardingPlanSpec>,
+    pub spec: Arc<S>,
     /// `metadata.uid`.
     pub uid: Option<String>,
     /// The trigger-time annotation.
@@ -43,11 +45,10 @@ pub struct Entry {
     pub meta: ObjectMeta,
 }
 
-impl Entry {
-    /// Reduces an object (consuming it: the spec is moved, not copied).
-    pub fn from_object(object: NodeForwardingPlan) -> Self {
-        let written_at = written_at(&object);
-        let meta = object.metadata;
+impl<S> Entry<S> {
+    /// Reduces an object's metadata and spec (moved, not copied).
+    pub fn new(meta: ObjectMeta, spec: S) -> Self {
+        let written_at = switchyard_api::meta::written_at(&meta).map(SystemTime::from);
         let trigger_time = meta
             .annotations
             .as_ref()
@@ -61,7 +62,7 @@ impl Entry {
                 .collect()
         });
         Self {
-            spec: Arc::new(object.spec),
+            spec: Arc::new(spec),
             uid: meta.uid.clone(),
             trigger_time,
             written_at,
@@ -78,84 +79,40 @@ impl Entry {
     }
 }
 
-/// When the plan's spec was last written, as honestly as the object tells: the `time` of the
-/// `switchyard-controller` entry in `managedFields` (the API server moves it whenever that manager
-/// changes a field it owns); without one, the latest entry of any manager that did not write
-/// through a subresource (whoever last edited the spec by hand); without managedFields at all, the
-/// creation time. Status writes never count.
+/// When the plan's spec was last written (see [`switchyard_api::meta::written_at`]).
 pub fn written_at(object: &NodeForwardingPlan) -> Option<SystemTime> {
-    let fields = object.metadata.managed_fields.as_deref().unwrap_or_default();
-    let main = || {
-        fields
-            .iter()
-            .filter(|f| f.subresource.as_deref().unwrap_or_default().is_empty())
-    };
-    let controller = main()
-        .filter(|f| f.manager.as_deref() == Some(CONTROLLER_FIELD_MANAGER))
-        .filter_map(|f| f.time.as_ref())
-        .max();
-    let any = || main().filter_map(|f| f.time.as_ref()).max();
-    controller
-        .or_else(any)
-        .or(object.metadata.creation_timestamp.as_ref())
-        .map(|t| SystemTime::from(t.0))
+    switchyard_api::meta::written_at(&object.metadata).map(SystemTime::from)
 }
 
-/// What the source should do now.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
-    /// The first list is not complete.
-    Wait,
-    /// The primary is not there: confirm with a GET before calling it deleted.
-    Missing,
-    /// The primary is for another node.
-    WrongNode(String),
-    /// A complete, consistent set.
-    Ready(PlanSet),
-    /// Not complete or not consistent (yet).
-    Incomplete(PlanSet, String),
-}
-
-/// A node's plan objects as the watch shows them.
+/// Objects of one kind as a watch shows them.
 #[derive(Debug, Clone)]
-pub struct Store {
-    node: String,
-    objects: BTreeMap<String, Entry>,
-    relist: Option<BTreeMap<String, Entry>>,
+struct Listing<S> {
+    objects: BTreeMap<String, Entry<S>>,
+    relist: Option<BTreeMap<String, Entry<S>>>,
     listed: bool,
 }
 
-impl Store {
-    /// An empty store for `node`'s objects.
-    pub fn new(node: &str) -> Self {
+impl<S> Default for Listing<S> {
+    fn default() -> Self {
         Self {
-            node: node.to_string(),
             objects: BTreeMap::new(),
             relist: None,
             listed: false,
         }
     }
+}
 
-    /// True for the names of this node's objects: `<node>` and `<node>.shard-<i>`.
-    pub fn ours(&self, name: &str) -> bool {
-        name == self.node
-            || name
-                .strip_prefix(&self.node)
-                .and_then(|rest| rest.strip_prefix(".shard-"))
-                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-    }
-
-    /// Takes one watch event; true when the set may have changed (and the first list is done).
-    pub fn observe(&mut self, event: watcher::Event<NodeForwardingPlan>) -> bool {
+impl<S> Listing<S> {
+    /// Takes one event (already reduced to name and entry); true when the set may have changed and the
+    /// first list is done.
+    fn observe(&mut self, event: watcher::Event<(String, Option<Entry<S>>)>) -> bool {
         match event {
             watcher::Event::Init => {
                 self.relist = Some(BTreeMap::new());
                 false
             }
-            watcher::Event::InitApply(object) => {
-                if let Some((name, entry)) = self.entry(object) {
-                    self.relist.get_or_insert_with(BTreeMap::new).insert(name, entry);
-                }
+            watcher::Event::InitApply((name, Some(entry))) => {
+                self.relist.get_or_insert_with(BTreeMap::new).insert(name, entry);
                 false
             }
             watcher::Event::InitDone => {
@@ -163,82 +120,189 @@ impl Store {
                 self.listed = true;
                 true
             }
-            watcher::Event::Apply(object) => {
-                if let Some((name, entry)) = self.entry(object) {
-                    self.objects.insert(name, entry);
-                }
+            watcher::Event::Apply((name, Some(entry))) => {
+                self.objects.insert(name, entry);
                 self.listed
             }
-            watcher::Event::Delete(object) => {
-                let name = object.metadata.name.unwrap_or_default();
-                self.objects.remove(&name).is_some() && self.listed
+            watcher::Event::Delete((name, _)) => self.objects.remove(&name).is_some() && self.listed,
+            watcher::Event::InitApply((_, None)) | watcher::Event::Apply((_, None)) => false,
+        }
+    }
+}
+
+/// What the source should do now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// A first list is not complete, or the slice watch does not follow the plan's views yet.
+    Wait,
+    /// The plan is not there: confirm with a GET before calling it deleted.
+    Missing,
+    /// The plan is for another node.
+    WrongNode(String),
+    /// The plan and every slice of its views.
+    Ready(PlanSet),
+    /// The plan's views are not complete (yet).
+    Incomplete(PlanSet, String),
+}
+
+/// A node's plan and its views' slices as the watches show them.
+#[derive(Debug, Clone)]
+pub struct Store {
+    node: String,
+    plan: Listing<NodeForwardingPlanSpec>,
+    slices: Listing<ForwardingSliceSpec>,
+    /// The views the slice watch selects (`None`: no slice watch yet).
+    watched_views: Option<Vec<String>>,
+}
+
+impl Store {
+    /// An empty store for `node`'s objects.
+    pub fn new(node: &str) -> Self {
+        Self {
+            node: node.to_string(),
+            plan: Listing::default(),
+            slices: Listing::default(),
+            watched_views: None,
+        }
+    }
+
+    /// True for the name of this node's plan.
+    pub fn ours(&self, name: &str) -> bool {
+        name == self.node
+    }
+
+    /// Takes one plan watch event; true when the state may have changed (and the first list is done).
+    pub fn observe_plan(&mut self, event: watcher::Event<NodeForwardingPlan>) -> bool {
+        let node = self.node.clone();
+        self.plan.observe(map_event(event, |object: NodeForwardingPlan| {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            if name != node {
+                tracing::debug!(plan = %name, "ignoring a plan object that is not this node's");
+                return (name, None);
             }
-        }
+            let entry = Entry::new(object.metadata, object.spec);
+            (name, Some(entry))
+        }))
     }
 
-    /// Adds an object found by a GET (after a watch said it was gone, and it was not).
+    /// Takes one slice watch event; true when the state may have changed.
+    pub fn observe_slice(&mut self, event: watcher::Event<ForwardingSlice>) -> bool {
+        self.slices.observe(map_event(event, |object: ForwardingSlice| {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            (name, Some(Entry::new(object.metadata, object.spec)))
+        }))
+    }
+
+    /// Adds the plan found by a GET (after a watch said it was gone, and it was not).
     pub fn insert(&mut self, object: NodeForwardingPlan) {
-        if let Some((name, entry)) = self.entry(object) {
-            self.objects.insert(name, entry);
+        let name = object.metadata.name.clone().unwrap_or_default();
+        if self.ours(&name) {
+            self.plan
+                .objects
+                .insert(name, Entry::new(object.metadata, object.spec));
         }
     }
 
-    fn entry(&self, object: NodeForwardingPlan) -> Option<(String, Entry)> {
-        let name = object.metadata.name.clone()?;
-        if !self.ours(&name) {
-            tracing::debug!(plan = %name, "ignoring a plan object that is not this node's");
-            return None;
-        }
-        Some((name, Entry::from_object(object)))
+    /// The views the plan asks for, once known.
+    pub fn plan_views(&self) -> Option<&[String]> {
+        self.plan.objects.get(&self.node).map(|e| e.spec.views.as_slice())
     }
 
-    /// The objects by name.
-    pub fn objects(&self) -> &BTreeMap<String, Entry> {
-        &self.objects
+    /// The views the slice watch selects.
+    pub fn watched_views(&self) -> Option<&[String]> {
+        self.watched_views.as_deref()
+    }
+
+    /// A slice watch for `views` starts: its slices replace the old watch's once listed.
+    pub fn watch_slices(&mut self, views: Vec<String>) {
+        self.slices = Listing::default();
+        self.watched_views = Some(views);
+    }
+
+    /// The plan's and slices' entries, for tests and the cache.
+    pub fn slice_names(&self) -> impl Iterator<Item = &String> {
+        self.slices.objects.keys()
     }
 
     /// What to do with the current objects.
     pub fn decide(&self) -> Decision {
-        if !self.listed {
+        if !self.plan.listed {
             return Decision::Wait;
         }
-        let Some(primary) = self.objects.get(&self.node) else {
+        let Some(plan) = self.plan.objects.get(&self.node) else {
             return Decision::Missing;
         };
-        if primary.spec.node_name != self.node {
+        if plan.spec.node_name != self.node {
             return Decision::WrongNode(format!(
                 "plan {} is for node {:?}, this agent runs on {:?}",
-                self.node, primary.spec.node_name, self.node
+                self.node, plan.spec.node_name, self.node
             ));
         }
-        let entries: Vec<&Entry> = std::iter::once(primary)
-            .chain(
-                self.objects
-                    .iter()
-                    .filter(|(name, _)| **name != self.node)
-                    .map(|(_, e)| e),
-            )
+        let views = &plan.spec.views;
+        if !views.is_empty() && (self.watched_views.as_ref() != Some(views) || !self.slices.listed) {
+            return Decision::Wait;
+        }
+        let slices: Vec<(&String, &Entry<ForwardingSliceSpec>)> = self
+            .slices
+            .objects
+            .iter()
+            .filter(|(_, e)| views.contains(&e.spec.view))
             .collect();
+        let newest = |a: Option<SystemTime>, b: Option<SystemTime>| a.max(b);
         let set = PlanSet {
-            objects: entries.iter().map(|e| Arc::clone(&e.spec)).collect(),
-            metadata: entries.iter().map(|e| e.meta.clone()).collect(),
+            plan: Arc::clone(&plan.spec),
+            slices: slices
+                .iter()
+                .map(|(n, e)| ((*n).clone(), Arc::clone(&e.spec)))
+                .collect(),
+            plan_meta: plan.meta.clone(),
+            slice_meta: slices.iter().map(|(_, e)| e.meta.clone()).collect(),
             origin: Origin::Api,
-            uid: primary.uid.clone(),
-            trigger_time: primary.trigger_time,
-            written_at: primary.written_at,
+            uid: plan.uid.clone(),
+            trigger_time: slices
+                .iter()
+                .map(|(_, e)| e.trigger_time)
+                .fold(plan.trigger_time, newest),
+            written_at: slices
+                .iter()
+                .map(|(_, e)| e.written_at)
+                .fold(plan.written_at, newest),
         };
-        match assemble(&set.objects) {
-            Assembly::Ready(_) => Decision::Ready(set),
-            Assembly::Incomplete(why) => Decision::Incomplete(set, why),
+        let refs: Vec<SliceRef<'_>> = set
+            .slices
+            .iter()
+            .map(|(name, spec)| SliceRef { name, spec })
+            .collect();
+        match incomplete(&set.plan, &refs) {
+            Some(why) => Decision::Incomplete(set, why),
+            None => Decision::Ready(set),
         }
     }
 
     /// A key that changes whenever something the agent applies changes (not on status writes).
     pub fn key(&self) -> Vec<(String, Option<String>, String)> {
-        self.objects
+        self.plan
+            .objects
             .iter()
             .map(|(name, e)| (name.clone(), e.uid.clone(), e.spec.revision.clone()))
+            .chain(
+                self.slices
+                    .objects
+                    .iter()
+                    .map(|(name, e)| (name.clone(), e.uid.clone(), e.spec.revision.clone())),
+            )
             .collect()
+    }
+}
+
+/// Maps the objects of a watch event.
+fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Event<T> {
+    match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
     }
 }
 
@@ -246,13 +310,22 @@ impl Store {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use switchyard_api::ShardInfo;
-    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+    use switchyard_api::testing::{EntryExt, entry, ep, live_plan, plan, slice};
 
     fn object(name: &str, spec: NodeForwardingPlanSpec) -> NodeForwardingPlan {
         let mut object = NodeForwardingPlan::new(name, spec);
         object.metadata.uid = Some(format!("uid-{name}"));
         object
+    }
+
+    fn slice_object(view: &str, index: u32, count: u32) -> ForwardingSlice {
+        let (name, spec) = slice(
+            view,
+            index,
+            count,
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        );
+        ForwardingSlice::new(&name, spec)
     }
 
     fn spec(node: &str) -> NodeForwardingPlanSpec {
@@ -297,72 +370,60 @@ mod tests {
     }
 
     #[test]
-    fn only_this_nodes_objects_count() {
-        let store = Store::new("node-a");
-        assert!(store.ours("node-a"));
-        assert!(store.ours("node-a.shard-3"));
-        assert!(!store.ours("node-ab"));
-        assert!(!store.ours("node-a.shard-"));
-        assert!(!store.ours("node-a.shard-x"));
-        assert!(!store.ours("node-b"));
-    }
-
-    #[test]
     fn nothing_is_decided_before_the_first_list_and_relists_replace_the_set() {
         let mut store = Store::new("node-a");
-        assert!(!store.observe(watcher::Event::Apply(object("node-a", spec("node-a")))));
+        assert!(!store.observe_plan(watcher::Event::Apply(object("node-a", spec("node-a")))));
         assert_eq!(store.decide(), Decision::Wait);
-        store.observe(watcher::Event::Init);
-        store.observe(watcher::Event::InitApply(object("node-a", spec("node-a"))));
-        store.observe(watcher::Event::InitApply(object("node-b", spec("node-b"))));
+        store.observe_plan(watcher::Event::Init);
+        store.observe_plan(watcher::Event::InitApply(object("node-a", spec("node-a"))));
+        store.observe_plan(watcher::Event::InitApply(object("node-b", spec("node-b"))));
         assert_eq!(store.decide(), Decision::Wait);
-        assert!(store.observe(watcher::Event::InitDone));
+        assert!(store.observe_plan(watcher::Event::InitDone));
         let Decision::Ready(set) = store.decide() else {
             panic!("{:?}", store.decide())
         };
         assert_eq!(set.uid.as_deref(), Some("uid-node-a"));
         assert_eq!(set.origin, Origin::Api);
-        assert_eq!(store.objects().len(), 1, "node-b's plan is ignored");
+        assert!(set.slices.is_empty(), "a self-contained plan needs no slices");
 
-        // A relist without the primary: Missing (the source confirms with a GET).
-        store.observe(watcher::Event::Init);
+        // A relist without the plan: Missing (the source confirms with a GET).
+        store.observe_plan(watcher::Event::Init);
         assert!(store.decide() != Decision::Missing, "not before InitDone");
-        store.observe(watcher::Event::InitDone);
+        store.observe_plan(watcher::Event::InitDone);
         assert_eq!(store.decide(), Decision::Missing);
         store.insert(object("node-a", spec("node-a")));
         assert!(matches!(store.decide(), Decision::Ready(_)));
-        assert!(store.observe(watcher::Event::Delete(object("node-a", spec("node-a")))));
+        assert!(store.observe_plan(watcher::Event::Delete(object("node-a", spec("node-a")))));
         assert_eq!(store.decide(), Decision::Missing);
     }
 
     #[test]
-    fn shards_are_ready_only_when_consistent_and_the_trigger_comes_from_the_primary() {
-        let mut shard = spec("node-a");
-        shard.shard = Some(ShardInfo {
-            index: 1,
-            count: 2,
-            members: vec![],
-        });
-        shard.revision = "rev-one".into();
-        let mut primary = spec("node-a");
-        primary.shard = Some(ShardInfo {
-            index: 0,
-            count: 2,
-            members: vec!["rev-one".into()],
-        });
-        let mut primary_object = object("node-a", primary);
-        primary_object.metadata.annotations = Some(BTreeMap::from([(
+    fn a_plan_with_views_waits_for_the_first_complete_list_of_its_slices() {
+        let mut store = Store::new("node-a");
+        let mut live = object("node-a", live_plan("node-a", &["all"], vec![]));
+        live.metadata.annotations = Some(BTreeMap::from([(
             ANNOTATION_TRIGGER_TIME.to_string(),
             "2026-01-01T00:00:00.250Z".to_string(),
         )]));
-        let mut store = Store::new("node-a");
-        store.observe(watcher::Event::Init);
-        store.observe(watcher::Event::InitApply(primary_object));
-        store.observe(watcher::Event::InitDone);
+        store.observe_plan(watcher::Event::Init);
+        store.observe_plan(watcher::Event::InitApply(live));
+        store.observe_plan(watcher::Event::InitDone);
+        assert_eq!(store.plan_views(), Some(&["all".to_string()][..]));
+        assert_eq!(store.decide(), Decision::Wait, "no slice watch yet");
+        store.watch_slices(vec!["all".into()]);
+        assert_eq!(store.decide(), Decision::Wait, "the slices are not listed yet");
+        store.observe_slice(watcher::Event::Init);
+        store.observe_slice(watcher::Event::InitApply(slice_object("all", 0, 2)));
+        assert_eq!(
+            store.decide(),
+            Decision::Wait,
+            "never from an incomplete first list"
+        );
+        store.observe_slice(watcher::Event::InitDone);
         let Decision::Incomplete(set, why) = store.decide() else {
             panic!("{:?}", store.decide())
         };
-        assert!(why.contains("shard 1 of 2 is missing"), "{why}");
+        assert!(why.contains("all-0001"), "{why}");
         assert_eq!(
             set.trigger_time,
             Some(SystemTime::from(
@@ -370,21 +431,23 @@ mod tests {
             ))
         );
         let before = store.key();
-        store.observe(watcher::Event::Apply(object("node-a.shard-1", shard)));
+        assert!(store.observe_slice(watcher::Event::Apply(slice_object("all", 1, 2))));
         assert_ne!(store.key(), before);
         let Decision::Ready(set) = store.decide() else {
             panic!("{:?}", store.decide())
         };
-        assert_eq!(set.objects.len(), 2);
-        assert_eq!(set.objects[0].shard.as_ref().unwrap().index, 0, "primary first");
+        assert_eq!(set.slices.len(), 2);
+        // A slice that goes away makes the view incomplete again.
+        assert!(store.observe_slice(watcher::Event::Delete(slice_object("all", 1, 2))));
+        assert!(matches!(store.decide(), Decision::Incomplete(..)));
     }
 
     #[test]
-    fn a_primary_for_another_node_is_refused() {
+    fn a_plan_for_another_node_is_refused() {
         let mut store = Store::new("node-a");
-        store.observe(watcher::Event::Init);
-        store.observe(watcher::Event::InitApply(object("node-a", spec("node-b"))));
-        store.observe(watcher::Event::InitDone);
+        store.observe_plan(watcher::Event::Init);
+        store.observe_plan(watcher::Event::InitApply(object("node-a", spec("node-b"))));
+        store.observe_plan(watcher::Event::InitDone);
         assert!(matches!(store.decide(), Decision::WrongNode(why) if why.contains("node-b")));
     }
 }

@@ -2,8 +2,8 @@
 //! the status that results.
 //!
 //! ```text
-//! plan objects ─► assemble ─► Incomplete ────────────────────► IncompleteShards (rules stay)
-//!                      │
+//! plan + slices ─► composition ─► Incomplete ───────────────────► IncompleteView (rules stay)
+//!                      │          (invalid slice: last good copy used, reported in failures)
 //!                      ▼ validate ─► plan problems ──────────► InvalidPlan (rules stay)
 //!                      │            entry problems ─► skip set, status.failures
 //!                      ▼
@@ -26,14 +26,14 @@ use std::time::{Duration, Instant, SystemTime};
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
 use switchyard_api::validate::validate;
 use switchyard_api::{
-    NodeForwardingPlanSpec, NodeForwardingPlanStatus, PlanCondition, ServiceFailure, SyncMode,
+    NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceFailure, SyncMode,
 };
 
 use super::backoff::Backoff;
 use super::clock::{Clock, rfc3339};
+use super::composition::{Composition, LastGood, SliceObject, compose_plan};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
 use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
-use super::plan_set::{Assembly, assemble};
 use super::status::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, stale_flows, udp_fingerprints, udp_targets};
 use crate::error::Error;
@@ -79,9 +79,9 @@ pub enum SyncResult {
         /// Set when this sync repaired drift.
         drift: Option<String>,
     },
-    /// The plan was not applied (invalid, unreadable, incomplete shards); the last good rules stay.
+    /// The plan was not applied (invalid, unreadable, incomplete views); the last good rules stay.
     Rejected {
-        /// `InvalidPlan` or `IncompleteShards`.
+        /// `InvalidPlan` or `IncompleteView`.
         reason: &'static str,
         /// Why.
         message: String,
@@ -110,10 +110,18 @@ struct PendingReapply {
     before: Last,
 }
 
+/// What a composed plan brings besides its spec: the slices it came from and what was wrong with them.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Composed {
+    slices: Option<ObservedSlices>,
+    failures: Vec<ServiceFailure>,
+}
+
 /// What the kernel holds: the last plan applied successfully.
 #[derive(Debug, Clone)]
 struct Applied {
     spec: Arc<NodeForwardingPlanSpec>,
+    composed: Composed,
     skip: HashSet<usize>,
     entry_failures: Vec<ServiceFailure>,
     services: u32,
@@ -144,6 +152,8 @@ pub struct Syncer {
     /// A full sync of the applied plan (drift repair or periodic) failed: it is retried with the
     /// backoff, carrying the drift it was repairing.
     failed_reapply: Option<PendingReapply>,
+    /// The last copy of each slice that passed validation.
+    last_good: LastGood,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -182,6 +192,7 @@ impl Syncer {
             drift_repairs: 0,
             extra_failures: Vec::new(),
             failed_reapply: None,
+            last_good: LastGood::default(),
         }
     }
 
@@ -191,14 +202,24 @@ impl Syncer {
         self
     }
 
-    /// Applies a node's plan objects (one, or a sharded set).
-    pub fn sync(&mut self, objects: &[Arc<NodeForwardingPlanSpec>]) -> SyncResult {
-        match assemble(objects) {
-            Assembly::Incomplete(why) => {
-                self.reject(reasons::INCOMPLETE_SHARDS, format!("plan not applied: {why}"))
-            }
-            Assembly::Ready(spec) => self.apply(spec, None),
+    /// Applies a node's plan composed with its views' slices.
+    pub fn sync(&mut self, plan: &Arc<NodeForwardingPlanSpec>, slices: &[SliceObject]) -> SyncResult {
+        match compose_plan(plan, slices, &mut self.last_good) {
+            Composition::Incomplete(why) => self.reject(
+                reasons::INCOMPLETE_VIEW,
+                format!("plan {} not applied: {why}", plan.revision),
+            ),
+            Composition::Ready {
+                spec,
+                slices,
+                failures,
+            } => self.apply(spec, None, Composed { slices, failures }),
         }
+    }
+
+    /// Applies a self-contained plan (no views).
+    pub fn sync_plan(&mut self, plan: &Arc<NodeForwardingPlanSpec>) -> SyncResult {
+        self.sync(plan, &[])
     }
 
     /// Records that the plan input could not be used at all (unreadable or unparseable file).
@@ -213,13 +234,14 @@ impl Syncer {
             // A full sync is pending anyway.
             return None;
         }
-        let spec = Arc::clone(&self.applied.as_ref()?.spec);
+        let applied = self.applied.as_ref()?;
+        let (spec, composed) = (Arc::clone(&applied.spec), applied.composed.clone());
         self.metrics.drift_checks.inc();
         match self.dataplane.check_drift() {
             Ok(None) => None,
             Ok(Some(drift)) => {
                 tracing::warn!(%drift, "kernel state drifted from the applied plan; repairing with a full sync");
-                Some(self.reapply(spec, Some(drift.to_string())))
+                Some(self.reapply(spec, composed, Some(drift.to_string())))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "drift check failed");
@@ -234,9 +256,10 @@ impl Syncer {
         if self.need_full || matches!(self.last, Last::Failed { .. }) || !self.full_sync_due() {
             return None;
         }
-        let spec = Arc::clone(&self.applied.as_ref()?.spec);
+        let applied = self.applied.as_ref()?;
+        let (spec, composed) = (Arc::clone(&applied.spec), applied.composed.clone());
         tracing::info!("periodic full sync");
-        Some(self.reapply(spec, None))
+        Some(self.reapply(spec, composed, None))
     }
 
     /// Retries a failed drift repair or periodic full sync once its backoff is due. `None` when no such
@@ -245,30 +268,37 @@ impl Syncer {
         if self.failed_reapply.is_none() || !self.retry_due() {
             return None;
         }
-        let spec = Arc::clone(&self.applied.as_ref()?.spec);
+        let applied = self.applied.as_ref()?;
+        let (spec, composed) = (Arc::clone(&applied.spec), applied.composed.clone());
         let pending = self.failed_reapply.take()?;
         tracing::info!(
             drift = pending.drift.is_some(),
             "retrying the full sync of the applied plan"
         );
-        Some(self.reapply_from(spec, pending.drift, pending.before))
+        Some(self.reapply_from(spec, composed, pending.drift, pending.before))
     }
 
     /// Applies the already applied plan again (drift repair, periodic full sync), keeping a rejection
     /// of a newer plan visible.
-    fn reapply(&mut self, spec: Arc<NodeForwardingPlanSpec>, drift: Option<String>) -> SyncResult {
+    fn reapply(
+        &mut self,
+        spec: Arc<NodeForwardingPlanSpec>,
+        composed: Composed,
+        drift: Option<String>,
+    ) -> SyncResult {
         let before = self.last.clone();
-        self.reapply_from(spec, drift, before)
+        self.reapply_from(spec, composed, drift, before)
     }
 
     fn reapply_from(
         &mut self,
         spec: Arc<NodeForwardingPlanSpec>,
+        composed: Composed,
         drift: Option<String>,
         before: Last,
     ) -> SyncResult {
         self.need_full = true;
-        let result = self.apply(spec, drift.clone());
+        let result = self.apply(spec, drift.clone(), composed);
         if matches!(result, SyncResult::Failed { .. }) {
             self.failed_reapply = Some(PendingReapply { drift, before });
             return result;
@@ -341,13 +371,14 @@ impl Syncer {
         let failures: Vec<ServiceFailure> = self
             .applied
             .iter()
-            .flat_map(|a| a.entry_failures.iter().cloned())
+            .flat_map(|a| a.composed.failures.iter().chain(&a.entry_failures).cloned())
             .chain(self.extra_failures.iter().cloned())
             .collect();
         let (failures, failures_total) = cap_failures(failures);
         let applied = self.applied.as_ref();
         NodeForwardingPlanStatus {
             observed_revision: applied.map(|a| a.spec.revision.clone()),
+            observed_slices: applied.and_then(|a| a.composed.slices.clone()),
             backend: applied.map(|_| self.dataplane.backend()),
             backend_reason: self.fallback_reason(),
             conditions: self.conditions.clone(),
@@ -380,7 +411,12 @@ impl Syncer {
         SyncResult::Rejected { reason, message }
     }
 
-    fn apply(&mut self, spec: Arc<NodeForwardingPlanSpec>, drift: Option<String>) -> SyncResult {
+    fn apply(
+        &mut self,
+        spec: Arc<NodeForwardingPlanSpec>,
+        drift: Option<String>,
+        composed: Composed,
+    ) -> SyncResult {
         let report = validate(&spec);
         if !report.plan.is_empty() {
             let problems: Vec<String> = report.plan.iter().take(5).map(ToString::to_string).collect();
@@ -461,8 +497,12 @@ impl Syncer {
                     duration_ms = duration.as_millis() as u64,
                     "synced"
                 );
+                for failure in &composed.failures {
+                    tracing::warn!(what = %failure.service, reason = %failure.reason, "slice problem");
+                }
                 self.applied = Some(Applied {
                     spec: Arc::clone(&spec),
+                    composed,
                     skip: skip.clone(),
                     entry_failures,
                     services,
@@ -578,7 +618,8 @@ impl Syncer {
     fn update_conditions(&mut self) {
         let now = rfc3339(self.clock.wall());
         let skipped = self.applied.as_ref().map_or(0, |a| a.entry_failures.len());
-        let failures = skipped + self.extra_failures.len();
+        let slice_problems = self.applied.as_ref().map_or(0, |a| a.composed.failures.len());
+        let failures = skipped + slice_problems + self.extra_failures.len();
         let kept = match &self.applied {
             Some(a) => format!("the rules of revision {} stay in place", a.spec.revision),
             None => "no rules have been applied yet".to_string(),
@@ -607,6 +648,19 @@ impl Syncer {
                     (
                         (cond::TRUE, reasons::SYNCED, programmed),
                         (cond::FALSE, reasons::HEALTHY, String::new()),
+                    )
+                } else if skipped == 0 && slice_problems > 0 {
+                    // Every composed entry is programmed, but a slice was rejected (its last good copy
+                    // stands in) or holds an entry twice.
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (
+                            cond::TRUE,
+                            reasons::INVALID_SLICE,
+                            format!(
+                                "{slice_problems} slice problems, {failures} failures in all (see failures){also_fallback}"
+                            ),
+                        ),
                     )
                 } else if skipped == 0 {
                     // Every entry is programmed; something outside the rules failed (a health-check port).

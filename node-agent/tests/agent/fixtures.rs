@@ -64,7 +64,7 @@ impl Harness {
     }
 
     pub fn sync(&mut self, spec: &NodeForwardingPlanSpec) -> switchyard_agent::sync::SyncResult {
-        self.syncer.sync(&[Arc::new(spec.clone())])
+        self.syncer.sync_plan(&Arc::new(spec.clone()))
     }
 }
 

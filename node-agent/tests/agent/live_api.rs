@@ -1,6 +1,6 @@
-//! The live agent against the fake API server (HTTP level): it watches only its own plan objects,
-//! applies complete shard sets, writes status by server-side apply to the status subresource, and
-//! keeps a deleted plan's rules for the grace period.
+//! The live agent against the fake API server (HTTP level): it watches only its own plan and the
+//! slices of its views, applies only complete views, writes status by server-side apply to the status
+//! subresource, and keeps a deleted plan's rules for the grace period.
 
 use std::time::Duration;
 
@@ -9,14 +9,14 @@ use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::run::grace::GracePeriod;
 use switchyard_agent::status_writer::WriterConfig;
 use switchyard_api::conditions::{APPLIED, reasons, status};
-use switchyard_api::testing::{EntryExt, entry, ep, plan};
+use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, live_plan, plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec};
 use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
 
 use crate::fixtures::{base, edit, local_addrs};
 use crate::live_support::{
-    Agent, NODE, config, get, metric, plan_object, put_plan, scratch, sharded, status_patches, stored_status,
-    wait,
+    Agent, NODE, config, get, metric, plan_object, put_plan, put_slice, scratch, status_patches,
+    stored_status, wait,
 };
 
 fn observed(server: &FakeApiServer, revision: &str) -> bool {
@@ -26,6 +26,7 @@ fn observed(server: &FakeApiServer, revision: &str) -> bool {
 fn writer() -> WriterConfig {
     WriterConfig {
         min_interval: Duration::from_millis(100),
+        progress_interval: Duration::from_millis(300),
         retry_min: Duration::from_millis(100),
         retry_max: Duration::from_millis(400),
     }
@@ -70,7 +71,7 @@ async fn the_plan_is_applied_and_status_is_server_side_applied_to_the_status_sub
     for r in &requests {
         assert!(
             r.path
-                .starts_with("/apis/switchyard.io/v1alpha1/nodeforwardingplans"),
+                .starts_with("/apis/switchyard.io/v1alpha2/nodeforwardingplans"),
             "{r:?}"
         );
         match r.method {
@@ -82,7 +83,7 @@ async fn the_plan_is_applied_and_status_is_server_side_applied_to_the_status_sub
             Method::PATCH => {
                 assert_eq!(
                     r.path,
-                    "/apis/switchyard.io/v1alpha1/nodeforwardingplans/node-a/status"
+                    "/apis/switchyard.io/v1alpha2/nodeforwardingplans/node-a/status"
                 );
                 let mut query: Vec<&str> = r.query.split('&').filter(|p| !p.is_empty()).collect();
                 query.sort_unstable();
@@ -92,7 +93,7 @@ async fn the_plan_is_applied_and_status_is_server_side_applied_to_the_status_sub
                 let mut keys: Vec<&String> = body.as_object().unwrap().keys().collect();
                 keys.sort_unstable();
                 assert_eq!(keys, ["apiVersion", "kind", "metadata", "status"]);
-                assert_eq!(body["apiVersion"], "switchyard.io/v1alpha1");
+                assert_eq!(body["apiVersion"], "switchyard.io/v1alpha2");
                 assert_eq!(body["kind"], "NodeForwardingPlan");
                 assert_eq!(body["metadata"], serde_json::json!({"name": "node-a"}));
             }
@@ -137,20 +138,25 @@ async fn the_plan_is_applied_and_status_is_server_side_applied_to_the_status_sub
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn status_reason(server: &FakeApiServer, reason: &str) -> bool {
+    stored_status(server, NODE).is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == APPLIED && c.status == status::FALSE && c.reason == reason)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_are_applied_only_as_a_complete_consistent_set() {
+async fn views_are_applied_only_when_complete_and_follow_their_slices() {
     let server = FakeApiServer::new();
-    let (primary, shard) = sharded(
-        plan(
-            NODE,
-            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
-        ),
-        plan(
-            NODE,
-            vec![entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.2", 80))],
-        ),
-    );
-    put_plan(&server, &primary);
+    let a = || entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80));
+    let b = |ip: &str| entry("ns/b:p", "10.96.0.2", 80).with(ep(ip, 80));
+    let live = live_plan(NODE, &["all", "zone-a"], vec![]);
+    put_plan(&server, &live);
+    put_slice(&server, &slice("all", 0, 2, vec![a()]));
+    put_slice(&server, &slice("zone-a", 0, 1, vec![]));
+    // Another zone's slice: the agent never reads it.
+    put_slice(&server, &slice("zone-b", 0, 1, vec![b("10.244.9.9")]));
     let iptables = FakeIptables::new(&local_addrs());
     let agent = Agent::start(
         server.client(),
@@ -159,49 +165,90 @@ async fn shards_are_applied_only_as_a_complete_consistent_set() {
         writer(),
     )
     .await;
-    wait("IncompleteShards in the status", || {
-        stored_status(&server, NODE).is_some_and(|s| {
-            s.conditions.iter().any(|c| {
-                c.type_ == APPLIED && c.status == status::FALSE && c.reason == reasons::INCOMPLETE_SHARDS
-            })
-        })
+    wait("IncompleteView in the status", || {
+        status_reason(&server, reasons::INCOMPLETE_VIEW)
     })
     .await;
     assert!(
         !iptables.dump(IpFamily::IPv4).contains("SWYD-"),
-        "nothing applied from an incomplete set"
+        "nothing applied from an incomplete view"
     );
     assert!(stored_status(&server, NODE).unwrap().observed_revision.is_none());
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/forwardingslices")
+                && r.query
+                    .contains("labelSelector=switchyard.io%2Fview+in+%28all%2Czone-a%29")),
+        "{:?}",
+        server
+            .requests()
+            .iter()
+            .map(|r| format!("{} {}", r.path, r.query))
+            .collect::<Vec<_>>()
+    );
 
-    server.put(Kind::Plan, plan_object(&format!("{NODE}.shard-1"), &shard, None));
-    wait("the complete set", || observed(&server, &primary.revision)).await;
+    // The missing slice arrives: the view is complete and applied.
+    put_slice(&server, &slice("all", 1, 2, vec![b("10.244.2.2")]));
+    wait("the complete views", || observed(&server, &live.revision)).await;
     let dump = iptables.dump(IpFamily::IPv4);
     assert!(
         dump.contains("10.244.2.1:80") && dump.contains("10.244.2.2:80"),
         "{dump}"
     );
-    assert_eq!(stored_status(&server, NODE).unwrap().services, Some(2));
-    assert!(
-        stored_status(&server, &format!("{NODE}.shard-1")).is_none(),
-        "status goes on the primary only"
-    );
+    assert!(!dump.contains("10.244.9.9"), "another zone's slice leaked in");
+    let status = stored_status(&server, NODE).unwrap();
+    assert_eq!(status.services, Some(2));
+    assert_eq!(status.observed_slices.as_ref().map(|o| o.count), Some(3));
 
-    // A shard rewritten ahead of its primary is a moment's inconsistency: the rules stay, and once the
-    // primary follows the new set is applied.
-    let (primary2, shard2) = sharded(
-        plan(
-            NODE,
-            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
-        ),
-        plan(
-            NODE,
-            vec![entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.3", 80))],
-        ),
+    // An endpoint change rewrites one slice and no plan: applied, and the digest follows.
+    let digest = status.observed_slices.unwrap().digest;
+    put_slice(&server, &slice("all", 1, 2, vec![b("10.244.2.3")]));
+    wait("the changed slice", || {
+        iptables.dump(IpFamily::IPv4).contains("10.244.2.3:80")
+    })
+    .await;
+    wait("the new digest", || {
+        stored_status(&server, NODE).is_some_and(|s| s.observed_slices.is_some_and(|o| o.digest != digest))
+    })
+    .await;
+
+    // An endpoint of ns/b becomes local to this node under iTP=Local: the plan gains an override.
+    let mut with_override = live_plan(
+        NODE,
+        &["all", "zone-a"],
+        vec![
+            entry("ns/b:p", "10.96.0.2", 80)
+                .itp_local()
+                .with(ep("10.244.1.7", 80).local())
+                .with(ep("10.244.2.3", 80).not_cluster()),
+        ],
     );
-    server.put(Kind::Plan, plan_object(&format!("{NODE}.shard-1"), &shard2, None));
-    server.put(Kind::Plan, plan_object(NODE, &primary2, None));
-    wait("the new set", || observed(&server, &primary2.revision)).await;
-    assert!(iptables.dump(IpFamily::IPv4).contains("10.244.2.3:80"));
+    with_override.endpoints_on_node = vec!["10.244.1.7".into()];
+    switchyard_api::testing::finish(&mut with_override);
+    put_plan(&server, &with_override);
+    wait("the override", || observed(&server, &with_override.revision)).await;
+    let dump = iptables.dump(IpFamily::IPv4);
+    assert!(dump.contains("10.244.1.7:80"), "{dump}");
+    // And goes again: back to the view's entry.
+    put_plan(&server, &live);
+    wait("the override removed", || observed(&server, &live.revision)).await;
+    assert!(!iptables.dump(IpFamily::IPv4).contains("10.244.1.7:80"));
+
+    // The view shrinks to one slice and ns/b is deleted: all-0001 is retired; its entries go like a
+    // Service that is deleted.
+    put_slice(&server, &slice("all", 0, 1, vec![a()]));
+    server.remove(Kind::ForwardingSlice, "all-0001");
+    wait("ns/b removed", || {
+        !iptables.dump(IpFamily::IPv4).contains("10.244.2.3:80")
+    })
+    .await;
+    assert!(iptables.dump(IpFamily::IPv4).contains("10.244.2.1:80"));
+    wait("one entry left", || {
+        stored_status(&server, NODE).is_some_and(|s| s.services == Some(1))
+    })
+    .await;
     agent.stop().await;
 }
 

@@ -14,7 +14,7 @@ use switchyard_agent::run::metrics::{LiveMetrics, registry};
 use switchyard_agent::source::file::FileSource;
 use switchyard_agent::status_writer::{self, StatusReport, WriterConfig};
 use switchyard_agent::sync::{FakeClock, SyncMetrics};
-use switchyard_api::{IpFamily, NodeForwardingPlan, NodeForwardingPlanStatus};
+use switchyard_api::{IpFamily, NodeForwardingPlan, NodeForwardingPlanStatus, ObservedSlices};
 use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
 
 use crate::fixtures::{base, local_addrs};
@@ -25,6 +25,7 @@ use crate::live_support::{
 fn writer() -> WriterConfig {
     WriterConfig {
         min_interval: Duration::from_millis(100),
+        progress_interval: Duration::from_millis(300),
         retry_min: Duration::from_millis(100),
         retry_max: Duration::from_millis(400),
     }
@@ -137,16 +138,9 @@ async fn a_restart_without_the_api_server_applies_the_cached_plan_and_keeps_forw
 async fn the_cache_goes_in_before_the_first_request() {
     let spec = base();
     let dir = scratch("first");
-    let set = switchyard_agent::source::PlanSet {
-        objects: vec![Arc::new(spec.clone())],
-        metadata: vec![Default::default()],
-        origin: switchyard_agent::source::Origin::Api,
-        uid: None,
-        trigger_time: None,
-        written_at: None,
-    };
-    let mut set = set;
-    set.metadata[0].name = Some(NODE.into());
+    let mut set = switchyard_agent::source::PlanSet::from_file(Arc::new(spec.clone()), vec![]);
+    set.origin = switchyard_agent::source::Origin::Api;
+    set.plan_meta.name = Some(NODE.into());
     switchyard_agent::source::cache::write(&dir.join("plan.yaml"), &set).unwrap();
     let server = FakeApiServer::new();
     let iptables = FakeIptables::new(&local_addrs());
@@ -215,6 +209,7 @@ async fn status_writes_are_coalesced_backed_off_and_catch_up() {
     let metrics = LiveMetrics::default();
     let config = WriterConfig {
         min_interval: Duration::from_millis(300),
+        progress_interval: Duration::from_millis(300),
         retry_min: Duration::from_millis(200),
         retry_max: Duration::from_millis(400),
     };
@@ -268,6 +263,73 @@ async fn status_writes_are_coalesced_backed_off_and_catch_up() {
     sink.send_replace(Some(report("gone")));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(status_patches(&server, NODE).len(), 4 + burst + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slice_progress_is_reported_at_most_every_progress_interval_and_news_at_once() {
+    let server = FakeApiServer::new();
+    put_plan(&server, &base());
+    let config = WriterConfig {
+        min_interval: Duration::from_millis(50),
+        progress_interval: Duration::from_millis(1500),
+        retry_min: Duration::from_millis(100),
+        retry_max: Duration::from_millis(400),
+    };
+    let (sink, _task) = status_writer::spawn(
+        kube::Api::<NodeForwardingPlan>::all(server.client()),
+        NODE.into(),
+        config,
+        LiveMetrics::default(),
+    );
+    let with_slices = |revision: &str, digest: &str| {
+        let mut r = report(revision);
+        r.status.observed_slices = Some(ObservedSlices {
+            count: 3,
+            digest: digest.into(),
+        });
+        r.status.last_sync_time = Some(format!("2026-01-01T00:00:0{}Z", digest.len() % 10));
+        r
+    };
+    sink.send_replace(Some(with_slices("r1", "d1")));
+    wait("the first report", || status_patches(&server, NODE).len() == 1).await;
+    // Slices move on (every agent of the view syncs on every endpoint change): held back.
+    let start = tokio::time::Instant::now();
+    sink.send_replace(Some(with_slices("r1", "d2")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sink.send_replace(Some(with_slices("r1", "d3-later")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        status_patches(&server, NODE).len(),
+        1,
+        "progress is not written at once"
+    );
+    wait("the progress after the interval", || {
+        stored_status(&server, NODE)
+            .is_some_and(|s| s.observed_slices.is_some_and(|o| o.digest == "d3-later"))
+    })
+    .await;
+    assert!(
+        start.elapsed() >= Duration::from_millis(1200),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        status_patches(&server, NODE).len(),
+        2,
+        "one write for both progress reports"
+    );
+    // A new plan revision is news: written at once, even within the interval.
+    let start = tokio::time::Instant::now();
+    sink.send_replace(Some(with_slices("r2", "d4")));
+    wait("the new revision", || {
+        stored_status(&server, NODE).is_some_and(|s| s.observed_revision.as_deref() == Some("r2"))
+    })
+    .await;
+    assert!(
+        start.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,8 +17,11 @@ use switchyard_agent::run::{RunConfig, Running, Wiring, run};
 use switchyard_agent::source::api::ApiSource;
 use switchyard_agent::status_writer::{self, WriterConfig};
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
-use switchyard_api::names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE};
-use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ShardInfo};
+use switchyard_api::names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW};
+use switchyard_api::{
+    ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec,
+    NodeForwardingPlanStatus,
+};
 use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind, eventually};
 use tokio::sync::oneshot;
 
@@ -36,7 +39,7 @@ pub fn plan_object(name: &str, spec: &NodeForwardingPlanSpec, trigger: Option<&s
         object["metadata"]["annotations"] = json!({ ANNOTATION_TRIGGER_TIME: trigger });
     }
     object["metadata"]["managedFields"] = json!([{
-        "manager": "switchyard-controller", "operation": "Apply", "apiVersion": "switchyard.io/v1alpha1",
+        "manager": "switchyard-controller", "operation": "Apply", "apiVersion": "switchyard.io/v1alpha2",
         "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}
     }]);
     object
@@ -47,26 +50,19 @@ pub fn put_plan(server: &FakeApiServer, spec: &NodeForwardingPlanSpec) {
     server.put(Kind::Plan, plan_object(&spec.node_name, spec, None));
 }
 
-/// A two-shard plan: (primary, shard 1).
-pub fn sharded(
-    primary: NodeForwardingPlanSpec,
-    shard: NodeForwardingPlanSpec,
-) -> (NodeForwardingPlanSpec, NodeForwardingPlanSpec) {
-    let mut shard = shard;
-    shard.shard = Some(ShardInfo {
-        index: 1,
-        count: 2,
-        members: vec![],
-    });
-    switchyard_api::testing::finish(&mut shard);
-    let mut primary = primary;
-    primary.shard = Some(ShardInfo {
-        index: 0,
-        count: 2,
-        members: vec![shard.revision.clone()],
-    });
-    switchyard_api::testing::finish(&mut primary);
-    (primary, shard)
+/// A slice object as the controller writes it: labelled with its view.
+pub fn slice_object(name: &str, spec: &ForwardingSliceSpec, trigger: Option<&str>) -> Value {
+    let mut object = serde_json::to_value(ForwardingSlice::new(name, spec.clone())).unwrap();
+    object["metadata"]["labels"] = json!({ LABEL_VIEW: spec.view });
+    if let Some(trigger) = trigger {
+        object["metadata"]["annotations"] = json!({ ANNOTATION_TRIGGER_TIME: trigger });
+    }
+    object
+}
+
+/// Puts a slice (name, spec) as `switchyard_api::testing::slice` builds it.
+pub fn put_slice(server: &FakeApiServer, slice: &(String, ForwardingSliceSpec)) {
+    server.put(Kind::ForwardingSlice, slice_object(&slice.0, &slice.1, None));
 }
 
 /// The status stored on the fake server's object `name`.
@@ -229,7 +225,7 @@ pub async fn wait_http(what: &str, addr: SocketAddr, path: &str, want: u16) -> S
 
 /// PATCH requests to the status subresource of `name`.
 pub fn status_patches(server: &FakeApiServer, name: &str) -> Vec<Value> {
-    let path = format!("/apis/switchyard.io/v1alpha1/nodeforwardingplans/{name}/status");
+    let path = format!("/apis/switchyard.io/v1alpha2/nodeforwardingplans/{name}/status");
     server
         .requests()
         .into_iter()

@@ -1,6 +1,6 @@
 //! Tests of the agent's sync loop through its public API: the syncer's decisions against the fake
 //! iptables edge (state-based: the fake holds what the kernel would), the live loop against the fake
-//! API server at the HTTP level (`live_*`: watch, status writes, shards, cache and restarts, deleted
+//! API server at the HTTP level (`live_*`: watch, views and slices, status writes, cache and restarts, deleted
 //! plans, HTTP endpoints), and the agent binary against the real kernel inside throwaway network
 //! namespaces (root; see `lab`).
 //!

@@ -370,12 +370,10 @@ fn a_restart_without_the_api_server_reapplies_the_cached_plan_without_flushing()
     let mut object = NodeForwardingPlan::new("node-a", spec.clone());
     object.metadata.uid = Some("uid-1".into());
     let set = switchyard_agent::source::PlanSet {
-        objects: vec![std::sync::Arc::new(spec.clone())],
-        metadata: vec![object.metadata.clone()],
+        plan_meta: object.metadata.clone(),
         origin: switchyard_agent::source::Origin::Api,
         uid: object.metadata.uid.clone(),
-        trigger_time: None,
-        written_at: None,
+        ..switchyard_agent::source::PlanSet::from_file(std::sync::Arc::new(spec.clone()), vec![])
     };
     switchyard_agent::source::cache::write(&switchyard_agent::source::cache::cache_path(&state), &set)
         .unwrap();

@@ -1,5 +1,5 @@
 //! The syncer's decisions against the fake kernel: full at start, partial with exactly the changed
-//! chains, failures that keep the old rules, rejected plans, skipped entries, shards, drift repairs,
+//! chains, failures that keep the old rules, rejected plans, skipped entries, views and slices, drift repairs,
 //! restarts, conntrack cleanup, status conditions.
 
 use std::collections::BTreeSet;
@@ -11,8 +11,8 @@ use switchyard_agent::iptables::{Table, names};
 use switchyard_agent::sync::SyncResult;
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status};
 use switchyard_api::status::MAX_LISTED_FAILURES;
-use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
-use switchyard_api::{IpFamily, NodeForwardingPlanStatus, ShardInfo, SyncMode};
+use switchyard_api::testing::{EntryExt, entry, ep, finish, live_plan, slice};
+use switchyard_api::{IpFamily, NodeForwardingPlanStatus, SyncMode};
 
 use crate::fixtures::{Harness, base, declared, edit, fresh_state, ip};
 
@@ -353,60 +353,70 @@ fn failures_are_capped_but_counted() {
 }
 
 #[test]
-fn an_incomplete_shard_set_is_not_applied() {
+fn an_incomplete_view_is_not_applied_and_an_invalid_slice_keeps_its_last_good_copy() {
     let mut h = Harness::new();
-    let mut shard = plan(
-        "node-a",
-        vec![entry("ns2/b:p", "10.96.0.20", 80).with(ep("10.244.2.20", 80))],
-    );
-    shard.shard = Some(ShardInfo {
-        index: 1,
-        count: 2,
-        members: vec![],
-    });
-    finish(&mut shard);
-    let mut primary = base();
-    primary.shard = Some(ShardInfo {
-        index: 0,
-        count: 2,
-        members: vec![shard.revision.clone()],
-    });
-    finish(&mut primary);
-
-    let SyncResult::Rejected { reason, message } = h.syncer.sync(&[Arc::new(primary.clone())]) else {
+    let live = Arc::new(live_plan("node-a", &["all"], vec![]));
+    let part = |index: u32, ip: &str| {
+        let (name, spec) = slice(
+            "all",
+            index,
+            2,
+            vec![entry(&format!("ns2/s{index}:p"), &format!("10.96.0.2{index}"), 80).with(ep(ip, 80))],
+        );
+        (name, Arc::new(spec))
+    };
+    let SyncResult::Rejected { reason, message } = h.syncer.sync(&live, &[part(0, "10.244.2.20")]) else {
         panic!()
     };
-    assert_eq!(reason, reasons::INCOMPLETE_SHARDS);
-    assert!(message.contains("shard 1 of 2 is missing"), "{message}");
+    assert_eq!(reason, reasons::INCOMPLETE_VIEW);
+    assert!(
+        message.contains("slice all-0001 of view all is missing"),
+        "{message}"
+    );
     assert!(
         !h.iptables.dump(IpFamily::IPv4).contains("SWYD-"),
         "nothing applied"
     );
     assert_eq!(
         condition(&h.syncer.status(), APPLIED),
-        (status::FALSE, reasons::INCOMPLETE_SHARDS)
+        (status::FALSE, reasons::INCOMPLETE_VIEW)
     );
 
-    let mut stale = shard.clone();
-    stale.revision = "0123456789ab".into();
-    let result = h.syncer.sync(&[Arc::new(primary.clone()), Arc::new(stale)]);
-    assert!(matches!(
-        result,
-        SyncResult::Rejected {
-            reason: reasons::INCOMPLETE_SHARDS,
-            ..
-        }
-    ));
-
-    let result = h.syncer.sync(&[Arc::new(shard), Arc::new(primary.clone())]);
+    let complete = [part(0, "10.244.2.20"), part(1, "10.244.2.21")];
+    let result = h.syncer.sync(&live, &complete);
     assert_eq!(mode(&result), SyncMode::Full);
     let s = h.syncer.status();
-    assert_eq!(s.observed_revision.as_deref(), Some(primary.revision.as_str()));
-    assert_eq!(s.services, Some(4));
+    assert_eq!(s.observed_revision.as_deref(), Some(live.revision.as_str()));
+    assert_eq!(s.observed_slices.as_ref().map(|o| o.count), Some(2));
+    assert_eq!(s.services, Some(2));
     assert!(
         h.iptables
             .dump(IpFamily::IPv4)
-            .contains("--to-destination 10.244.2.20:80")
+            .contains("--to-destination 10.244.2.21:80")
+    );
+
+    // A newer all-0001 that fails validation: its last good copy stays in use, and the status says so.
+    let mut broken = (*part(1, "10.244.2.99").1).clone();
+    broken.index = 7;
+    broken.revision = "broken000000".into();
+    let result = h.syncer.sync(
+        &live,
+        &[part(0, "10.244.2.20"), ("all-0001".into(), Arc::new(broken))],
+    );
+    assert!(matches!(result, SyncResult::Applied { .. }), "{result:?}");
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(
+        dump.contains("10.244.2.21:80") && !dump.contains("10.244.2.99"),
+        "{dump}"
+    );
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::INVALID_SLICE));
+    assert!(
+        s.failures
+            .iter()
+            .any(|f| f.service == "ForwardingSlice all-0001" && f.reason.contains("last good revision")),
+        "{:?}",
+        s.failures
     );
 }
 
@@ -490,16 +500,10 @@ fn a_rejected_plan_does_not_cancel_a_pending_repair_retry() {
     );
     h.iptables.fail_next_restore(None, "nope");
     assert!(matches!(h.syncer.check_drift(), Some(SyncResult::Failed { .. })));
-    // A primary whose shard has not arrived yet (routine while the controller writes) is rejected.
-    let mut primary = base();
-    primary.shard = Some(ShardInfo {
-        index: 0,
-        count: 2,
-        members: vec!["0123456789ab".into()],
-    });
-    finish(&mut primary);
+    // A plan whose views' slices have not arrived yet is rejected.
+    let live = live_plan("node-a", &["all"], vec![]);
     assert!(matches!(
-        h.syncer.sync(&[Arc::new(primary)]),
+        h.syncer.sync_plan(&Arc::new(live)),
         SyncResult::Rejected { .. }
     ));
     h.clock.advance(Duration::from_secs(1));
@@ -510,7 +514,7 @@ fn a_rejected_plan_does_not_cancel_a_pending_repair_retry() {
     assert_eq!(h.iptables.dump(IpFamily::IPv4), fresh_state(&spec));
     assert_eq!(
         condition(&h.syncer.status(), APPLIED),
-        (status::FALSE, reasons::INCOMPLETE_SHARDS),
+        (status::FALSE, reasons::INCOMPLETE_VIEW),
         "and the rejection stays visible"
     );
 }

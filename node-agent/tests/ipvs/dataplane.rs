@@ -297,7 +297,7 @@ fn a_virtual_server_the_kernel_refuses_is_reported_for_its_entry_and_retried() {
     }
     finish(&mut spec);
     kernel.ipvs.set_scheduler_available("mh", false);
-    let result = syncer.sync(&[Arc::new(spec.clone())]);
+    let result = syncer.sync_plan(&Arc::new(spec.clone()));
     assert!(matches!(result, SyncResult::Applied { .. }), "{result:?}");
     let s = syncer.status();
     assert_eq!(s.backend, Some(Backend::Ipvs));
@@ -336,7 +336,7 @@ fn drift_in_any_kernel_object_is_found_and_repaired() {
     let kernel = Kernel::new();
     let mut syncer = syncer(&kernel);
     let spec = small();
-    syncer.sync(&[Arc::new(spec)]);
+    syncer.sync_plan(&Arc::new(spec));
     assert!(syncer.check_drift().is_none());
     let web = tcp("10.96.0.1", 80);
 
@@ -360,7 +360,7 @@ fn drift_in_any_kernel_object_is_found_and_repaired() {
     assert!(iptables.delete_jump(&jump).unwrap());
     assert!(syncer.check_drift().is_some());
     assert!(iptables.delete_jump(&jump).unwrap(), "restored");
-    syncer.sync(&[Arc::new(small())]);
+    syncer.sync_plan(&Arc::new(small()));
     assert_eq!(syncer.status().drift_repairs, 3);
 }
 

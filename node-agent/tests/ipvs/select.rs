@@ -58,7 +58,7 @@ fn ipvs_plan() -> switchyard_api::NodeForwardingPlanSpec {
 fn without_ipvs_the_agent_forwards_with_iptables_and_says_why() {
     let kernel = Kernel::new();
     let mut syncer = syncer(&kernel, select(&kernel, false));
-    syncer.sync(&[Arc::new(ipvs_plan())]);
+    syncer.sync_plan(&Arc::new(ipvs_plan()));
     let s = syncer.status();
     assert_eq!(s.backend, Some(Backend::Iptables));
     let reason = s.backend_reason.unwrap();
@@ -101,7 +101,7 @@ fn ipvs_that_becomes_available_later_is_picked_up_on_the_next_full_sync() {
     });
     let mut syncer = syncer(&kernel, SelectDataplane::new(Box::new(iptables), factory));
     let first = ipvs_plan();
-    syncer.sync(&[Arc::new(first.clone())]);
+    syncer.sync_plan(&Arc::new(first.clone()));
     assert_eq!(syncer.status().backend, Some(Backend::Iptables));
     assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 1);
 
@@ -110,7 +110,7 @@ fn ipvs_that_becomes_available_later_is_picked_up_on_the_next_full_sync() {
     let mut second = first.clone();
     second.services.pop();
     finish(&mut second);
-    syncer.sync(&[Arc::new(second.clone())]);
+    syncer.sync_plan(&Arc::new(second.clone()));
     assert_eq!(syncer.status().backend, Some(Backend::Iptables));
     assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 1);
 
@@ -136,7 +136,7 @@ fn with_ipvs_the_plan_picks_the_backend_and_a_switch_cleans_up_the_other() {
     let kernel = Kernel::new();
     let mut syncer = syncer(&kernel, select(&kernel, true));
     let spec = ipvs_plan();
-    syncer.sync(&[Arc::new(spec.clone())]);
+    syncer.sync_plan(&Arc::new(spec.clone()));
     let s = syncer.status();
     assert_eq!((s.backend, s.backend_reason), (Some(Backend::Ipvs), None));
     assert!(kernel.ipvs.table().contains_key(&tcp("10.96.0.1", 80)));
@@ -144,13 +144,13 @@ fn with_ipvs_the_plan_picks_the_backend_and_a_switch_cleans_up_the_other() {
     let mut iptables_plan = spec.clone();
     iptables_plan.backend = Backend::Iptables;
     finish(&mut iptables_plan);
-    syncer.sync(&[Arc::new(iptables_plan)]);
+    syncer.sync_plan(&Arc::new(iptables_plan));
     assert_eq!(syncer.status().backend, Some(Backend::Iptables));
     assert!(kernel.ipvs.table().is_empty(), "IPVS state removed");
     assert_eq!(kernel.dummy.state(), None);
     assert!(kernel.ipsets.sets().is_empty());
 
-    syncer.sync(&[Arc::new(spec)]);
+    syncer.sync_plan(&Arc::new(spec));
     assert_eq!(syncer.status().backend, Some(Backend::Ipvs));
     assert!(
         !kernel
@@ -176,7 +176,7 @@ fn leftovers_of_an_earlier_ipvs_run_are_removed_before_the_first_iptables_sync()
     let mut spec = ipvs_plan();
     spec.backend = Backend::Iptables;
     finish(&mut spec);
-    syncer.sync(&[Arc::new(spec)]);
+    syncer.sync_plan(&Arc::new(spec));
     assert!(kernel.ipvs.table().is_empty());
     assert_eq!(kernel.dummy.state(), None);
     assert!(

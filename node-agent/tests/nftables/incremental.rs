@@ -122,7 +122,7 @@ fn partial_syncs_build_the_same_kernel_as_a_full_render() {
         if step > 0 {
             mutate(&mut spec, &mut removed, &mut walk, step);
         }
-        match syncer.sync(&[Arc::new(spec.clone())]) {
+        match syncer.sync_plan(&Arc::new(spec.clone())) {
             SyncResult::Applied { mode, .. } => partial += usize::from(mode == SyncMode::Partial),
             other => panic!("step {step}: {other:?}"),
         }

@@ -41,7 +41,7 @@ impl Harness {
     }
 
     fn sync(&mut self, spec: &NodeForwardingPlanSpec) -> SyncResult {
-        self.syncer.sync(&[Arc::new(spec.clone())])
+        self.syncer.sync_plan(&Arc::new(spec.clone()))
     }
 }
 

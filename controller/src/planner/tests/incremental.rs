@@ -1,6 +1,8 @@
-//! Re-planning one Service gives exactly what a full rebuild gives, and reports the nodes that changed.
+//! Re-planning one Service gives exactly what a full rebuild gives, and reports the slices and plans
+//! that changed: a plain Service's endpoint change rewrites one slice and only the plans of nodes whose
+//! own endpoint list changed.
 
-use super::{config, plan};
+use super::{all_objects, config, plan, spec_of};
 use crate::planner::{
     Planner,
     fixtures::{EndpointExt, ServiceExt, endpoint, service, slice, snapshot},
@@ -53,30 +55,77 @@ fn replanning_one_service_matches_a_full_rebuild() {
     ));
 
     let (web_after, web_slice_after) = web(false);
-    let (changed, diag) = planner
+    let changes = planner
         .replan_service("ns1/web", Some(&web_after), &[&web_slice_after])
         .unwrap();
-    assert!(diag.warnings.is_empty());
+    assert!(changes.diagnostics.warnings.is_empty());
     let fresh = plan(&snapshot(
         vec![web_after, other_svc.clone()],
         vec![web_slice_after, other_slice.clone()],
     ));
-    assert_eq!(planner.all_plans(), fresh.all_plans());
-    // The endpoint list is in every node's plan, so every node changed.
-    assert_eq!(changed, vec!["node-a", "node-b", "node-c"]);
+    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    // iTP=Local: the nodes hosting its endpoints carry the whole entry as an override (their Local
+    // set differs from the view's), so both change with the shared slice.
+    assert_eq!(changes.plans, vec!["node-a", "node-c"]);
+    assert_eq!(changes.slices.len(), 1);
+    assert!(changes.retired.is_empty());
 
     // Re-planning with the same input changes nothing.
     let (web_same, web_slice_same) = web(false);
-    let (changed, _) = planner
+    let changes = planner
         .replan_service("ns1/web", Some(&web_same), &[&web_slice_same])
         .unwrap();
-    assert!(changed.is_empty());
+    assert!(
+        changes.plans.is_empty() && changes.slices.is_empty(),
+        "{changes:?}"
+    );
 
     // Deleting a Service removes its entries everywhere.
-    let (changed, _) = planner.replan_service("ns1/web", None, &[]).unwrap();
-    assert_eq!(changed.len(), 3);
+    let changes = planner.replan_service("ns1/web", None, &[]).unwrap();
+    assert_eq!(changes.slices.len(), 1);
+    // node-c's endpoint no longer serves, so it is in no entry: only node-a loses endpoints.
+    assert_eq!(changes.plans, vec!["node-a"], "its endpoint and override went");
     let fresh = Planner::build(&snapshot(vec![other_svc], vec![other_slice]), &config()).unwrap();
-    assert_eq!(planner.all_plans(), fresh.all_plans());
+    assert_eq!(all_objects(&planner), all_objects(&fresh));
+}
+
+#[test]
+fn an_endpoint_change_of_a_plain_service_rewrites_one_slice_and_no_plan() {
+    let (other_svc, other_slice) = other();
+    let mut planner = plan(&snapshot(vec![other_svc.clone()], vec![other_slice]));
+    // The endpoint stays on node-b; only its port changes.
+    let moved = slice(
+        "ns1",
+        "other",
+        &[("", 8080, "TCP"), ("np", 81, "TCP")],
+        vec![endpoint("10.244.2.5", "node-b")],
+    );
+    let changes = planner
+        .replan_service("ns1/other", Some(&other_svc), &[&moved])
+        .unwrap();
+    assert_eq!(changes.slices.len(), 1, "{changes:?}");
+    assert!(changes.plans.is_empty(), "{changes:?}");
+    // A new endpoint on node-c changes node-c's endpoint list: one slice and one plan.
+    let grown = slice(
+        "ns1",
+        "other",
+        &[("", 8080, "TCP"), ("np", 81, "TCP")],
+        vec![endpoint("10.244.2.5", "node-b"), endpoint("10.244.3.9", "node-c")],
+    );
+    let changes = planner
+        .replan_service("ns1/other", Some(&other_svc), &[&grown])
+        .unwrap();
+    assert_eq!(
+        (changes.slices.len(), changes.plans.clone()),
+        (1, vec!["node-c".to_string()])
+    );
+    let on_c = spec_of(&planner, "node-c");
+    assert!(
+        on_c.services[0]
+            .endpoints
+            .iter()
+            .any(|e| e.on_node && e.ip == "10.244.3.9")
+    );
 }
 
 #[test]
@@ -88,7 +137,7 @@ fn adding_a_service_inserts_it_in_order() {
         .replan_service("ns1/web", Some(&web_svc), &[&web_slice])
         .unwrap();
     let fresh = plan(&snapshot(vec![web_svc, other_svc], vec![web_slice, other_slice]));
-    assert_eq!(planner.all_plans(), fresh.all_plans());
+    assert_eq!(all_objects(&planner), all_objects(&fresh));
     assert_eq!(planner.entry_count(), 3);
 }
 
@@ -116,5 +165,10 @@ fn node_hints_only_change_the_named_node() {
         cluster_on("node-c"),
         vec!["10.244.1.5", "10.244.2.5"],
         "no hint for node-c: no filtering"
+    );
+    let overrides = |node: &str| planner.node_plan(node).unwrap().overrides.len();
+    assert_eq!(
+        (overrides("node-a"), overrides("node-b"), overrides("node-c")),
+        (1, 1, 0)
     );
 }

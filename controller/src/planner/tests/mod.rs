@@ -1,16 +1,18 @@
-//! Planner tests: kube-proxy's categorisation tables, golden plans, bad input, sharding, properties.
+//! Planner tests: kube-proxy's categorisation tables, golden plans, bad input, slices and overrides,
+//! the per-node oracle, incremental re-planning, properties.
 
 mod bad_input;
 mod categorize;
 mod golden;
 mod incremental;
+mod oracle;
 mod properties;
 mod semantics;
-mod sharding;
+mod slicing;
 
-use switchyard_api::{NodeForwardingPlanSpec, ServicePlan};
+use switchyard_api::{ForwardingSliceSpec, NodeForwardingPlanSpec, ServicePlan};
 
-use super::{NodePlan, Planner, Snapshot};
+use super::{Planner, Snapshot};
 use crate::config::Config;
 
 /// A config with cluster CIDR 10.244.0.0/16.
@@ -23,11 +25,26 @@ pub fn plan(snapshot: &Snapshot) -> Planner {
     Planner::build(snapshot, &config()).unwrap()
 }
 
-/// The single (unsharded) spec of a node.
+/// What a node forwards: its plan composed with its views' slices, checked against the per-node oracle
+/// (so every semantics test also proves the composition exact).
 pub fn spec_of(planner: &Planner, node: &str) -> NodeForwardingPlanSpec {
-    let NodePlan { mut objects, .. } = planner.node_plan(node).unwrap();
-    assert_eq!(objects.len(), 1, "expected an unsharded plan");
-    objects.remove(0)
+    let composed = planner.composed(node).unwrap().unwrap();
+    assert!(composed.conflicts.is_empty(), "{:?}", composed.conflicts);
+    assert_eq!(
+        composed.spec.services,
+        planner.oracle(node).unwrap(),
+        "{node}: slices + overrides differ from the per-node oracle"
+    );
+    composed.spec
+}
+
+/// Every object the planner would write: slices by name, then plans by node.
+pub fn all_objects(planner: &Planner) -> (Vec<(String, ForwardingSliceSpec)>, Vec<NodeForwardingPlanSpec>) {
+    let plans = planner
+        .node_names()
+        .filter_map(|n| planner.node_plan(n))
+        .collect();
+    (planner.slices(None), plans)
 }
 
 /// One entry of a node's plan by name (first family/protocol match).

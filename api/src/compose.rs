@@ -1,0 +1,366 @@
+//! Composing what a node forwards from its plan and its views' ForwardingSlices. Pure: the agent runs it
+//! before every sync, the controller's offline `plan --node` prints its result, and the planner's tests
+//! hold it against the per-node oracle.
+//!
+//! ```text
+//! plan.views [all, zone-a] ─► per view: slices <view>-0000 … <view>-<count-1>, all agreeing on count
+//!                                 │        (missing / disagreeing ─► Incomplete: apply nothing)
+//!                                 ▼
+//! entries: view `all`, replaced by the zone view's, replaced by the plan's overrides (same key)
+//!          onNode of view entries ◄─ plan.endpointsOnNode
+//!                                 ▼
+//! self-contained spec (services = every entry, sorted) + the slices used (count, digest) + conflicts
+//! ```
+//!
+//! Conflicts: one key in two slices of the same view is a conflict; the slice whose name sorts first
+//! wins and the conflict is reported. One key in two views is not: the more specific view wins (an entry
+//! moving between `all` and a zone view is briefly in both).
+
+use std::collections::{HashMap, HashSet};
+
+use sha2::{Digest, Sha256};
+
+use crate::{
+    plan::{IpFamily, NodeForwardingPlanSpec, PlanSummary, Protocol, ServicePlan},
+    revision::REVISION_LEN,
+    slice::{ForwardingSliceSpec, slice_name},
+    status::{ObservedSlices, ServiceFailure},
+};
+
+/// One slice as the agent holds it: its object name and spec.
+#[derive(Debug, Clone, Copy)]
+pub struct SliceRef<'a> {
+    /// `metadata.name`.
+    pub name: &'a str,
+    /// The spec.
+    pub spec: &'a ForwardingSliceSpec,
+}
+
+/// A node's composed forwarding state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Composed {
+    /// Self-contained: the plan's header and revision, no views, every entry in `services`.
+    pub spec: NodeForwardingPlanSpec,
+    /// The slices used (absent when the plan has no views).
+    pub slices: Option<ObservedSlices>,
+    /// Entries found twice in one view; the first slice's copy is used.
+    pub conflicts: Vec<ServiceFailure>,
+}
+
+type Key<'a> = (&'a str, Protocol, IpFamily);
+
+/// Composes `plan` with `slices` (any order; slices of other views, or named unlike their view and
+/// index, are ignored). `Err` says why a view is incomplete.
+pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result<Composed, String> {
+    if plan.is_self_contained() {
+        return Ok(Composed {
+            spec: plan.clone(),
+            slices: None,
+            conflicts: Vec::new(),
+        });
+    }
+    let mut used: Vec<SliceRef<'_>> = Vec::new();
+    for view in &plan.views {
+        used.extend(complete_view(view, slices)?);
+    }
+    let on_node: HashSet<&str> = plan.endpoints_on_node.iter().map(String::as_str).collect();
+    // key → (view position, slice name, entry)
+    let mut chosen: HashMap<Key<'_>, (usize, &str, &ServicePlan)> = HashMap::new();
+    let mut conflicts = Vec::new();
+    for slice in &used {
+        let rank = plan.views.iter().position(|v| *v == slice.spec.view).unwrap_or(0);
+        for entry in &slice.spec.entries {
+            match chosen.get(&entry.key()) {
+                Some((have_rank, have_slice, _)) if *have_rank == rank => {
+                    conflicts.push(ServiceFailure {
+                        service: format!("{} {:?} {:?}", entry.name, entry.protocol, entry.family),
+                        reason: format!(
+                            "in slices {have_slice} and {} of view {}; {have_slice}'s entry is used",
+                            slice.name, slice.spec.view
+                        ),
+                    });
+                }
+                Some((have_rank, _, _)) if *have_rank > rank => {}
+                _ => {
+                    chosen.insert(entry.key(), (rank, slice.name, entry));
+                }
+            }
+        }
+    }
+    let overrides: HashMap<Key<'_>, &ServicePlan> = plan.overrides.iter().map(|e| (e.key(), e)).collect();
+    let mut services: Vec<ServicePlan> = Vec::with_capacity(chosen.len() + overrides.len());
+    for (key, (_, _, entry)) in &chosen {
+        if overrides.contains_key(key) {
+            continue;
+        }
+        let mut entry = (*entry).clone();
+        for ep in &mut entry.endpoints {
+            ep.on_node = on_node.contains(ep.ip.as_str());
+        }
+        services.push(entry);
+    }
+    services.extend(plan.overrides.iter().cloned());
+    services.sort_by(|a, b| a.key().cmp(&b.key()));
+    let mut spec = plan.clone();
+    spec.views = Vec::new();
+    spec.endpoints_on_node = Vec::new();
+    spec.overrides = Vec::new();
+    spec.summary = PlanSummary::of(&services);
+    spec.services = services;
+    conflicts.sort_by(|a, b| a.service.cmp(&b.service));
+    Ok(Composed {
+        spec,
+        slices: Some(ObservedSlices {
+            count: used.len() as u32,
+            digest: slices_digest(used.iter().map(|s| (s.name, s.spec.revision.as_str()))),
+        }),
+        conflicts,
+    })
+}
+
+/// Why the plan's views are not complete with these slices, without composing anything (`None`: they
+/// are complete, or the plan has no views).
+pub fn incomplete(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Option<String> {
+    plan.views
+        .iter()
+        .find_map(|view| complete_view(view, slices).err())
+}
+
+/// The slices of one complete view, in index order; `Err` says what is missing.
+fn complete_view<'a>(view: &str, slices: &[SliceRef<'a>]) -> Result<Vec<SliceRef<'a>>, String> {
+    let ours = |s: &&SliceRef<'a>| s.spec.view == view && s.name == slice_name(view, s.spec.index);
+    let mut by_index: HashMap<u32, SliceRef<'a>> = HashMap::new();
+    for slice in slices.iter().filter(ours) {
+        by_index.insert(slice.spec.index, *slice);
+    }
+    let Some(first) = by_index.get(&0) else {
+        return Err(if by_index.is_empty() {
+            format!("view {view} has no slices yet")
+        } else {
+            format!("slice {} of view {view} is missing", slice_name(view, 0))
+        });
+    };
+    let count = first.spec.count;
+    let mut out = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let name = slice_name(view, index);
+        match by_index.get(&index) {
+            None => return Err(format!("slice {name} of view {view} is missing ({count} slices)")),
+            Some(slice) if slice.spec.count != count => {
+                return Err(format!(
+                    "slice {name} says view {view} has {} slices, slice {} says {count}",
+                    slice.spec.count, first.name
+                ));
+            }
+            Some(slice) => out.push(*slice),
+        }
+    }
+    Ok(out)
+}
+
+/// Digest of slices by name and revision (order-free): sha256 of the sorted `name=revision` lines, first
+/// [`REVISION_LEN`] hex characters.
+pub fn slices_digest<'a>(slices: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut lines: Vec<(&str, &str)> = slices.into_iter().collect();
+    lines.sort_unstable();
+    let mut hasher = Sha256::new();
+    for (name, revision) in lines {
+        hasher.update(name.as_bytes());
+        hasher.update(b"=");
+        hasher.update(revision.as_bytes());
+        hasher.update(b"\n");
+    }
+    let mut text = data_encoding::HEXLOWER.encode(&hasher.finalize());
+    text.truncate(REVISION_LEN);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{EndpointExt, EntryExt, entry, ep, live_plan, slice};
+
+    fn names(spec: &NodeForwardingPlanSpec) -> Vec<&str> {
+        spec.services.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    fn refs(slices: &[(String, ForwardingSliceSpec)]) -> Vec<SliceRef<'_>> {
+        slices
+            .iter()
+            .map(|(name, spec)| SliceRef { name, spec })
+            .collect()
+    }
+
+    #[test]
+    fn views_then_overrides_replace_by_key_and_on_node_comes_from_the_plan() {
+        let all = slice(
+            "all",
+            0,
+            1,
+            vec![
+                entry("ns/a", "10.96.0.1", 80).with(ep("10.244.1.5", 80)),
+                entry("ns/b", "10.96.0.2", 80).with(ep("10.244.2.5", 80)),
+                entry("ns/c", "10.96.0.3", 80).with(ep("10.244.3.5", 80)),
+            ],
+        );
+        let zone = slice(
+            "zone-a",
+            0,
+            1,
+            vec![entry("ns/b", "10.96.0.2", 80).with(ep("10.244.2.6", 80))],
+        );
+        let mut plan = live_plan(
+            "node-a",
+            &["all", "zone-a"],
+            vec![
+                entry("ns/c", "10.96.0.3", 80)
+                    .itp_local()
+                    .with(ep("10.244.3.5", 80).local()),
+            ],
+        );
+        plan.endpoints_on_node = vec!["10.244.1.5".into()];
+        let slices = vec![zone, all];
+        let composed = compose(&plan, &refs(&slices)).unwrap();
+        assert_eq!(names(&composed.spec), ["ns/a", "ns/b", "ns/c"]);
+        let s = &composed.spec.services;
+        assert!(s[0].endpoints[0].on_node, "on node through endpointsOnNode");
+        assert_eq!(s[1].endpoints[0].ip, "10.244.2.6", "the zone view wins over all");
+        assert!(s[2].endpoints[0].local, "the override wins over the views");
+        assert!(composed.spec.is_self_contained());
+        assert!(composed.spec.overrides.is_empty());
+        assert_eq!(composed.spec.summary.entries, 3);
+        assert_eq!(composed.spec.revision, plan.revision);
+        assert!(composed.conflicts.is_empty());
+        let observed = composed.slices.unwrap();
+        assert_eq!(observed.count, 2);
+        assert_eq!(
+            observed.digest,
+            slices_digest(slices.iter().map(|(n, s)| (n.as_str(), s.revision.as_str())))
+        );
+        assert!(crate::validate::validate(&composed.spec).is_clean());
+    }
+
+    #[test]
+    fn incomplete_views_are_refused_with_the_reason() {
+        let plan = live_plan("node-a", &["all", "zone-a"], vec![]);
+        let zone = slice("zone-a", 0, 1, vec![]);
+        let all0 = slice("all", 0, 2, vec![]);
+        let all1 = slice("all", 1, 2, vec![]);
+        let all1_of_4 = slice("all", 1, 4, vec![]);
+        let mut misnamed = slice("all", 1, 2, vec![]);
+        misnamed.0 = "all-x".into();
+        type Case = (
+            &'static str,
+            Vec<(String, ForwardingSliceSpec)>,
+            Option<&'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            ("complete", vec![zone.clone(), all0.clone(), all1.clone()], None),
+            (
+                "no zone view",
+                vec![all0.clone(), all1.clone()],
+                Some("view zone-a has no slices yet"),
+            ),
+            (
+                "missing slice",
+                vec![zone.clone(), all0.clone()],
+                Some("slice all-0001 of view all is missing"),
+            ),
+            (
+                "no slice 0",
+                vec![zone.clone(), all1.clone()],
+                Some("slice all-0000 of view all is missing"),
+            ),
+            (
+                "count disagrees",
+                vec![zone.clone(), all0.clone(), all1_of_4],
+                Some("says view all has 4 slices"),
+            ),
+            (
+                "misnamed slice ignored",
+                vec![zone.clone(), all0.clone(), misnamed],
+                Some("all-0001 of view all is missing"),
+            ),
+        ];
+        for (name, slices, want) in cases {
+            assert_eq!(
+                incomplete(&plan, &refs(&slices)).is_none(),
+                want.is_none(),
+                "{name}"
+            );
+            match (compose(&plan, &refs(&slices)), want) {
+                (Ok(_), None) => {}
+                (Err(why), Some(want)) => assert!(why.contains(want), "{name}: {why}"),
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn slices_past_the_count_are_retired_and_ignored() {
+        let plan = live_plan("node-a", &["all"], vec![]);
+        let slices = vec![
+            slice(
+                "all",
+                0,
+                1,
+                vec![entry("ns/a", "10.96.0.1", 80).with(ep("10.244.1.5", 80))],
+            ),
+            slice(
+                "all",
+                1,
+                2,
+                vec![entry("ns/old", "10.96.0.9", 80).with(ep("10.244.1.9", 80))],
+            ),
+        ];
+        let composed = compose(&plan, &refs(&slices)).unwrap();
+        assert_eq!(names(&composed.spec), ["ns/a"]);
+        assert_eq!(composed.slices.unwrap().count, 1);
+    }
+
+    #[test]
+    fn a_key_twice_in_one_view_is_a_conflict_resolved_by_slice_name() {
+        let plan = live_plan("node-a", &["all"], vec![]);
+        let slices = vec![
+            slice(
+                "all",
+                1,
+                2,
+                vec![entry("ns/a", "10.96.0.1", 80).with(ep("10.244.1.6", 80))],
+            ),
+            slice(
+                "all",
+                0,
+                2,
+                vec![entry("ns/a", "10.96.0.1", 80).with(ep("10.244.1.5", 80))],
+            ),
+        ];
+        let composed = compose(&plan, &refs(&slices)).unwrap();
+        assert_eq!(composed.spec.services[0].endpoints[0].ip, "10.244.1.5");
+        assert_eq!(composed.conflicts.len(), 1);
+        assert!(
+            composed.conflicts[0].reason.contains("all-0000 and all-0001"),
+            "{:?}",
+            composed.conflicts
+        );
+    }
+
+    #[test]
+    fn a_self_contained_plan_is_used_as_it_is() {
+        let plan = crate::testing::plan(
+            "node-a",
+            vec![entry("ns/a", "10.96.0.1", 80).with(ep("10.244.1.5", 80))],
+        );
+        let composed = compose(&plan, &[]).unwrap();
+        assert_eq!(composed.spec, plan);
+        assert_eq!(composed.slices, None);
+    }
+
+    #[test]
+    fn the_digest_is_order_free_and_content_sensitive() {
+        let a = slices_digest([("all-0000", "r1"), ("all-0001", "r2")]);
+        assert_eq!(a, slices_digest([("all-0001", "r2"), ("all-0000", "r1")]));
+        assert_ne!(a, slices_digest([("all-0000", "r1"), ("all-0001", "r3")]));
+        assert_eq!(a.len(), REVISION_LEN);
+    }
+}

@@ -1,0 +1,157 @@
+//! Which endpoint IPs run on which node, and which entries list each IP: what `endpointsOnNode` is made
+//! of, and what tells the planner where a node's derived `onNode` flags could be wrong.
+//!
+//! ```text
+//! slot endpoints (ip, nodeName) ─► by_node: node → ip → refs   (a plan's endpointsOnNode)
+//!                                 ├► by_ip:   ip → node → refs   (nodes that may derive onNode for an ip)
+//!                                 └► entries: ip → entry keys    (entries to re-check when an ip moves)
+//! ```
+//!
+//! Reference counts, because one IP is listed by every port and Service it serves; a change is reported
+//! only when an (ip, node) pair appears or disappears.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::EntryKey;
+
+/// The hosting indexes over every planned entry.
+#[derive(Debug, Clone, Default)]
+pub struct Hosting {
+    by_node: HashMap<String, BTreeMap<String, u32>>,
+    by_ip: HashMap<String, BTreeMap<String, u32>>,
+    entries: HashMap<String, BTreeSet<EntryKey>>,
+}
+
+impl Hosting {
+    /// Adds one entry's endpoints (ip, node; only known nodes count). Returns the (node, ip) pairs that
+    /// appeared.
+    pub fn add(&mut self, key: &EntryKey, hosts: &[(String, Option<String>)]) -> Vec<(String, String)> {
+        let mut appeared = Vec::new();
+        for (ip, node) in hosts {
+            self.entries.entry(ip.clone()).or_default().insert(key.clone());
+            let Some(node) = node else { continue };
+            let refs = self
+                .by_node
+                .entry(node.clone())
+                .or_default()
+                .entry(ip.clone())
+                .or_default();
+            *refs += 1;
+            if *refs == 1 {
+                appeared.push((node.clone(), ip.clone()));
+            }
+            *self
+                .by_ip
+                .entry(ip.clone())
+                .or_default()
+                .entry(node.clone())
+                .or_default() += 1;
+        }
+        appeared
+    }
+
+    /// Removes one entry's endpoints, as added. Returns the (node, ip) pairs that disappeared.
+    pub fn remove(&mut self, key: &EntryKey, hosts: &[(String, Option<String>)]) -> Vec<(String, String)> {
+        let mut gone = Vec::new();
+        for (ip, node) in hosts {
+            if let Some(keys) = self.entries.get_mut(ip) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.entries.remove(ip);
+                }
+            }
+            let Some(node) = node else { continue };
+            if let Some(ips) = self.by_node.get_mut(node) {
+                if decrement(ips, ip) {
+                    gone.push((node.clone(), ip.clone()));
+                }
+                if ips.is_empty() {
+                    self.by_node.remove(node);
+                }
+            }
+            if let Some(nodes) = self.by_ip.get_mut(ip) {
+                decrement(nodes, node);
+                if nodes.is_empty() {
+                    self.by_ip.remove(ip);
+                }
+            }
+        }
+        gone
+    }
+
+    /// The endpoint IPs on `node`, sorted.
+    pub fn ips_on(&self, node: &str) -> impl Iterator<Item = &str> {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flat_map(|ips| ips.keys().map(String::as_str))
+    }
+
+    /// True when some entry puts `ip` on `node`.
+    pub fn is_on(&self, node: &str, ip: &str) -> bool {
+        self.by_node.get(node).is_some_and(|ips| ips.contains_key(ip))
+    }
+
+    /// The nodes some entry puts `ip` on.
+    pub fn nodes_of(&self, ip: &str) -> impl Iterator<Item = &str> {
+        self.by_ip
+            .get(ip)
+            .into_iter()
+            .flat_map(|nodes| nodes.keys().map(String::as_str))
+    }
+
+    /// The entries listing `ip`.
+    pub fn entries_of(&self, ip: &str) -> impl Iterator<Item = &EntryKey> {
+        self.entries.get(ip).into_iter().flatten()
+    }
+}
+
+/// Decrements `map[key]`, removing it at zero; true when it was removed.
+fn decrement(map: &mut BTreeMap<String, u32>, key: &str) -> bool {
+    match map.get_mut(key) {
+        Some(refs) if *refs > 1 => {
+            *refs -= 1;
+            false
+        }
+        Some(_) => {
+            map.remove(key);
+            true
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::{IpFamily, Protocol};
+
+    fn key(name: &str) -> EntryKey {
+        (name.to_string(), Protocol::TCP, IpFamily::IPv4)
+    }
+
+    fn hosts(pairs: &[(&str, Option<&str>)]) -> Vec<(String, Option<String>)> {
+        pairs
+            .iter()
+            .map(|(ip, node)| (ip.to_string(), node.map(str::to_string)))
+            .collect()
+    }
+
+    #[test]
+    fn pairs_appear_and_disappear_once_across_entries() {
+        let mut h = Hosting::default();
+        let a = hosts(&[("10.0.0.1", Some("n1")), ("10.0.0.2", None)]);
+        let b = hosts(&[("10.0.0.1", Some("n1")), ("10.0.0.1", Some("n2"))]);
+        assert_eq!(h.add(&key("a"), &a), vec![("n1".into(), "10.0.0.1".into())]);
+        assert_eq!(h.add(&key("b"), &b), vec![("n2".into(), "10.0.0.1".into())]);
+        assert_eq!(h.nodes_of("10.0.0.1").collect::<Vec<_>>(), ["n1", "n2"]);
+        assert_eq!(h.entries_of("10.0.0.1").count(), 2);
+        assert!(h.remove(&key("a"), &a).is_empty(), "b still puts 10.0.0.1 on n1");
+        assert!(h.is_on("n1", "10.0.0.1"));
+        let gone = h.remove(&key("b"), &b);
+        assert_eq!(gone.len(), 2);
+        assert_eq!(h.ips_on("n1").count(), 0);
+        assert_eq!(h.entries_of("10.0.0.1").count(), 0);
+        assert_eq!(h.entries_of("10.0.0.2").count(), 0);
+    }
+}

@@ -1,0 +1,125 @@
+//! One node's live plan object: header, views, `endpointsOnNode`, overrides, revision.
+//!
+//! ```text
+//! node + config ─► header ─┬─ views [all, zone-<z>]            ┐
+//! hosting ─────────────────┼─ endpointsOnNode (sorted)         ├─► bytes ≤ maxObjectBytes? ─► overrides in the plan
+//! overrides (digests) ─────┘                                   ┘                        no ─► overrides move to the
+//!                                                                                            node's own view
+//! revision = hash(header, views, endpointsOnNode, summary) + sum of override digests
+//! ```
+//!
+//! The plan never lists what its views hold, so a change to a shared entry rewrites one slice and no
+//! plan; a plan changes only when this node's own answer changes.
+
+use std::collections::BTreeMap;
+
+use switchyard_api::{
+    ClusterSettings, NodeForwardingPlanSpec, PlanSummary, View,
+    revision::{EntrySum, revision_with},
+};
+
+use super::{EntryKey, NodeInfo, Override, nodes::local_traffic_cidrs, views::OBJECT_OVERHEAD_BYTES};
+use crate::{Error, config::Config};
+
+/// The computed shape of one node's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLayout {
+    /// Views, most general first.
+    pub views: Vec<View>,
+    /// The overrides live in the node's own view instead of the plan.
+    pub overflow: bool,
+    /// Counts of the overrides the plan object carries.
+    pub summary: PlanSummary,
+    /// The plan's revision.
+    pub revision: String,
+}
+
+/// The header of a node's plan: everything but views, endpointsOnNode, entries, summary and revision.
+pub fn header(node: &NodeInfo, config: &Config) -> NodeForwardingPlanSpec {
+    NodeForwardingPlanSpec {
+        node_name: node.name.clone(),
+        zone: node.zone.clone(),
+        node_ips: node.ips.iter().map(ToString::to_string).collect(),
+        pod_cidrs: node.pod_cidrs.iter().map(ToString::to_string).collect(),
+        backend: node.backend,
+        cluster: ClusterSettings {
+            detect_local: config.detect_local_mode,
+            local_traffic_cidrs: local_traffic_cidrs(node, config)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            masquerade_all: config.masquerade_all,
+            masquerade_bit: config.masquerade_bit,
+            node_port_addresses: config.node_port_addresses.clone(),
+            ipvs_scheduler: (node.backend == switchyard_api::Backend::Ipvs)
+                .then(|| config.ipvs_scheduler.clone()),
+        },
+        revision: String::new(),
+        views: Vec::new(),
+        endpoints_on_node: Vec::new(),
+        summary: PlanSummary::default(),
+        overrides: Vec::new(),
+        services: Vec::new(),
+    }
+}
+
+impl NodeLayout {
+    /// Lays out one node's plan.
+    pub fn compute<'a>(
+        node: &NodeInfo,
+        config: &Config,
+        endpoints_on_node: impl Iterator<Item = &'a str>,
+        overrides: &BTreeMap<EntryKey, Override>,
+    ) -> Result<Self, Error> {
+        let mut spec = header(node, config);
+        let base_views = View::for_node(node.zone.as_deref());
+        spec.views = base_views.iter().map(View::id).collect();
+        spec.endpoints_on_node = endpoints_on_node.map(str::to_string).collect();
+        let mut sum = EntrySum::default();
+        let mut bytes = 0;
+        for o in overrides.values() {
+            sum.add(o.planned.fingerprint.digest);
+            bytes += o.planned.fingerprint.bytes + 1;
+        }
+        let summary = PlanSummary::of(overrides.values().map(|o| &o.planned.entry));
+        spec.summary = summary;
+        let header_bytes = serde_json::to_vec(&spec)
+            .map_err(switchyard_api::Error::from)?
+            .len();
+        let overflow =
+            !overrides.is_empty() && header_bytes + bytes + OBJECT_OVERHEAD_BYTES > config.max_object_bytes;
+        let mut views: Vec<View> = base_views.into();
+        if overflow {
+            views.push(View::Node(node.name.clone()));
+            spec.views = views.iter().map(View::id).collect();
+            spec.summary = PlanSummary::default();
+            sum = EntrySum::default();
+        }
+        let revision = revision_with(&spec, sum)?;
+        Ok(Self {
+            views,
+            overflow,
+            summary: spec.summary,
+            revision,
+        })
+    }
+
+    /// The plan object's spec.
+    pub fn materialize<'a>(
+        &self,
+        node: &NodeInfo,
+        config: &Config,
+        endpoints_on_node: impl Iterator<Item = &'a str>,
+        overrides: &BTreeMap<EntryKey, Override>,
+    ) -> NodeForwardingPlanSpec {
+        let mut spec = header(node, config);
+        spec.views = self.views.iter().map(View::id).collect();
+        spec.endpoints_on_node = endpoints_on_node.map(str::to_string).collect();
+        spec.summary = self.summary;
+        spec.revision = self.revision.clone();
+        if !self.overflow {
+            spec.overrides = overrides.values().map(|o| o.planned.entry.clone()).collect();
+        }
+        spec
+    }
+}

@@ -1,0 +1,224 @@
+//! The oracle: for random clusters and every node, composing the node's plan with its views' slices
+//! gives exactly the per-node planner's entries; and re-planning changed Services one by one gives
+//! exactly what a full rebuild gives, whatever the sequence of changes.
+//!
+//! Random clusters mix every input that makes a node differ from its view: Local policies (internal
+//! and external), topology hints by zone and by node, terminating and not-ready endpoints, endpoints on
+//! unknown nodes or none, nodes without a zone, and endpoint IPs reused across Services on other nodes
+//! (a pod IP recycled while an old slice still lists it), which makes the derived `onNode` wrong unless
+//! an override corrects it.
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use proptest::prelude::*;
+
+use super::{all_objects, config};
+use crate::planner::{
+    Planner, Snapshot,
+    fixtures::{EndpointExt, ServiceExt, endpoint, node, service, slice},
+};
+
+/// A small deterministic generator (xorshift), so one proptest seed builds one whole cluster.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+const NODES: [(&str, Option<&str>); 5] = [
+    ("node-a", Some("zone-a")),
+    ("node-b", Some("zone-a")),
+    ("node-c", Some("zone-b")),
+    ("node-d", Some("zone-b")),
+    ("node-e", None),
+];
+
+fn random_service(rng: &mut Rng, i: usize) -> (Service, EndpointSlice) {
+    let name = format!("svc{i}");
+    let local_internal = rng.chance(25);
+    let local_external = rng.chance(25);
+    let affinity = rng.chance(15);
+    let svc = service("ns1", &name, &format!("10.96.0.{}", i + 1), |s| {
+        s.port("http", 80, "TCP");
+        if local_external {
+            s.type_("NodePort").node_port("np", 8080, 30000 + i as i32);
+            s.spec_mut().external_traffic_policy = Some("Local".into());
+        }
+        if local_internal {
+            s.spec_mut().internal_traffic_policy = Some("Local".into());
+        }
+        if affinity {
+            s.affinity(Some(60));
+        }
+    });
+    let zone_hinted = rng.chance(30);
+    let node_hinted = rng.chance(15);
+    let count = rng.below(5);
+    let mut endpoints = Vec::new();
+    for j in 0..count {
+        // Mostly per-Service IPs; sometimes an IP another Service uses too (on whatever node).
+        let ip = if rng.chance(20) {
+            format!("10.244.9.{}", rng.below(4) + 1)
+        } else {
+            format!("10.244.{}.{}", i + 10, j + 1)
+        };
+        let host = match rng.below(12) {
+            0 => "",
+            1 => "node-gone",
+            n => NODES[(n % 5) as usize].0,
+        };
+        let mut ep = endpoint(&ip, host);
+        match rng.below(6) {
+            0 => ep = ep.conditions(false, true, true),
+            1 => ep = ep.conditions(false, false, false),
+            _ => {}
+        }
+        if zone_hinted {
+            let zone = if rng.chance(50) { "zone-a" } else { "zone-b" };
+            ep = ep.zone_hints(&[zone]);
+        }
+        if node_hinted {
+            ep = ep.node_hints(&[NODES[rng.below(5) as usize].0]);
+        }
+        endpoints.push(ep);
+    }
+    let ports: &[(&str, i32, &str)] = &[("http", 8080, "TCP"), ("np", 8081, "TCP")];
+    (svc, slice("ns1", &name, ports, endpoints))
+}
+
+fn random_cluster(seed: u64) -> (Snapshot, Rng) {
+    let mut rng = Rng(seed | 1);
+    let nodes = NODES
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i < 2 || rng.chance(80))
+        .map(|(i, (name, zone))| {
+            node(
+                name,
+                &format!("192.168.10.{}", 11 + i),
+                &format!("10.244.{}.0/24", i + 1),
+                *zone,
+            )
+        })
+        .collect();
+    let mut snapshot = Snapshot {
+        nodes,
+        ..Snapshot::default()
+    };
+    for i in 0..(3 + rng.below(10) as usize) {
+        let (svc, eps) = random_service(&mut rng, i);
+        snapshot.services.push(svc);
+        snapshot.slices.push(eps);
+    }
+    (snapshot, rng)
+}
+
+fn assert_composition_is_exact(planner: &Planner) -> Result<(), TestCaseError> {
+    for node in planner.node_names() {
+        let composed = planner.composed(node).unwrap().map_err(TestCaseError::fail)?;
+        prop_assert!(composed.conflicts.is_empty(), "{:?}", composed.conflicts);
+        prop_assert_eq!(
+            &composed.spec.services,
+            &planner.oracle(node).unwrap(),
+            "node {}",
+            node
+        );
+        let plan = planner.node_plan(node).unwrap();
+        prop_assert!(switchyard_api::validate::validate(&plan).plan.is_empty());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn slices_plus_overrides_equal_the_per_node_planner(seed in any::<u64>()) {
+        let (snapshot, _) = random_cluster(seed);
+        let planner = Planner::build(&snapshot, &config()).unwrap();
+        assert_composition_is_exact(&planner)?;
+    }
+
+    #[test]
+    fn incremental_replanning_equals_a_full_rebuild(seed in any::<u64>()) {
+        let (mut snapshot, mut rng) = random_cluster(seed);
+        let mut planner = Planner::build(&snapshot, &config()).unwrap();
+        for step in 0..8 {
+            let i = rng.below(snapshot.services.len() as u64 + 2) as usize;
+            let key = format!("ns1/svc{i}");
+            if i < snapshot.services.len() && rng.chance(20) {
+                snapshot.services.remove(i);
+                snapshot.slices.remove(i);
+                // Keep indexes and names aligned: rename nothing, just re-plan the deleted key.
+                planner.replan_service(&key, None, &[]).unwrap();
+                // Put a fresh one back so later steps still find svc<i> at index i.
+                let (svc, eps) = random_service(&mut rng, i);
+                snapshot.services.insert(i, svc.clone());
+                snapshot.slices.insert(i, eps.clone());
+                planner.replan_service(&key, Some(&svc), &[&eps]).unwrap();
+            } else if i < snapshot.services.len() {
+                let (svc, eps) = random_service(&mut rng, i);
+                snapshot.services[i] = svc.clone();
+                snapshot.slices[i] = eps.clone();
+                planner.replan_service(&key, Some(&svc), &[&eps]).unwrap();
+            } else {
+                let i = snapshot.services.len();
+                let (svc, eps) = random_service(&mut rng, i);
+                snapshot.services.push(svc.clone());
+                snapshot.slices.push(eps.clone());
+                planner.replan_service(&format!("ns1/svc{i}"), Some(&svc), &[&eps]).unwrap();
+            }
+            let fresh = Planner::build(&snapshot, &config()).unwrap();
+            prop_assert_eq!(all_objects(&planner), all_objects(&fresh), "step {}", step);
+            assert_composition_is_exact(&planner)?;
+        }
+    }
+}
+
+#[test]
+fn a_recycled_pod_ip_gets_an_override_where_the_derived_on_node_would_be_wrong() {
+    // 10.244.9.1 runs on node-a for svc-new, while svc-old's stale slice still puts it on node-b.
+    let old = service("ns1", "old", "10.96.0.1", |s| {
+        s.port("http", 80, "TCP");
+    });
+    let new = service("ns1", "new", "10.96.0.2", |s| {
+        s.port("http", 80, "TCP");
+    });
+    let snapshot = Snapshot {
+        services: vec![old, new],
+        slices: vec![
+            slice(
+                "ns1",
+                "old",
+                &[("http", 8080, "TCP")],
+                vec![endpoint("10.244.9.1", "node-b")],
+            ),
+            slice(
+                "ns1",
+                "new",
+                &[("http", 8080, "TCP")],
+                vec![endpoint("10.244.9.1", "node-a")],
+            ),
+        ],
+        nodes: super::super::fixtures::three_nodes(),
+    };
+    let planner = Planner::build(&snapshot, &config()).unwrap();
+    for node in ["node-a", "node-b", "node-c"] {
+        let composed = planner.composed(node).unwrap().unwrap();
+        assert_eq!(composed.spec.services, planner.oracle(node).unwrap(), "{node}");
+    }
+    let a = planner.node_plan("node-a").unwrap();
+    assert_eq!(a.endpoints_on_node, ["10.244.9.1"]);
+    assert_eq!(a.overrides.len(), 1, "old's entry: the IP is not on node-a there");
+    assert_eq!(a.overrides[0].name, "ns1/old:http");
+}

@@ -1,0 +1,230 @@
+//! Slices and plans: entries alike in every zone live once in view `all`, zone-hinted ones per zone;
+//! above the byte budget a view splits into power-of-two slices by Service hash, each fitting the budget;
+//! a node's overrides move into its own view when they outgrow its plan; a change to one Service rewrites
+//! one slice; an entry moving between views is written where it arrives first.
+
+use switchyard_api::{ForwardingSliceSpec, View, revision};
+
+use super::{all_objects, spec_of};
+use crate::{
+    config::Config,
+    planner::{
+        Planner, Snapshot,
+        fixtures::{EndpointExt, ServiceExt, endpoint, service, slice, three_nodes},
+    },
+};
+
+fn services(count: usize, local: bool, hinted: bool) -> Snapshot {
+    let mut svcs = Vec::new();
+    let mut slices = Vec::new();
+    for i in 0..count {
+        let name = format!("svc-{i:04}");
+        svcs.push(service(
+            "ns1",
+            &name,
+            &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+            |s| {
+                s.port("http", 80, "TCP");
+                if local {
+                    s.spec_mut().internal_traffic_policy = Some("Local".into());
+                }
+            },
+        ));
+        let eps = (1..=5u8)
+            .map(|j| {
+                let node = ["node-a", "node-b", "node-c"][usize::from(j % 3)];
+                let ep = endpoint(
+                    &format!("10.244.{}.{}", j % 3 + 1, (i % 50) * 5 + usize::from(j)),
+                    node,
+                );
+                if hinted {
+                    ep.zone_hints(&[if j % 3 == 2 { "zone-b" } else { "zone-a" }])
+                } else {
+                    ep
+                }
+            })
+            .collect();
+        slices.push(slice("ns1", &name, &[("http", 8080, "TCP")], eps));
+    }
+    Snapshot {
+        services: svcs,
+        slices,
+        nodes: three_nodes(),
+    }
+}
+
+fn build(snapshot: &Snapshot, budget: usize) -> Planner {
+    let config = Config {
+        max_object_bytes: budget,
+        ..super::config()
+    };
+    Planner::build(snapshot, &config).unwrap()
+}
+
+fn view_of<'a>(slices: &'a [(String, ForwardingSliceSpec)], view: &str) -> Vec<&'a ForwardingSliceSpec> {
+    slices
+        .iter()
+        .filter(|(_, s)| s.view == view)
+        .map(|(_, s)| s)
+        .collect()
+}
+
+#[test]
+fn entries_alike_in_every_zone_live_once_in_view_all_and_hinted_ones_per_zone() {
+    let mut snapshot = services(4, false, false);
+    let hinted = services(2, false, true);
+    for (svc, eps) in hinted.services.into_iter().zip(hinted.slices) {
+        let mut svc = svc;
+        let mut eps = eps;
+        let name = format!("hinted-{}", svc.metadata.name.as_deref().unwrap());
+        svc.metadata.name = Some(name.clone());
+        eps.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("kubernetes.io/service-name".into(), name);
+        snapshot.services.push(svc);
+        snapshot.slices.push(eps);
+    }
+    let planner = build(&snapshot, 48 * 1024);
+    let (slices, plans) = all_objects(&planner);
+    let names: Vec<&str> = slices.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["all-0000", "zone-zone-a-0000", "zone-zone-b-0000"]);
+    assert_eq!(view_of(&slices, "all")[0].entries.len(), 4);
+    for zone in ["zone-zone-a", "zone-zone-b"] {
+        let entries = &view_of(&slices, zone)[0].entries;
+        assert_eq!(entries.len(), 2, "{zone}");
+        assert!(entries.iter().all(|e| e.name.starts_with("ns1/hinted-")));
+    }
+    assert_eq!(plans[0].views, ["all", "zone-zone-a"]);
+    assert_eq!(plans[2].views, ["all", "zone-zone-b"]);
+    for node in ["node-a", "node-b", "node-c"] {
+        assert_eq!(spec_of(&planner, node).services.len(), 6);
+    }
+}
+
+#[test]
+fn a_view_above_the_budget_splits_into_fitting_slices_by_service() {
+    let snapshot = services(600, false, false);
+    let planner = build(&snapshot, 32 * 1024);
+    let (slices, _) = all_objects(&planner);
+    let all = view_of(&slices, "all");
+    assert!(
+        all.len() >= 4 && all.len().is_power_of_two(),
+        "{} slices",
+        all.len()
+    );
+    let mut seen = 0;
+    for (i, spec) in all.iter().enumerate() {
+        let bytes = serde_json::to_vec(spec).unwrap().len();
+        assert!(bytes + 4096 <= 32 * 1024, "slice {i}: {bytes} bytes");
+        assert_eq!((spec.index as usize, spec.count as usize), (i, all.len()));
+        assert_eq!(spec.revision, revision::compute_slice(spec).unwrap());
+        assert_eq!(spec.summary.entries as usize, spec.entries.len());
+        seen += spec.entries.len();
+    }
+    assert_eq!(seen, 600, "every entry in exactly one slice");
+    for node in ["node-a", "node-b", "node-c"] {
+        assert_eq!(spec_of(&planner, node).services.len(), 600);
+    }
+}
+
+#[test]
+fn a_change_to_one_service_rewrites_one_slice_of_many() {
+    let snapshot = services(600, false, false);
+    let mut planner = build(&snapshot, 32 * 1024);
+    let before = all_objects(&planner);
+    let mut eps = snapshot.slices[17].clone();
+    eps.endpoints.as_mut().unwrap()[0]
+        .conditions
+        .as_mut()
+        .unwrap()
+        .ready = Some(false);
+    let changes = planner
+        .replan_service("ns1/svc-0017", Some(&snapshot.services[17]), &[&eps])
+        .unwrap();
+    assert_eq!(changes.slices.len(), 1, "{changes:?}");
+    assert!(changes.plans.is_empty(), "{changes:?}");
+    let after = all_objects(&planner);
+    let differ = before.0.iter().zip(&after.0).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 1);
+}
+
+#[test]
+fn overrides_that_outgrow_the_plan_move_into_the_nodes_own_view() {
+    // Every Service is iTP=Local with endpoints on every node: every node overrides every entry.
+    let snapshot = services(300, true, false);
+    let planner = build(&snapshot, 32 * 1024);
+    let plan = planner.node_plan("node-a").unwrap();
+    assert_eq!(plan.views, ["all", "zone-zone-a", "node-node-a"]);
+    assert!(plan.overrides.is_empty());
+    assert!(serde_json::to_vec(&plan).unwrap().len() + 4096 <= 32 * 1024);
+    let slices = planner.slices(Some(&[View::Node("node-a".into())]));
+    assert!(slices.len() >= 2, "{} node-view slices", slices.len());
+    for (name, spec) in &slices {
+        assert!(
+            serde_json::to_vec(spec).unwrap().len() + 4096 <= 32 * 1024,
+            "{name}"
+        );
+    }
+    assert_eq!(planner.overflowing_nodes().count(), 3);
+    spec_of(&planner, "node-a");
+    // Small budgets aside, the same overrides fit a plan of 1 MiB.
+    let roomy = build(&snapshot, 1 << 20);
+    assert_eq!(roomy.node_plan("node-a").unwrap().overrides.len(), 300);
+    assert_eq!(roomy.overflowing_nodes().count(), 0);
+}
+
+#[test]
+fn an_entry_moving_from_all_to_zone_views_is_written_in_its_zones_first() {
+    let snapshot = services(3, false, false);
+    let mut planner = build(&snapshot, 48 * 1024);
+    let hinted = services(3, false, true);
+    let changes = planner
+        .replan_service("ns1/svc-0001", Some(&hinted.services[1]), &[&hinted.slices[1]])
+        .unwrap();
+    let first: Vec<&str> = changes
+        .slices
+        .iter()
+        .filter(|c| c.first)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(first, ["zone-zone-a-0000", "zone-zone-b-0000"]);
+    assert!(changes.slices.iter().any(|c| c.name == "all-0000" && !c.first));
+    // And back: view `all` gains it first.
+    let changes = planner
+        .replan_service(
+            "ns1/svc-0001",
+            Some(&snapshot.services[1]),
+            &[&snapshot.slices[1]],
+        )
+        .unwrap();
+    let first: Vec<&str> = changes
+        .slices
+        .iter()
+        .filter(|c| c.first)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(first, ["all-0000"]);
+}
+
+#[test]
+fn a_view_that_shrinks_retires_its_surplus_slices() {
+    let snapshot = services(600, false, false);
+    let mut planner = build(&snapshot, 32 * 1024);
+    let count = planner.slices(Some(&[View::All])).len();
+    assert!(count > 1);
+    let mut retired = Vec::new();
+    for i in 0..600 {
+        let changes = planner
+            .replan_service(&format!("ns1/svc-{i:04}"), None, &[])
+            .unwrap();
+        retired.extend(changes.retired);
+    }
+    assert_eq!(planner.slices(Some(&[View::All])).len(), 1);
+    retired.sort();
+    let want: Vec<String> = (1..count as u32)
+        .map(|i| switchyard_api::slice::slice_name("all", i))
+        .collect();
+    assert_eq!(retired, want, "every slice but the first retired once");
+}
