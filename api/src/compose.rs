@@ -14,7 +14,9 @@
 //!
 //! Conflicts: one key in two slices of the same view is a conflict; the slice whose name sorts first
 //! wins and the conflict is reported. One key in two views is not: the more specific view wins (an entry
-//! moving between `all` and a zone view is briefly in both).
+//! moving between `all` and a zone view is briefly in both). Entries of a node's own view (`node-…`:
+//! its overrides, moved out of a plan that outgrew its budget) keep their `onNode` flags, as overrides
+//! in the plan do.
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,7 +25,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     plan::{IpFamily, NodeForwardingPlanSpec, PlanSummary, Protocol, ServicePlan},
     revision::REVISION_LEN,
-    slice::{ForwardingSliceSpec, slice_name},
+    slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, slice_name},
     status::{ObservedSlices, ServiceFailure},
 };
 
@@ -89,13 +91,16 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
     }
     let overrides: HashMap<Key<'_>, &ServicePlan> = plan.overrides.iter().map(|e| (e.key(), e)).collect();
     let mut services: Vec<ServicePlan> = Vec::with_capacity(chosen.len() + overrides.len());
-    for (key, (_, _, entry)) in &chosen {
+    for (key, (rank, _, entry)) in &chosen {
         if overrides.contains_key(key) {
             continue;
         }
         let mut entry = (*entry).clone();
-        for ep in &mut entry.endpoints {
-            ep.on_node = on_node.contains(ep.ip.as_str());
+        let own_view = plan.views.get(*rank).is_some_and(|v| v.starts_with("node-"));
+        if !own_view {
+            for ep in &mut entry.endpoints {
+                ep.on_node = on_node.contains(ep.ip.as_str());
+            }
         }
         services.push(entry);
     }
@@ -141,6 +146,12 @@ fn complete_view<'a>(view: &str, slices: &[SliceRef<'a>]) -> Result<Vec<SliceRef
         });
     };
     let count = first.spec.count;
+    if count > MAX_SLICES_PER_VIEW {
+        return Err(format!(
+            "slice {} says view {view} has {count} slices, more than {MAX_SLICES_PER_VIEW}",
+            first.name
+        ));
+    }
     let mut out = Vec::with_capacity(count as usize);
     for index in 0..count {
         let name = slice_name(view, index);

@@ -275,8 +275,8 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
     }
 }
 
-/// `all`, `unzoned`, or `zone-…` / `node-…` with a label-safe rest.
-fn valid_view_id(id: &str) -> bool {
+/// `all`, `unzoned`, or `zone-…` / `node-…` with a label-safe rest (what a label selector can carry).
+pub fn valid_view_id(id: &str) -> bool {
     let label_safe = |rest: &str| {
         !rest.is_empty()
             && rest

@@ -92,7 +92,10 @@ fn audit_one(
             ));
             continue;
         };
-        let count = slices.get(&0).map_or(0, |s| s.spec.count);
+        let count = slices
+            .get(&0)
+            .map_or(0, |s| s.spec.count)
+            .min(switchyard_api::slice::MAX_SLICES_PER_VIEW);
         for index in 0..count {
             match slices.get(&index) {
                 Some(s) if s.spec.count == count => current_slices.push((slice_name(view, index), s)),

@@ -233,9 +233,11 @@ impl Loop {
         match &result {
             SyncResult::Applied { .. } => {
                 let revision = self.syncer.applied().map(|(spec, _)| spec.revision.clone());
-                self.health.synced(revision.clone());
+                self.health.synced(revision);
+                // Only a set the kernel now holds exactly (its plan and every one of its slices; not a
+                // rejected slice's stand-in) counts for latency and goes into the cache.
                 if let Some(set) = self.current.clone()
-                    && revision.as_deref() == Some(set.revision())
+                    && self.syncer.applied_fingerprint() == Some(set.fingerprint())
                 {
                     self.newly_applied(&set);
                 }

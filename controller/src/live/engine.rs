@@ -17,6 +17,7 @@
 //! GET of the Node answering 404 before deleting.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::{
     api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice},
@@ -26,11 +27,12 @@ use kube::runtime::watcher;
 use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
     names::{
-        ANNOTATION_TRIGGER_TIME, LABEL_NODE, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
+        ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
         k8s::LABEL_SERVICE_NAME,
     },
     revision,
 };
+use tokio::time::Instant;
 
 use super::{
     cache::{Applied, ObjectCache, cluster_key, namespaced_key},
@@ -120,12 +122,31 @@ pub enum Work {
 }
 
 /// Work waiting for one object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pending {
     trigger: Option<Timestamp>,
     /// Written before other slices (it gains an entry another slice is about to lose).
     first: bool,
+    /// When it was queued: a plan waiting longer than [`PLAN_PATIENCE`] goes before further slices.
+    queued: Instant,
+    /// After a failed write: not before this (it stays queued, so the order behind it holds).
+    not_before: Option<Instant>,
 }
+
+impl Pending {
+    fn new(now: Instant) -> Self {
+        Self {
+            trigger: None,
+            first: false,
+            queued: now,
+            not_before: None,
+        }
+    }
+}
+
+/// How long a plan waits behind slices at most: under sustained churn at the write budget, slices
+/// alone could otherwise starve plans (a new node's, a Local endpoint's override).
+pub const PLAN_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A kind whose relist came back empty while objects were known: unconfirmed, so ignored for now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,6 +191,9 @@ pub struct Engine {
     suspects: BTreeSet<SuspectEmpty>,
     relisted_plans: Relist,
     relisted_fws: Relist,
+    /// The object last handed out by `next_pending`, as it was queued: a requeue restores it whole
+    /// (its place in the order, whether it goes first).
+    in_flight: Option<(ObjectRef, Pending)>,
 }
 
 impl Engine {
@@ -193,6 +217,7 @@ impl Engine {
             suspects: BTreeSet::new(),
             relisted_plans: Relist::default(),
             relisted_fws: Relist::default(),
+            in_flight: None,
         }
     }
 
@@ -312,7 +337,9 @@ impl Engine {
                 self.plans_synced = true;
                 let names: Vec<String> = self.plans.names().cloned().collect();
                 for name in names {
-                    self.pending.entry(ObjectRef::Plan(name)).or_default();
+                    self.pending
+                        .entry(ObjectRef::Plan(name))
+                        .or_insert_with(|| Pending::new(Instant::now()));
                 }
             }
         }
@@ -329,8 +356,10 @@ impl Engine {
             .and_then(|l| l.get(LABEL_NODE))
             .cloned()
             .unwrap_or_else(|| plan.spec.node_name.clone());
+        // The agent selects its plan by the node label: a plan without it is as good as missing.
+        let labelled = plan.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODE)) == Some(&name);
         let observed = Observed {
-            consistent: revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision),
+            consistent: labelled && revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision),
             revision: plan.spec.revision.clone(),
             node: Some(node),
         };
@@ -368,7 +397,9 @@ impl Engine {
                 self.fws_synced = true;
                 let names: Vec<String> = self.fws.names().cloned().collect();
                 for name in names {
-                    self.pending.entry(ObjectRef::Slice(name)).or_default();
+                    self.pending
+                        .entry(ObjectRef::Slice(name))
+                        .or_insert_with(|| Pending::new(Instant::now()));
                 }
             }
         }
@@ -378,8 +409,12 @@ impl Engine {
         let Some(name) = slice.metadata.name.clone() else {
             return;
         };
+        // Agents select slices by the view label: a slice without the right one is missing for them.
+        let labelled =
+            slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_VIEW)) == Some(&slice.spec.view);
         let observed = Observed {
-            consistent: revision::compute_slice(&slice.spec).is_ok_and(|r| r == slice.spec.revision),
+            consistent: labelled
+                && revision::compute_slice(&slice.spec).is_ok_and(|r| r == slice.spec.revision),
             revision: slice.spec.revision.clone(),
             node: None,
         };
@@ -410,7 +445,9 @@ impl Engine {
                     if echo == Echo::Foreign {
                         self.restored.push(object.clone());
                     }
-                    self.pending.entry(object).or_default();
+                    self.pending
+                        .entry(object)
+                        .or_insert_with(|| Pending::new(Instant::now()));
                 }
             }
             // A slice nobody wants (left from an earlier layout, or made by hand): delete it.
@@ -439,7 +476,9 @@ impl Engine {
     fn restore_if_wanted(&mut self, object: ObjectRef) {
         if self.desired_revision(&object).is_some() {
             self.restored.push(object.clone());
-            self.pending.entry(object).or_default();
+            self.pending
+                .entry(object)
+                .or_insert_with(|| Pending::new(Instant::now()));
         }
     }
 
@@ -517,6 +556,9 @@ impl Engine {
                     .filter(|n| planner.slice_revision(n).is_none())
                     .cloned()
                     .collect();
+                for name in &unwanted {
+                    self.pending.remove(&ObjectRef::Slice(name.clone()));
+                }
                 self.retired.extend(unwanted);
                 self.planner = Some(planner);
                 self.rebuild = false;
@@ -538,12 +580,15 @@ impl Engine {
             let pending = self
                 .pending
                 .entry(ObjectRef::Slice(change.name.clone()))
-                .or_default();
+                .or_insert_with(|| Pending::new(Instant::now()));
             pending.trigger = min_time(pending.trigger, earliest);
             pending.first |= change.first;
         }
         for node in &changes.plans {
-            let pending = self.pending.entry(ObjectRef::Plan(node.clone())).or_default();
+            let pending = self
+                .pending
+                .entry(ObjectRef::Plan(node.clone()))
+                .or_insert_with(|| Pending::new(Instant::now()));
             pending.trigger = min_time(pending.trigger, earliest);
         }
         for name in &changes.retired {
@@ -561,13 +606,39 @@ impl Engine {
         }
     }
 
-    /// The next object to handle and its trigger time: slices gaining a moving entry first, then other
-    /// slices, then plans of nodes without one (a new node must not wait behind a rollout), then the
-    /// longest-waiting plans; slices no longer wanted last, once nothing else waits.
-    pub fn next_pending(&mut self) -> Option<(ObjectRef, Option<Timestamp>)> {
+    /// The next object to handle and its trigger time, at `now`:
+    /// 1. slices gaining an entry that moves between views (the slices losing it wait for them, even
+    ///    while one of them backs off after a failed write: the entry must never be in neither);
+    /// 2. other slices;
+    /// 3. plans: those of nodes without one first (a new node must not wait behind a rollout), then the
+    ///    longest-waiting; a plan queued longer than [`PLAN_PATIENCE`] goes before further slices, so
+    ///    sustained slice churn cannot starve plans;
+    /// 4. slices no longer wanted, deleted once nothing else is queued (failed writes waiting for their
+    ///    retry included), so a view never loses a slice before its replacements are written.
+    ///
+    /// Objects backing off after a failed write stay queued and are skipped until their time.
+    pub fn next_pending(&mut self, now: Instant) -> Option<(ObjectRef, Option<Timestamp>)> {
+        // Queued slices nobody wants any more (listed at start, left from an earlier layout) are deletes.
+        let unwanted: Vec<ObjectRef> = self
+            .pending
+            .keys()
+            .filter(|o| matches!(o, ObjectRef::Slice(name) if self.planner.as_ref().is_some_and(|p| p.slice_revision(name).is_none())))
+            .cloned()
+            .collect();
+        for object in unwanted {
+            self.pending.remove(&object);
+            if self.fws.get(object.name()).is_some() {
+                self.retired.insert(object.name().to_string());
+            }
+        }
+        let first_waiting = self
+            .pending
+            .iter()
+            .any(|(o, p)| matches!(o, ObjectRef::Slice(_)) && p.first);
         let rank = |object: &ObjectRef, p: &Pending| -> u8 {
             match object {
                 ObjectRef::Slice(_) if p.first => 0,
+                ObjectRef::Plan(_) if now.saturating_duration_since(p.queued) >= PLAN_PATIENCE => 0,
                 ObjectRef::Slice(_) => 1,
                 ObjectRef::Plan(name) if self.plans.get(name).is_none() => 2,
                 ObjectRef::Plan(_) => 3,
@@ -576,18 +647,30 @@ impl Engine {
         let next = self
             .pending
             .iter()
+            .filter(|(_, p)| p.not_before.is_none_or(|at| at <= now))
+            .filter(|(o, p)| !first_waiting || p.first || matches!(o, ObjectRef::Plan(_)))
             .min_by_key(|(object, p)| (rank(object, p), p.trigger.is_none(), p.trigger, (*object).clone()))
             .map(|(object, _)| object.clone());
         if let Some(object) = next {
             let pending = self.pending.remove(&object)?;
+            self.in_flight = Some((object.clone(), pending));
             return Some((object, pending.trigger));
+        }
+        if !self.pending.is_empty() {
+            return None;
         }
         let name = self.retired.pop_first()?;
         Some((ObjectRef::Slice(name), None))
     }
 
-    /// Puts an object back (after a failed write), keeping its trigger time.
-    pub fn requeue(&mut self, object: &ObjectRef, trigger: Option<Timestamp>) {
+    /// When the earliest object backing off after a failed write may be tried again.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.pending.values().filter_map(|p| p.not_before).min()
+    }
+
+    /// Puts an object back, keeping its trigger time: not before `not_before` (after a failed write), or
+    /// at once (the write was cut short by losing the lease).
+    pub fn requeue(&mut self, object: &ObjectRef, trigger: Option<Timestamp>, not_before: Option<Instant>) {
         if let ObjectRef::Slice(name) = object
             && self
                 .planner
@@ -597,8 +680,15 @@ impl Engine {
             self.retired.insert(name.clone());
             return;
         }
-        let pending = self.pending.entry(object.clone()).or_default();
-        pending.trigger = min_time(pending.trigger, trigger);
+        let was = self
+            .in_flight
+            .take_if(|(o, _)| o == object)
+            .map(|(_, p)| p)
+            .unwrap_or_else(|| Pending::new(Instant::now()));
+        let pending = self.pending.entry(object.clone()).or_insert(was);
+        pending.first |= was.first;
+        pending.trigger = min_time(pending.trigger, min_time(was.trigger, trigger));
+        pending.not_before = not_before;
     }
 
     /// What an object needs, comparing the desired revision with the observed object. `None` when it is
@@ -724,7 +814,7 @@ mod tests {
     use kube::runtime::watcher::Event;
 
     use super::*;
-    use crate::planner::fixtures::{ServiceExt, endpoint, service, slice, three_nodes};
+    use crate::planner::fixtures::{EndpointExt, ServiceExt, endpoint, service, slice, three_nodes};
 
     fn synced_engine() -> Engine {
         let mut engine = Engine::new(Config::default());
@@ -810,7 +900,7 @@ mod tests {
         engine.written(&plan_ref("node-a"), "x", None);
         engine.written(&plan_ref("node-c"), "y", None);
         let mut order = Vec::new();
-        while let Some((object, _)) = engine.next_pending() {
+        while let Some((object, _)) = engine.next_pending(Instant::now()) {
             order.push(object);
         }
         assert!(matches!(&order[0], ObjectRef::Slice(_)));
@@ -853,7 +943,7 @@ mod tests {
     /// Writes every pending object and feeds it back as the watches would.
     fn write_all(engine: &mut Engine) -> (Vec<NodeForwardingPlan>, Vec<ForwardingSlice>) {
         let (mut plans, mut slices) = (Vec::new(), Vec::new());
-        while let Some((object, _)) = engine.next_pending() {
+        while let Some((object, _)) = engine.next_pending(Instant::now()) {
             match engine.work_for(&object, None) {
                 Some(Work::ApplyPlan(plan)) => {
                     engine.intend(&object, &plan.spec.revision);
@@ -904,7 +994,7 @@ mod tests {
             vec![plan_ref("node-b"), ObjectRef::Slice("all-0000".into())]
         );
         let mut applied = Vec::new();
-        while let Some((object, _)) = engine.next_pending() {
+        while let Some((object, _)) = engine.next_pending(Instant::now()) {
             if engine.work_for(&object, None).is_some() {
                 applied.push(object);
             }
@@ -919,9 +1009,16 @@ mod tests {
     fn late_echoes_of_our_own_writes_are_not_restores() {
         let mut engine = synced_engine();
         engine.plan().unwrap();
-        let (plans, _) = write_all(&mut engine);
-        let old = plans[0].clone();
-        // A new endpoint on node-a: node-a's plan gets a new revision and is written.
+        // The first writes go out; their watch echoes are late.
+        let mut echoes = Vec::new();
+        while let Some((object, _)) = engine.next_pending(Instant::now()) {
+            if let Some(Work::ApplyPlan(plan)) = engine.work_for(&object, None) {
+                engine.intend(&object, &plan.spec.revision);
+                engine.written(&object, &plan.spec.revision, Some("10"));
+                echoes.push(plan);
+            }
+        }
+        // A new endpoint on node-a: node-a's plan gets a new revision, written before the old echoes.
         let eps = slice(
             "ns1",
             "web",
@@ -930,12 +1027,24 @@ mod tests {
         );
         engine.observe(Input::Slice(Event::Apply(eps)));
         engine.plan().unwrap();
-        write_all(&mut engine);
-        // The watch now delivers the older write late (and an agent's status write on top of it).
-        let mut echo = old.clone();
-        echo.metadata.resource_version = Some("5".into());
+        let mut newer = None;
+        while let Some((object, _)) = engine.next_pending(Instant::now()) {
+            if let Some(Work::ApplyPlan(plan)) = engine.work_for(&object, None) {
+                engine.intend(&object, &plan.spec.revision);
+                engine.written(&object, &plan.spec.revision, Some("20"));
+                newer = Some(plan);
+            }
+        }
+        // Now the watch delivers the older write (and an agent's status write on top of it), then the
+        // newer one: no restores, nothing to rewrite.
+        let old = echoes.remove(0);
+        let mut status_echo = old.clone();
+        status_echo.metadata.resource_version = Some("15".into());
+        let mut old = old;
+        old.metadata.resource_version = Some("10".into());
         engine.observe(Input::Plan(Event::Apply(old)));
-        engine.observe(Input::Plan(Event::Apply(echo)));
+        engine.observe(Input::Plan(Event::Apply(status_echo)));
+        engine.observe(Input::Plan(Event::Apply(newer.unwrap())));
         assert!(engine.take_restored().is_empty());
         assert_eq!(engine.queue_depth(), 0, "nothing to rewrite");
     }
@@ -950,7 +1059,9 @@ mod tests {
         engine.observe(Input::Plan(Event::Apply(edited)));
         assert_eq!(engine.take_restored(), vec![plan_ref("node-a")]);
         assert!(matches!(
-            engine.next_pending().and_then(|(o, _)| engine.work_for(&o, None)),
+            engine
+                .next_pending(Instant::now())
+                .and_then(|(o, _)| engine.work_for(&o, None)),
             Some(Work::ApplyPlan(_))
         ));
     }
@@ -962,12 +1073,99 @@ mod tests {
         write_all(&mut engine);
         let (name, spec) = switchyard_api::testing::slice("all", 1, 2, vec![]);
         engine.observe(Input::ForwardingSlice(Event::Apply(slice_object(&name, spec))));
-        let (object, _) = engine.next_pending().unwrap();
+        let (object, _) = engine.next_pending(Instant::now()).unwrap();
         assert_eq!(object, ObjectRef::Slice("all-0001".into()));
         assert_eq!(
             engine.work_for(&object, None),
             Some(Work::DeleteSlice("all-0001".into()))
         );
+    }
+
+    #[test]
+    fn a_slice_left_from_an_earlier_layout_is_deleted_after_every_write() {
+        let mut engine = Engine::new(Config::default());
+        let svc = service("ns1", "web", "10.96.0.10", |s| {
+            s.port("", 80, "TCP");
+        });
+        let eps = slice(
+            "ns1",
+            "web",
+            &[("", 80, "TCP")],
+            vec![endpoint("10.244.1.5", "node-a")],
+        );
+        let (name, spec) = switchyard_api::testing::slice("all", 3, 4, vec![]);
+        for input in [
+            Input::Service(Event::Init),
+            Input::Service(Event::InitApply(svc)),
+            Input::Service(Event::InitDone),
+            Input::Slice(Event::Init),
+            Input::Slice(Event::InitApply(eps)),
+            Input::Slice(Event::InitDone),
+            Input::Node(Event::Init),
+            Input::Node(Event::InitDone),
+            Input::Plan(Event::Init),
+            Input::Plan(Event::InitDone),
+            Input::ForwardingSlice(Event::Init),
+            Input::ForwardingSlice(Event::InitApply(slice_object(&name, spec))),
+            Input::ForwardingSlice(Event::InitDone),
+        ] {
+            engine.observe(input);
+        }
+        for node in three_nodes() {
+            engine.observe(Input::Node(Event::Apply(node)));
+        }
+        engine.plan().unwrap();
+        let mut order = Vec::new();
+        while let Some((object, _)) = engine.next_pending(Instant::now()) {
+            order.push(object);
+        }
+        assert_eq!(order.len(), 7, "{order:?}");
+        assert_eq!(
+            order.last(),
+            Some(&ObjectRef::Slice("all-0003".into())),
+            "{order:?}"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_stays_queued_so_what_follows_it_waits() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        // The Service becomes zone-hinted: its entry moves from all-0000 into the zone views, which
+        // must be written before all-0000 loses it.
+        let hinted = slice(
+            "ns1",
+            "web",
+            &[("", 80, "TCP")],
+            vec![
+                endpoint("10.244.1.5", "node-a").zone_hints(&["zone-a"]),
+                endpoint("10.244.3.5", "node-c").zone_hints(&["zone-b"]),
+            ],
+        );
+        engine.observe(Input::Slice(Event::Apply(hinted)));
+        engine.plan().unwrap();
+        let now = Instant::now();
+        let (first, trigger) = engine.next_pending(now).unwrap();
+        assert!(first.name().starts_with("zone-"), "{first}");
+        // Its write fails: it backs off for 10 s, still queued.
+        engine.requeue(&first, trigger, Some(now + Duration::from_secs(10)));
+        let mut meanwhile = Vec::new();
+        while let Some((object, _)) = engine.next_pending(now) {
+            meanwhile.push(object);
+        }
+        assert!(
+            !meanwhile.contains(&ObjectRef::Slice("all-0000".into())),
+            "all-0000 lost the entry before the zone view gained it: {meanwhile:?}"
+        );
+        assert_eq!(engine.next_retry(), Some(now + Duration::from_secs(10)));
+        let later = now + Duration::from_secs(10);
+        let mut after = Vec::new();
+        while let Some((object, _)) = engine.next_pending(later) {
+            after.push(object);
+        }
+        assert_eq!(after.first(), Some(&first));
+        assert!(after.contains(&ObjectRef::Slice("all-0000".into())), "{after:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! ```text
 //! watch channel ─► engine.observe ──► every minPlanInterval while dirty: engine.plan ─► writer notified
 //! writer task (leader only): engine.next_pending (slices, then plans, then retired slices)
-//!                            ─► reconcile ─► Action (requeue after backoff on error)
+//!                            ─► reconcile ─► Action (on error: stays queued, not before its backoff)
 //! orphan sweep (leader only, periodic) ─► GET node 404 ─► delete its plans
 //! shutdown ─► stop writing, release the lease
 //! ```
@@ -328,11 +328,19 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
                 _ = stop.changed() => continue,
             }
         }
-        let next = ctx.engine.lock().ok().and_then(|mut e| e.next_pending());
+        let now = tokio::time::Instant::now();
+        let (next, retry_at) = match ctx.engine.lock() {
+            Ok(mut engine) => (engine.next_pending(now), engine.next_retry()),
+            Err(_) => (None, None),
+        };
         let Some((object, trigger)) = next else {
+            let wait = retry_at.map_or(Duration::from_secs(1), |at| {
+                at.saturating_duration_since(now)
+                    .clamp(Duration::from_millis(10), Duration::from_secs(1))
+            });
             tokio::select! {
                 _ = wake.notified() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {}
             }
             continue;
@@ -344,25 +352,20 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
                 // The object already left the queue: put it back (not a failure), for when this replica
                 // leads again; otherwise its write would wait for an unrelated change.
                 if let Ok(mut engine) = ctx.engine.lock() {
-                    engine.requeue(&object, trigger);
+                    engine.requeue(&object, trigger, None);
                 }
                 Action::AwaitChange
             }
             Err(error) => error_policy(Arc::clone(&object), &error, Arc::clone(&ctx)),
         };
+        if let Action::Requeue(delay) = action
+            && let Ok(mut engine) = ctx.engine.lock()
+        {
+            // It stays queued while it backs off, so what must be written after it keeps waiting.
+            engine.requeue(&object, trigger, Some(tokio::time::Instant::now() + delay));
+        }
         if let Ok(engine) = ctx.engine.lock() {
             ctx.metrics.queue_depth.set(engine.queue_depth() as i64);
-        }
-        if let Action::Requeue(delay) = action {
-            let ctx = Arc::clone(&ctx);
-            let wake = Arc::clone(&wake);
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                if let Ok(mut engine) = ctx.engine.lock() {
-                    engine.requeue(&object, trigger);
-                }
-                wake.notify_one();
-            });
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Observed {
 struct History {
     revisions: VecDeque<String>,
     resource_versions: VecDeque<String>,
+    /// The watch delivered our latest revision: anything older arriving after it is not an echo.
+    echoed_latest: bool,
 }
 
 impl History {
@@ -83,6 +85,9 @@ impl Tracker {
         node: Option<&str>,
     ) {
         let history = self.history.entry(name.to_string()).or_default();
+        if history.revisions.back().map(String::as_str) != Some(revision) {
+            history.echoed_latest = false;
+        }
         History::push(&mut history.revisions, revision);
         if let Some(rv) = resource_version {
             History::push(&mut history.resource_versions, rv);
@@ -107,6 +112,11 @@ impl Tracker {
         relisted: bool,
     ) -> Echo {
         let echo = self.classify(name, &observed, resource_version, relisted);
+        if let Some(history) = self.history.get_mut(name)
+            && history.revisions.back() == Some(&observed.revision)
+        {
+            history.echoed_latest = true;
+        }
         if echo != Echo::Stale {
             self.observed.insert(name.to_string(), observed);
         }
@@ -128,7 +138,9 @@ impl Tracker {
             };
         };
         let latest = history.revisions.back();
-        if !relisted {
+        // Late echoes come before the echo of the latest write; after it, older content is someone
+        // else's doing (a revert to a saved copy, a GitOps sync).
+        if !relisted && !history.echoed_latest {
             let older_write = resource_version.is_some_and(|rv| {
                 history.resource_versions.iter().any(|r| r == rv)
                     && history.resource_versions.back().map(String::as_str) != Some(rv)
@@ -139,7 +151,9 @@ impl Tracker {
                 return Echo::Stale;
             }
         }
-        if observed.consistent && history.revisions.iter().any(|r| *r == observed.revision) {
+        let ours = latest == Some(&observed.revision)
+            || (!history.echoed_latest && history.revisions.iter().any(|r| *r == observed.revision));
+        if observed.consistent && ours {
             Echo::Ours
         } else {
             Echo::Foreign
@@ -200,6 +214,22 @@ mod tests {
         // The echo of the latest write, and a status write on top of it.
         assert_eq!(t.observe("a", seen("r2", true), Some("101"), false), Echo::Ours);
         assert_eq!(t.observe("a", seen("r2", true), Some("103"), false), Echo::Ours);
+    }
+
+    #[test]
+    fn a_revert_to_an_older_revision_after_our_latest_echo_is_foreign() {
+        let mut t = Tracker::default();
+        t.intend("a", "r1");
+        t.written("a", "r1", Some("100"), None);
+        t.intend("a", "r2");
+        t.written("a", "r2", Some("101"), None);
+        assert_eq!(t.observe("a", seen("r2", true), Some("101"), false), Echo::Ours);
+        // Someone applies a saved copy of r1 afterwards.
+        assert_eq!(
+            t.observe("a", seen("r1", true), Some("105"), false),
+            Echo::Foreign
+        );
+        assert!(!t.is_current("a", "r2"), "so it gets rewritten");
     }
 
     #[test]

@@ -93,6 +93,8 @@ struct State {
     store: Store,
     sent: Sent,
     incomplete_since: Option<Instant>,
+    /// The incomplete set was passed on: nothing to wait for until the decision changes.
+    incomplete_sent: bool,
     confirm_at: Option<Instant>,
     confirm_backoff: Backoff,
     settle: Duration,
@@ -108,25 +110,34 @@ impl State {
         self.tx.send(Some(Arc::new(update))).is_ok()
     }
 
+    /// When an incomplete set will have settled (`None`: none is waiting).
+    fn settle_at(&self) -> Option<Instant> {
+        self.incomplete_since
+            .filter(|_| !self.incomplete_sent)
+            .map(|since| since + self.settle)
+    }
+
     /// Acts on the store's decision; false when the loop has gone.
     fn evaluate(&mut self, now: Instant) -> bool {
-        match self.store.decide() {
+        let decision = self.store.decide();
+        if !matches!(decision, Decision::Incomplete(..)) {
+            self.incomplete_since = None;
+            self.incomplete_sent = false;
+        }
+        match decision {
             Decision::Wait => true,
             Decision::Missing => {
-                self.incomplete_since = None;
                 if self.sent != Sent::Deleted && self.confirm_at.is_none() {
                     self.confirm_at = Some(now);
                 }
                 true
             }
             Decision::WrongNode(why) => {
-                self.incomplete_since = None;
                 self.confirm_at = None;
                 tracing::warn!(%why, "plan refused");
                 self.send(Sent::Invalid(why.clone()), PlanUpdate::Invalid(why))
             }
             Decision::Ready(set) => {
-                self.incomplete_since = None;
                 self.confirm_at = None;
                 let key = Sent::Objects(self.store.key());
                 self.send(key, PlanUpdate::Objects(set))
@@ -138,6 +149,7 @@ impl State {
                     tracing::debug!(%why, "views incomplete; waiting for them to settle");
                     return true;
                 }
+                self.incomplete_sent = true;
                 let key = Sent::Objects(self.store.key());
                 self.send(key, PlanUpdate::Objects(set))
             }
@@ -173,6 +185,7 @@ impl ApiSource {
             store: Store::new(&self.node),
             sent: Sent::Nothing,
             incomplete_since: None,
+            incomplete_sent: false,
             confirm_at: None,
             confirm_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
             settle: self.settle,
@@ -192,7 +205,7 @@ impl ApiSource {
                 slices = Some(self.slice_stream(&views));
                 state.store.watch_slices(views);
             }
-            let settle_at = state.incomplete_since.map(|since| since + state.settle);
+            let settle_at = state.settle_at();
             let next_slice = async {
                 match slices.as_mut() {
                     Some(stream) => stream.next().await,
@@ -273,5 +286,60 @@ impl ApiSource {
                 true
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::testing::{live_plan, slice};
+
+    #[tokio::test]
+    async fn a_settled_incomplete_view_is_sent_once_and_then_nothing_is_waited_for() {
+        let (tx, mut rx) = tokio::sync::watch::channel(None);
+        let mut state = State {
+            store: Store::new("node-a"),
+            sent: Sent::Nothing,
+            incomplete_since: None,
+            incomplete_sent: false,
+            confirm_at: None,
+            confirm_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            settle: Duration::from_millis(200),
+            tx,
+        };
+        state.store.observe_plan(watcher::Event::Init);
+        state
+            .store
+            .observe_plan(watcher::Event::InitApply(NodeForwardingPlan::new(
+                "node-a",
+                live_plan("node-a", &["all"], vec![]),
+            )));
+        state.store.observe_plan(watcher::Event::InitDone);
+        state.store.watch_slices(vec!["all".into()]);
+        state.store.observe_slice(watcher::Event::Init);
+        let (name, spec) = slice("all", 0, 2, vec![]);
+        state
+            .store
+            .observe_slice(watcher::Event::InitApply(ForwardingSlice::new(&name, spec)));
+        state.store.observe_slice(watcher::Event::InitDone);
+
+        let start = Instant::now();
+        assert!(state.evaluate(start));
+        assert_eq!(
+            state.settle_at(),
+            Some(start + Duration::from_millis(200)),
+            "settling"
+        );
+        assert!(rx.borrow_and_update().is_none(), "not before it settled");
+        let later = start + Duration::from_millis(250);
+        assert!(state.evaluate(later));
+        assert!(matches!(
+            rx.borrow_and_update().as_deref(),
+            Some(PlanUpdate::Objects(_))
+        ));
+        // Sent: the loop must not wake for it again (it used to spin on a settle time in the past).
+        assert_eq!(state.settle_at(), None);
+        assert!(state.evaluate(later + Duration::from_secs(1)));
+        assert!(!rx.has_changed().unwrap_or(true), "sent once");
     }
 }

@@ -80,7 +80,9 @@ impl PlanSet {
         &self.plan.revision
     }
 
-    /// Identifies what applying this set programs: the plan's revision and the slices' digest.
+    /// Identifies what applying this set programs: the plan's revision and the slices' digest (equal to
+    /// [`crate::sync::Syncer::applied_fingerprint`] once this set is what the kernel holds; not while a
+    /// rejected slice's last good copy stands in for it).
     pub fn fingerprint(&self) -> String {
         if self.slices.is_empty() {
             return self.plan.revision.clone();

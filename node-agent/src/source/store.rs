@@ -25,6 +25,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::watcher;
 use switchyard_api::compose::{SliceRef, incomplete};
 use switchyard_api::names::ANNOTATION_TRIGGER_TIME;
+use switchyard_api::validate::valid_view_id;
 use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
 
 use super::{Origin, PlanSet};
@@ -137,7 +138,7 @@ pub enum Decision {
     Wait,
     /// The plan is not there: confirm with a GET before calling it deleted.
     Missing,
-    /// The plan is for another node.
+    /// The plan is for another node, or names views no label selector can carry.
     WrongNode(String),
     /// The plan and every slice of its views.
     Ready(PlanSet),
@@ -203,9 +204,14 @@ impl Store {
         }
     }
 
-    /// The views the plan asks for, once known.
+    /// The views the plan asks for, once known (`None` as well when one is not a view id: no selector
+    /// can be built from it, and `decide` refuses the plan).
     pub fn plan_views(&self) -> Option<&[String]> {
-        self.plan.objects.get(&self.node).map(|e| e.spec.views.as_slice())
+        self.plan
+            .objects
+            .get(&self.node)
+            .map(|e| e.spec.views.as_slice())
+            .filter(|views| views.iter().all(|v| valid_view_id(v)))
     }
 
     /// The views the slice watch selects.
@@ -239,6 +245,12 @@ impl Store {
             ));
         }
         let views = &plan.spec.views;
+        if let Some(bad) = views.iter().find(|v| !valid_view_id(v)) {
+            return Decision::WrongNode(format!(
+                "plan {} names the view {bad:?}, which is not a view id (all, unzoned, zone-…, node-…)",
+                self.node
+            ));
+        }
         if !views.is_empty() && (self.watched_views.as_ref() != Some(views) || !self.slices.listed) {
             return Decision::Wait;
         }
@@ -440,6 +452,19 @@ mod tests {
         // A slice that goes away makes the view incomplete again.
         assert!(store.observe_slice(watcher::Event::Delete(slice_object("all", 1, 2))));
         assert!(matches!(store.decide(), Decision::Incomplete(..)));
+    }
+
+    #[test]
+    fn a_plan_naming_a_view_no_selector_can_carry_is_refused_not_waited_for() {
+        let mut store = Store::new("node-a");
+        store.observe_plan(watcher::Event::Init);
+        store.observe_plan(watcher::Event::InitApply(object(
+            "node-a",
+            live_plan("node-a", &["all", "Zone A"], vec![]),
+        )));
+        store.observe_plan(watcher::Event::InitDone);
+        assert_eq!(store.plan_views(), None, "no slice watch is started for it");
+        assert!(matches!(store.decide(), Decision::WrongNode(why) if why.contains("\"Zone A\"")));
     }
 
     #[test]

@@ -65,11 +65,7 @@ pub fn compose_plan(
             continue;
         }
         let problems: Vec<String> = report.plan.iter().take(3).map(ToString::to_string).collect();
-        let stand_in = last_good
-            .0
-            .get(name)
-            .filter(|good| good.revision != spec.revision)
-            .cloned();
+        let stand_in = last_good.0.get(name).cloned();
         let reason = match &stand_in {
             Some(good) => format!(
                 "rejected: {}; its last good revision {} stays in use",
@@ -192,6 +188,15 @@ mod tests {
         assert_eq!(got.services[0].port, 80, "the last good copy stays");
         assert_eq!(failures.len(), 1);
         assert!(failures[0].reason.contains("last good revision"), "{failures:?}");
+        // A hand edit that broke the slice but kept its revision: the last good copy stands in too.
+        let mut edited = two_slices(80);
+        let mut bad = (*edited[0].1).clone();
+        bad.index = 5;
+        edited[0].1 = Arc::new(bad);
+        let Composition::Ready { spec: got, .. } = compose_plan(&spec, &edited, &mut memory) else {
+            panic!("the last good copy should stand in")
+        };
+        assert_eq!(got.services[0].port, 80);
         // Without a last good copy the view is incomplete: nothing is programmed from it.
         match compose_plan(&spec, &broken, &mut LastGood::default()) {
             Composition::Incomplete(why) => assert!(why.contains("nothing from it is applied"), "{why}"),

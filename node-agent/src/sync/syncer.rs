@@ -339,6 +339,16 @@ impl Syncer {
         }
     }
 
+    /// What the kernel holds, as [`crate::source::PlanSet::fingerprint`] spells it: the plan revision,
+    /// and the digest of the slices composed when there were any.
+    pub fn applied_fingerprint(&self) -> Option<String> {
+        let applied = self.applied.as_ref()?;
+        Some(match &applied.composed.slices {
+            Some(slices) => format!("{}/{}", applied.spec.revision, slices.digest),
+            None => applied.spec.revision.clone(),
+        })
+    }
+
     /// The plan the kernel holds and the entries skipped from it.
     pub fn applied(&self) -> Option<(&Arc<NodeForwardingPlanSpec>, &HashSet<usize>)> {
         self.applied.as_ref().map(|a| (&a.spec, &a.skip))

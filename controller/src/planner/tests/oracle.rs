@@ -123,6 +123,15 @@ fn random_cluster(seed: u64) -> (Snapshot, Rng) {
     (snapshot, rng)
 }
 
+/// A byte budget below what any override fits in (the config file's minimum is 16 KiB; planner tests
+/// may go lower to exercise node views with small clusters).
+fn tiny() -> crate::Config {
+    crate::Config {
+        max_object_bytes: 4_200,
+        ..config()
+    }
+}
+
 fn assert_composition_is_exact(planner: &Planner) -> Result<(), TestCaseError> {
     for node in planner.node_names() {
         let composed = planner.composed(node).unwrap().map_err(TestCaseError::fail)?;
@@ -150,9 +159,23 @@ proptest! {
     }
 
     #[test]
-    fn incremental_replanning_equals_a_full_rebuild(seed in any::<u64>()) {
+    fn overrides_moved_into_node_views_compose_exactly_too(seed in any::<u64>()) {
+        // A budget so small that every node with an override moves its overrides into its own view.
+        let (snapshot, _) = random_cluster(seed);
+        let planner = Planner::build(&snapshot, &tiny()).unwrap();
+        assert_composition_is_exact(&planner)?;
+        for node in planner.overflowing_nodes() {
+            let plan = planner.node_plan(node).unwrap();
+            prop_assert!(plan.overrides.is_empty());
+            prop_assert_eq!(plan.views.len(), 3);
+        }
+    }
+
+    #[test]
+    fn incremental_replanning_equals_a_full_rebuild(seed in any::<u64>(), small in any::<bool>()) {
+        let config = if small { tiny() } else { config() };
         let (mut snapshot, mut rng) = random_cluster(seed);
-        let mut planner = Planner::build(&snapshot, &config()).unwrap();
+        let mut planner = Planner::build(&snapshot, &config).unwrap();
         for step in 0..8 {
             let i = rng.below(snapshot.services.len() as u64 + 2) as usize;
             let key = format!("ns1/svc{i}");
@@ -178,7 +201,7 @@ proptest! {
                 snapshot.slices.push(eps.clone());
                 planner.replan_service(&format!("ns1/svc{i}"), Some(&svc), &[&eps]).unwrap();
             }
-            let fresh = Planner::build(&snapshot, &config()).unwrap();
+            let fresh = Planner::build(&snapshot, &config).unwrap();
             prop_assert_eq!(all_objects(&planner), all_objects(&fresh), "step {}", step);
             assert_composition_is_exact(&planner)?;
         }
@@ -221,4 +244,10 @@ fn a_recycled_pod_ip_gets_an_override_where_the_derived_on_node_would_be_wrong()
     assert_eq!(a.endpoints_on_node, ["10.244.9.1"]);
     assert_eq!(a.overrides.len(), 1, "old's entry: the IP is not on node-a there");
     assert_eq!(a.overrides[0].name, "ns1/old:http");
+
+    // The same with the override moved into node-a's own view: its onNode flags must survive.
+    let planner = Planner::build(&snapshot, &tiny()).unwrap();
+    assert!(planner.overflowing_nodes().any(|n| n == "node-a"));
+    let composed = planner.composed("node-a").unwrap().unwrap();
+    assert_eq!(composed.spec.services, planner.oracle("node-a").unwrap());
 }
