@@ -7,7 +7,7 @@
 //!                                 │        (missing / disagreeing ─► Incomplete: apply nothing)
 //!                                 ▼
 //! entries: view `all`, replaced by the zone view's, replaced by the plan's overrides (same key)
-//!          onNode of view entries ◄─ plan.endpointsOnNode
+//!          onNode of view entries ◄─ plan.endpointsOnNode;  local ◄─ plan.localEndpoints
 //!                                 ▼
 //! self-contained spec (services = every entry, sorted) + the slices used (count, digest) + conflicts
 //! ```
@@ -90,6 +90,16 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
         }
     }
     let overrides: HashMap<Key<'_>, &ServicePlan> = plan.overrides.iter().map(|e| (e.key(), e)).collect();
+    let locals: HashMap<Key<'_>, HashSet<(&str, u16)>> = plan
+        .local_endpoints
+        .iter()
+        .map(|l| {
+            (
+                l.key(),
+                l.endpoints.iter().map(|e| (e.ip.as_str(), e.port)).collect(),
+            )
+        })
+        .collect();
     let mut services: Vec<ServicePlan> = Vec::with_capacity(chosen.len() + overrides.len());
     for (key, (rank, _, entry)) in &chosen {
         if overrides.contains_key(key) {
@@ -102,6 +112,11 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
                 ep.on_node = on_node.contains(ep.ip.as_str());
             }
         }
+        if let Some(local) = locals.get(key) {
+            for ep in &mut entry.endpoints {
+                ep.local |= local.contains(&(ep.ip.as_str(), ep.port));
+            }
+        }
         services.push(entry);
     }
     services.extend(plan.overrides.iter().cloned());
@@ -109,6 +124,7 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
     let mut spec = plan.clone();
     spec.views = Vec::new();
     spec.endpoints_on_node = Vec::new();
+    spec.local_endpoints = Vec::new();
     spec.overrides = Vec::new();
     spec.summary = PlanSummary::of(&services);
     spec.services = services;
@@ -248,6 +264,39 @@ mod tests {
             observed.digest,
             slices_digest(slices.iter().map(|(n, s)| (n.as_str(), s.revision.as_str())))
         );
+        assert!(crate::validate::validate(&composed.spec).is_clean());
+    }
+
+    #[test]
+    fn local_endpoints_amend_the_view_entry_they_name() {
+        let all = slice(
+            "all",
+            0,
+            1,
+            vec![
+                entry("ns/web", "10.96.0.1", 80)
+                    .itp_local()
+                    .with(ep("10.244.1.5", 80).not_cluster())
+                    .with(ep("10.244.2.5", 80).not_cluster())
+                    .has_endpoints(true),
+            ],
+        );
+        let mut plan = live_plan("node-a", &["all"], vec![]);
+        plan.endpoints_on_node = vec!["10.244.1.5".into()];
+        plan.local_endpoints = vec![crate::plan::LocalEndpoints {
+            name: "ns/web".into(),
+            protocol: Protocol::TCP,
+            family: IpFamily::IPv4,
+            endpoints: vec![crate::plan::EndpointRef {
+                ip: "10.244.1.5".into(),
+                port: 80,
+            }],
+        }];
+        let composed = compose(&plan, &refs(&[all])).unwrap();
+        let eps = &composed.spec.services[0].endpoints;
+        assert!(eps[0].local && eps[0].on_node);
+        assert!(!eps[1].local && !eps[1].on_node);
+        assert!(composed.spec.local_endpoints.is_empty());
         assert!(crate::validate::validate(&composed.spec).is_clean());
     }
 

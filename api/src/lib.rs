@@ -31,8 +31,8 @@ pub mod yaml;
 
 pub use error::Error;
 pub use plan::{
-    Backend, ClusterSettings, DetectLocalMode, IpFamily, NodeForwardingPlan, NodeForwardingPlanSpec,
-    PlanEndpoint, PlanSummary, Protocol, ServicePlan, TrafficPolicy,
+    Backend, ClusterSettings, DetectLocalMode, EndpointRef, IpFamily, LocalEndpoints, NodeForwardingPlan,
+    NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan, TrafficPolicy,
 };
 pub use slice::{ForwardingSlice, ForwardingSliceSpec, View};
 pub use status::{NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceFailure, SyncMode};

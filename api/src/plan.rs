@@ -6,7 +6,7 @@
 //! `CategorizeEndpoints` left them for this node. The agent makes no policy decisions.
 //!
 //! ```text
-//! live plan (controller):  header + views [all, zone-a] + endpointsOnNode + overrides
+//! live plan (controller):  header + views [all, zone-a] + endpointsOnNode + localEndpoints + overrides
 //!                                    │            ▲ ForwardingSlices of those views (crate::slice)
 //!                                    ▼            │
 //! crate::compose ─────────► self-contained plan: header + services (every entry, onNode resolved)
@@ -171,14 +171,54 @@ pub struct NodeForwardingPlanSpec {
     /// Counts, for `kubectl get` (of the entries this object carries itself; informational).
     #[serde(default)]
     pub summary: PlanSummary,
-    /// With views: the entries where this node's answer differs from its views (it hosts endpoints of a
-    /// Local-policy Service, or a topology hint names it), sorted. Each replaces the view entry with the
-    /// same key.
+    /// With views: which endpoints of a view entry this node's Local policy uses (they run on this node),
+    /// by entry key, sorted. The view entry is kept and these endpoints get `local`; so a Local-policy
+    /// Service's endpoint changes elsewhere rewrite its slice, not the plans of every node hosting one of
+    /// its endpoints.
+    #[serde(default, rename = "localEndpoints", skip_serializing_if = "Vec::is_empty")]
+    pub local_endpoints: Vec<LocalEndpoints>,
+    /// With views: the entries where this node's answer differs from its views in more than its Local
+    /// endpoints (a topology hint names it, or an endpoint IP it hosts is listed elsewhere on another
+    /// node), sorted. Each replaces the view entry with the same key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<ServicePlan>,
     /// Without views: every entry this node forwards, sorted. Empty in the controller's live plans.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServicePlan>,
+}
+
+/// The endpoints of one view entry that this node's Local policy uses.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalEndpoints {
+    /// The entry's ServicePortName.
+    #[schemars(length(min = 3, max = 400))]
+    pub name: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// Its family.
+    pub family: IpFamily,
+    /// The endpoints (as listed in the view entry) that get `local`, sorted.
+    #[schemars(length(max = 10000))]
+    pub endpoints: Vec<EndpointRef>,
+}
+
+impl LocalEndpoints {
+    /// The key of the entry it amends.
+    pub fn key(&self) -> (&str, Protocol, IpFamily) {
+        (&self.name, self.protocol, self.family)
+    }
+}
+
+/// An endpoint of an entry, by address and port.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub struct EndpointRef {
+    /// Endpoint IP.
+    #[schemars(length(max = 45))]
+    pub ip: String,
+    /// Endpoint port.
+    #[schemars(range(min = 1))]
+    pub port: u16,
 }
 
 impl NodeForwardingPlanSpec {

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     Error,
-    plan::{Backend, ClusterSettings, NodeForwardingPlanSpec, PlanSummary, ServicePlan},
+    plan::{Backend, ClusterSettings, LocalEndpoints, NodeForwardingPlanSpec, PlanSummary, ServicePlan},
     slice::ForwardingSliceSpec,
 };
 
@@ -79,6 +79,7 @@ struct PlanHeader<'a> {
     cluster: &'a ClusterSettings,
     views: &'a [String],
     endpoints_on_node: &'a [String],
+    local_endpoints: &'a [LocalEndpoints],
     summary: &'a PlanSummary,
 }
 
@@ -121,6 +122,7 @@ pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result
         revision: _,
         views,
         endpoints_on_node,
+        local_endpoints,
         summary,
         overrides: _,
         services: _,
@@ -134,6 +136,7 @@ pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result
         cluster,
         views,
         endpoints_on_node,
+        local_endpoints,
         summary,
     };
     revision_of("switchyard.io/v1alpha2/NodeForwardingPlan", &header, entries)
@@ -232,6 +235,7 @@ mod tests {
             revision: String::new(),
             views: vec![],
             endpoints_on_node: vec![],
+            local_endpoints: vec![],
             summary: PlanSummary::default(),
             overrides: vec![],
             services,

@@ -194,6 +194,7 @@ pub fn plan(node: &str, services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
         revision: String::new(),
         views: vec![],
         endpoints_on_node: vec![],
+        local_endpoints: vec![],
         summary: PlanSummary::default(),
         overrides: vec![],
         services,

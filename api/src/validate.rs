@@ -237,6 +237,41 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
     if spec.views.is_empty() && !spec.overrides.is_empty() {
         c.push("overrides", "overrides without views override nothing");
     }
+    if spec.views.is_empty() && !spec.local_endpoints.is_empty() {
+        c.push("localEndpoints", "local endpoints without views amend nothing");
+    }
+    let mut locals = HashSet::new();
+    for (i, local) in spec.local_endpoints.iter().take(MAX_ENTRIES).enumerate() {
+        if !locals.insert(local.key()) {
+            c.push(
+                format_args!("localEndpoints[{i}]"),
+                format!("duplicate entry {}", local.name),
+            );
+        }
+        if local.endpoints.len() > MAX_ENDPOINTS_PER_ENTRY {
+            c.push(
+                format_args!("localEndpoints[{i}].endpoints"),
+                format!(
+                    "{} endpoints exceed the limit of {MAX_ENDPOINTS_PER_ENTRY}",
+                    local.endpoints.len()
+                ),
+            );
+            continue;
+        }
+        for (j, ep) in local.endpoints.iter().enumerate() {
+            c.ip(
+                format_args!("localEndpoints[{i}].endpoints[{j}].ip"),
+                &ep.ip,
+                Some(local.family),
+            );
+            if ep.port == 0 {
+                c.push(
+                    format_args!("localEndpoints[{i}].endpoints[{j}].port"),
+                    "must be 1..65535",
+                );
+            }
+        }
+    }
     if spec.views.len() > 8 {
         c.push(
             "views",
@@ -264,6 +299,15 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
         for (i, ip) in spec.endpoints_on_node.iter().enumerate() {
             c.ip(format_args!("endpointsOnNode[{i}]"), ip, None);
         }
+    }
+    if spec.local_endpoints.len() > MAX_ENTRIES {
+        c.push(
+            "localEndpoints",
+            format!(
+                "{} entries exceed the limit of {MAX_ENTRIES}",
+                spec.local_endpoints.len()
+            ),
+        );
     }
     for (field, entries) in [("services", &spec.services), ("overrides", &spec.overrides)] {
         if entries.len() > MAX_ENTRIES {
@@ -436,6 +480,7 @@ mod tests {
             revision: "abc".into(),
             views: vec![],
             endpoints_on_node: vec![],
+            local_endpoints: vec![],
             summary: PlanSummary::default(),
             overrides: vec![],
             services,

@@ -17,7 +17,8 @@
 //! controller also runs in its own process against the fake API server served over HTTP, so its peak
 //! RSS is its own (real time: a fresh start and a rolling update).
 //!
-//! `cargo bench -p switchyard-controller --bench churn` (SWITCHYARD_BENCH_SMOKE=1 for a tiny run).
+//! `cargo bench -p switchyard-controller --bench churn` (SWITCHYARD_BENCH_SMOKE=1 for a tiny run;
+//! SWITCHYARD_BENCH_SIZES=1000x10000 for a subset of sizes).
 
 mod common;
 
@@ -303,7 +304,7 @@ fn benchmark() -> Result<(), String> {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and then this runs as a quick
     // smoke check with tiny sizes (benchmarks are never timed tests).
     let smoke = common::smoke();
-    let shapes: Vec<Shape> = if smoke {
+    let mut shapes: Vec<Shape> = if smoke {
         vec![Shape::new(5, 100, 3)]
     } else {
         vec![
@@ -313,6 +314,16 @@ fn benchmark() -> Result<(), String> {
             Shape::new(1_000, 10_000, 5),
         ]
     };
+    // SWITCHYARD_BENCH_SIZES=100x10000,1000x10000 runs a subset.
+    if let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") {
+        shapes = list
+            .split(',')
+            .filter_map(|size| {
+                let (nodes, services) = size.trim().split_once('x')?;
+                Some(Shape::new(nodes.parse().ok()?, services.parse().ok()?, 5))
+            })
+            .collect();
+    }
     let defaults = Config::default();
     println!(
         "write fan-out (fake API server; write budget {} QPS, burst {}; objects up to {} bytes; virtual time)",

@@ -159,6 +159,7 @@ pub fn composed_table(planner: &Planner, composed: &[NodeForwardingPlan], wide: 
         "SERVICES",
         "ENDPOINTS",
         "OVERRIDES",
+        "LOCAL",
         "REVISION",
     ];
     if wide {
@@ -174,7 +175,8 @@ pub fn composed_table(planner: &Planner, composed: &[NodeForwardingPlan], wide: 
             object.spec.zone.clone().unwrap_or_else(|| "<none>".into()),
             object.spec.summary.entries.to_string(),
             object.spec.summary.endpoints.to_string(),
-            live.as_ref().map_or(0, |p| p.summary.entries).to_string(),
+            live.as_ref().map_or(0, |p| p.overrides.len()).to_string(),
+            live.as_ref().map_or(0, |p| p.local_endpoints.len()).to_string(),
             live.as_ref().map_or_else(String::new, |p| p.revision.clone()),
         ];
         if wide {

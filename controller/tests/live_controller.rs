@@ -446,6 +446,8 @@ async fn a_slice_nobody_wants_is_deleted() {
     // Left over from an earlier layout: the view had two slices then.
     let (name, spec) = switchyard_api::testing::slice("all", 1, 2, vec![]);
     server.put(Kind::ForwardingSlice, slice_object(&name, spec));
+    // The first two deletes fail: they back off (0.5 s, 1 s) like writes, never a tight loop.
+    server.fail(Method::DELETE, "/forwardingslices/all-0001", 500, 2);
     let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
     assert!(
         eventually(Duration::from_secs(20), || server
@@ -458,11 +460,19 @@ async fn a_slice_nobody_wants_is_deleted() {
         .into_iter()
         .filter(|r| r.method == Method::DELETE)
         .collect();
-    assert_eq!(names(&deletes), vec!["all-0001"]);
+    assert_eq!(names(&deletes), vec!["all-0001", "all-0001", "all-0001"]);
+    assert!(
+        deletes[2].at - deletes[0].at >= Duration::from_millis(1400),
+        "backed off"
+    );
     assert!(server.get(Kind::ForwardingSlice, "all-0000").is_some());
     let metrics = ctl.running.metrics.render();
     assert!(
         metrics.contains("switchyard_controller_slices_deleted_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_controller_plan_write_failures_total 2"),
         "{metrics}"
     );
     ctl.stop().await;

@@ -266,7 +266,21 @@ fn load_plan(
             }
             Ok((loaded, spec))
         }
-        Composition::Incomplete(why) => Err(fail(EXIT_USAGE, &format!("{}: {why}", path.display()))),
+        Composition::Incomplete(why) => {
+            let hint = if loaded.slices.is_empty() {
+                format!(
+                    "; this plan composes the views {views}: put its slices in the file too (`kubectl get \
+                     nodeforwardingplan {node} -o yaml` and `kubectl get forwardingslices -l '{selector}' -o \
+                     yaml`), or use what `switchyard-controller plan --node {node}` prints",
+                    views = loaded.plan.views.join(", "),
+                    node = loaded.plan.node_name,
+                    selector = switchyard_api::names::views_selector(loaded.plan.views.iter().map(String::as_str)),
+                )
+            } else {
+                String::new()
+            };
+            Err(fail(EXIT_USAGE, &format!("{}: {why}{hint}", path.display())))
+        }
     }
 }
 

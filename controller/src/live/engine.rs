@@ -184,7 +184,7 @@ pub struct Engine {
     rebuild: bool,
     pending: BTreeMap<ObjectRef, Pending>,
     /// Slices to delete once nothing waits to be written.
-    retired: BTreeSet<String>,
+    retired: BTreeMap<String, Option<Instant>>,
     /// Objects a watch showed changed or deleted by someone else (for logs and metrics).
     restored: Vec<ObjectRef>,
     /// Empty relists waiting for confirmation (the objects known before them stay in the caches).
@@ -212,7 +212,7 @@ impl Engine {
             dirty_services: BTreeMap::new(),
             rebuild: true,
             pending: BTreeMap::new(),
-            retired: BTreeSet::new(),
+            retired: BTreeMap::new(),
             restored: Vec::new(),
             suspects: BTreeSet::new(),
             relisted_plans: Relist::default(),
@@ -452,7 +452,7 @@ impl Engine {
             }
             // A slice nobody wants (left from an earlier layout, or made by hand): delete it.
             None if matches!(object, ObjectRef::Slice(_)) => {
-                self.retired.insert(object.name().to_string());
+                self.retired.entry(object.name().to_string()).or_insert(None);
             }
             None => {}
         }
@@ -559,7 +559,7 @@ impl Engine {
                 for name in &unwanted {
                     self.pending.remove(&ObjectRef::Slice(name.clone()));
                 }
-                self.retired.extend(unwanted);
+                self.retired.extend(unwanted.into_iter().map(|name| (name, None)));
                 self.planner = Some(planner);
                 self.rebuild = false;
                 (changes, true, 0)
@@ -594,7 +594,7 @@ impl Engine {
         for name in &changes.retired {
             self.pending.remove(&ObjectRef::Slice(name.clone()));
             if self.fws.get(name).is_some() {
-                self.retired.insert(name.clone());
+                self.retired.entry(name.clone()).or_insert(None);
             }
         }
         PlanOutcome {
@@ -628,7 +628,7 @@ impl Engine {
         for object in unwanted {
             self.pending.remove(&object);
             if self.fws.get(object.name()).is_some() {
-                self.retired.insert(object.name().to_string());
+                self.retired.entry(object.name().to_string()).or_insert(None);
             }
         }
         let first_waiting = self
@@ -659,13 +659,22 @@ impl Engine {
         if !self.pending.is_empty() {
             return None;
         }
-        let name = self.retired.pop_first()?;
+        let name = self
+            .retired
+            .iter()
+            .find(|(_, at)| at.is_none_or(|at| at <= now))
+            .map(|(name, _)| name.clone())?;
+        self.retired.remove(&name);
         Some((ObjectRef::Slice(name), None))
     }
 
-    /// When the earliest object backing off after a failed write may be tried again.
+    /// When the earliest object backing off after a failed write or delete may be tried again.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.pending.values().filter_map(|p| p.not_before).min()
+        self.pending
+            .values()
+            .filter_map(|p| p.not_before)
+            .chain(self.retired.values().flatten().copied())
+            .min()
     }
 
     /// Puts an object back, keeping its trigger time: not before `not_before` (after a failed write), or
@@ -677,7 +686,8 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|p| p.slice_revision(name).is_none())
         {
-            self.retired.insert(name.clone());
+            // A failed delete backs off like a failed write.
+            self.retired.insert(name.clone(), not_before);
             return;
         }
         let was = self
@@ -1073,11 +1083,20 @@ mod tests {
         write_all(&mut engine);
         let (name, spec) = switchyard_api::testing::slice("all", 1, 2, vec![]);
         engine.observe(Input::ForwardingSlice(Event::Apply(slice_object(&name, spec))));
-        let (object, _) = engine.next_pending(Instant::now()).unwrap();
+        let now = Instant::now();
+        let (object, _) = engine.next_pending(now).unwrap();
         assert_eq!(object, ObjectRef::Slice("all-0001".into()));
         assert_eq!(
             engine.work_for(&object, None),
             Some(Work::DeleteSlice("all-0001".into()))
+        );
+        // The delete fails: it backs off like a write, never a tight loop.
+        engine.requeue(&object, None, Some(now + Duration::from_secs(2)));
+        assert_eq!(engine.next_pending(now), None);
+        assert_eq!(engine.next_retry(), Some(now + Duration::from_secs(2)));
+        assert_eq!(
+            engine.next_pending(now + Duration::from_secs(2)).map(|(o, _)| o),
+            Some(object)
         );
     }
 

@@ -169,6 +169,13 @@ pub async fn reconcile(
             if !ctx.is_leader() {
                 return Err(Error::NotLeader);
             }
+            // A delete is a write for the API server too: it spends the same budget.
+            if ctx.budget.acquire().await {
+                ctx.metrics.throttled_writes.inc();
+            }
+            if !ctx.is_leader() {
+                return Err(Error::NotLeader);
+            }
             match ctx
                 .bounded_while_leader(ctx.slices.delete(&name, &DeleteParams::default()))
                 .await

@@ -48,7 +48,8 @@ pub use nodes::NodeInfo;
 pub(crate) use nodes::node_info;
 pub use slices::EndpointInfo;
 use switchyard_api::{
-    ForwardingSliceSpec, IpFamily, NodeForwardingPlanSpec, PlanEndpoint, Protocol, ServicePlan, View,
+    EndpointRef, ForwardingSliceSpec, IpFamily, NodeForwardingPlanSpec, PlanEndpoint, Protocol, ServicePlan,
+    View,
     compose::{Composed, SliceRef, compose},
     revision::{EntryFingerprint, fingerprint},
 };
@@ -89,6 +90,9 @@ pub struct Override {
     pub hash: u64,
     /// The answer.
     pub planned: Arc<PlannedEntry>,
+    /// When the answer is the view's with only these endpoints `local`: what the plan carries instead
+    /// of the whole entry (`localEndpoints`), so endpoint changes elsewhere leave the plan alone.
+    pub local: Option<Vec<EndpointRef>>,
 }
 
 type Zone = Option<String>;
@@ -413,9 +417,9 @@ impl Planner {
         };
         let overrides = self.overrides.entry(node.to_string()).or_default();
         let changed = match &wanted {
-            Some(o) => overrides
-                .get(key)
-                .is_none_or(|have| have.planned.fingerprint != o.planned.fingerprint),
+            Some(o) => overrides.get(key).is_none_or(|have| {
+                have.planned.fingerprint != o.planned.fingerprint || have.local != o.local
+            }),
             None => overrides.contains_key(key),
         };
         match wanted {
@@ -646,31 +650,51 @@ fn changed_slices(
         .collect()
 }
 
-/// The node's override for a slot: its own answer, unless that equals its view's answer with `onNode`
-/// derived from the node's hosted endpoint IPs.
+/// The node's override for a slot: none when its own answer equals its view's with `onNode` derived from
+/// the node's hosted endpoint IPs; its Local endpoints alone when that is the only other difference; the
+/// whole answer otherwise.
 fn override_for(slot: &Slot, node: &NodeInfo, hosting: &Hosting) -> Option<Override> {
     let view = slot.by_zone.get(&node.zone)?;
     let own = slot.special.get(&node.name).unwrap_or(view);
-    let derived_matches = same_but_on_node(&own.entry, &view.entry)
-        && own
-            .entry
-            .endpoints
-            .iter()
-            .all(|ep| ep.on_node == hosting.is_on(&node.name, &ep.ip));
-    (!derived_matches).then(|| Override {
+    let derived_on_node = own
+        .entry
+        .endpoints
+        .iter()
+        .all(|ep| ep.on_node == hosting.is_on(&node.name, &ep.ip));
+    let local: Vec<EndpointRef> = own
+        .entry
+        .endpoints
+        .iter()
+        .filter(|ep| ep.local)
+        .map(|ep| EndpointRef {
+            ip: ep.ip.clone(),
+            port: ep.port,
+        })
+        .collect();
+    if derived_on_node && same_but_on_node_and_local(&own.entry, &view.entry) {
+        // The view entry has no Local endpoints (it is no node's answer), so the own answer is the view's
+        // with `local` on exactly these.
+        return (!local.is_empty()).then(|| Override {
+            hash: slot.hash,
+            planned: Arc::clone(own),
+            local: Some(local),
+        });
+    }
+    Some(Override {
         hash: slot.hash,
         planned: Arc::clone(own),
+        local: None,
     })
 }
 
-/// Equal in everything but the endpoints' `onNode` flags.
-fn same_but_on_node(a: &ServicePlan, b: &ServicePlan) -> bool {
+/// Equal in everything but the endpoints' `onNode` and `local` flags.
+fn same_but_on_node_and_local(a: &ServicePlan, b: &ServicePlan) -> bool {
     let same_endpoint = |x: &PlanEndpoint, y: &PlanEndpoint| {
         let PlanEndpoint {
             ip,
             port,
             cluster,
-            local,
+            local: _,
             on_node: _,
             terminating,
             weight,
@@ -678,7 +702,6 @@ fn same_but_on_node(a: &ServicePlan, b: &ServicePlan) -> bool {
         *ip == y.ip
             && *port == y.port
             && *cluster == y.cluster
-            && *local == y.local
             && *terminating == y.terminating
             && *weight == y.weight
     };

@@ -2,10 +2,12 @@
 //!
 //! ```text
 //! node + config ─► header ─┬─ views [all, zone-<z>]            ┐
-//! hosting ─────────────────┼─ endpointsOnNode (sorted)         ├─► bytes ≤ maxObjectBytes? ─► overrides in the plan
-//! overrides (digests) ─────┘                                   ┘                        no ─► overrides move to the
+//! hosting ─────────────────┼─ endpointsOnNode (sorted)         │
+//! overrides ───────────────┼─ localEndpoints (Local-only ones) ├─► bytes ≤ maxObjectBytes? ─► in the plan
+//!                          └─ overrides (whole entries)        ┘                        no ─► every override moves
+//!                                                                                            (whole) into the
 //!                                                                                            node's own view
-//! revision = hash(header, views, endpointsOnNode, summary) + sum of override digests
+//! revision = hash(header, views, endpointsOnNode, localEndpoints, summary) + sum of override digests
 //! ```
 //!
 //! The plan never lists what its views hold, so a change to a shared entry rewrites one slice and no
@@ -14,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use switchyard_api::{
-    ClusterSettings, NodeForwardingPlanSpec, PlanSummary, View,
+    ClusterSettings, LocalEndpoints, NodeForwardingPlanSpec, PlanSummary, View,
     revision::{EntrySum, revision_with},
 };
 
@@ -57,6 +59,7 @@ pub fn header(node: &NodeInfo, config: &Config) -> NodeForwardingPlanSpec {
         revision: String::new(),
         views: Vec::new(),
         endpoints_on_node: Vec::new(),
+        local_endpoints: Vec::new(),
         summary: PlanSummary::default(),
         overrides: Vec::new(),
         services: Vec::new(),
@@ -75,13 +78,19 @@ impl NodeLayout {
         let base_views = View::for_node(node.zone.as_deref());
         spec.views = base_views.iter().map(View::id).collect();
         spec.endpoints_on_node = endpoints_on_node.map(str::to_string).collect();
+        spec.local_endpoints = local_endpoints(overrides);
         let mut sum = EntrySum::default();
         let mut bytes = 0;
-        for o in overrides.values() {
+        for o in overrides.values().filter(|o| o.local.is_none()) {
             sum.add(o.planned.fingerprint.digest);
             bytes += o.planned.fingerprint.bytes + 1;
         }
-        let summary = PlanSummary::of(overrides.values().map(|o| &o.planned.entry));
+        let summary = PlanSummary::of(
+            overrides
+                .values()
+                .filter(|o| o.local.is_none())
+                .map(|o| &o.planned.entry),
+        );
         spec.summary = summary;
         let header_bytes = serde_json::to_vec(&spec)
             .map_err(switchyard_api::Error::from)?
@@ -92,6 +101,7 @@ impl NodeLayout {
         if overflow {
             views.push(View::Node(node.name.clone()));
             spec.views = views.iter().map(View::id).collect();
+            spec.local_endpoints = Vec::new();
             spec.summary = PlanSummary::default();
             sum = EntrySum::default();
         }
@@ -118,8 +128,28 @@ impl NodeLayout {
         spec.summary = self.summary;
         spec.revision = self.revision.clone();
         if !self.overflow {
-            spec.overrides = overrides.values().map(|o| o.planned.entry.clone()).collect();
+            spec.local_endpoints = local_endpoints(overrides);
+            spec.overrides = overrides
+                .values()
+                .filter(|o| o.local.is_none())
+                .map(|o| o.planned.entry.clone())
+                .collect();
         }
         spec
     }
+}
+
+/// The Local-only overrides as the plan carries them, sorted by entry key.
+fn local_endpoints(overrides: &BTreeMap<EntryKey, Override>) -> Vec<LocalEndpoints> {
+    overrides
+        .iter()
+        .filter_map(|((name, protocol, family), o)| {
+            Some(LocalEndpoints {
+                name: name.clone(),
+                protocol: *protocol,
+                family: *family,
+                endpoints: o.local.clone()?,
+            })
+        })
+        .collect()
 }

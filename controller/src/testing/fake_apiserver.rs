@@ -655,8 +655,14 @@ impl FakeApiServer {
                     at: tokio::time::Instant::now(),
                 });
             }
+            // A counted write answers with what it sent (an apply's object), a delete with a Status.
+            let answer = if parts.method == Method::DELETE {
+                Bytes::from(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}).to_string())
+            } else {
+                bytes
+            };
             let mut response = Response::new(FakeBody {
-                inner: FakeBodyInner::Full(Some(bytes)),
+                inner: FakeBodyInner::Full(Some(answer)),
             });
             response.headers_mut().insert(
                 http::header::CONTENT_TYPE,

@@ -1,4 +1,4 @@
-//! The live agent without its API server: the cached plan is applied at start (before any request)
+//! The live agent without its API server: the cached plan (and its slices) is applied at start (before any request)
 //! and kept through an outage; the status writer coalesces, backs off and catches up; `/healthz`,
 //! `/readyz` and `/metrics`; the plan-file source feeding the same loop.
 
@@ -14,12 +14,14 @@ use switchyard_agent::run::metrics::{LiveMetrics, registry};
 use switchyard_agent::source::file::FileSource;
 use switchyard_agent::status_writer::{self, StatusReport, WriterConfig};
 use switchyard_agent::sync::{FakeClock, SyncMetrics};
+use switchyard_api::testing::{EntryExt, entry, ep, live_plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlan, NodeForwardingPlanStatus, ObservedSlices};
 use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
 
 use crate::fixtures::{base, local_addrs};
 use crate::live_support::{
-    Agent, NODE, config, get, metric, put_plan, scratch, status_patches, stored_status, wait, wait_http,
+    Agent, NODE, config, get, metric, put_plan, put_slice, scratch, status_patches, stored_status, wait,
+    wait_http,
 };
 
 fn writer() -> WriterConfig {
@@ -129,6 +131,67 @@ async fn a_restart_without_the_api_server_applies_the_cached_plan_and_keeps_forw
     assert!(
         metric(&text, "switchyard_agent_status_write_failures_total").unwrap() >= 1.0,
         "{text}"
+    );
+    agent.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_the_api_server_composes_the_cached_plan_and_slices() {
+    let live = live_plan(NODE, &["all", "zone-a"], vec![]);
+    let all = slice(
+        "all",
+        0,
+        1,
+        vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+    );
+    let zone = slice(
+        "zone-a",
+        0,
+        1,
+        vec![entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.2", 80))],
+    );
+    let iptables = FakeIptables::new(&local_addrs());
+    let dir = scratch("restart-slices");
+    let server = FakeApiServer::new();
+    put_plan(&server, &live);
+    put_slice(&server, &all);
+    put_slice(&server, &zone);
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(Some(&dir), GracePeriod::Never),
+        writer(),
+    )
+    .await;
+    wait("the first sync", || {
+        stored_status(&server, NODE).is_some_and(|s| s.observed_slices.is_some_and(|o| o.count == 2))
+    })
+    .await;
+    let programmed = iptables.dump(IpFamily::IPv4);
+    assert!(programmed.contains("10.244.2.1:80") && programmed.contains("10.244.2.2:80"));
+    agent.stop().await;
+    let cache = std::fs::read_to_string(dir.join("plan.yaml")).unwrap();
+    assert!(
+        cache.contains("ForwardingSlice") && cache.contains(&zone.1.revision),
+        "the slices are cached"
+    );
+
+    let agent = Agent::start(
+        unreachable_client(),
+        &iptables,
+        config(Some(&dir), GracePeriod::Never),
+        writer(),
+    )
+    .await;
+    wait_http("readiness from the cache", agent.addr(), "/readyz", 200).await;
+    let (_, body) = get(agent.addr(), "/healthz").await;
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["observedRevision"], live.revision.as_str());
+    assert_eq!(
+        iptables.dump(IpFamily::IPv4),
+        programmed,
+        "the same rules from the cache"
     );
     agent.stop().await;
     let _ = std::fs::remove_dir_all(&dir);

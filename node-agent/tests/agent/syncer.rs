@@ -421,6 +421,39 @@ fn an_incomplete_view_is_not_applied_and_an_invalid_slice_keeps_its_last_good_co
 }
 
 #[test]
+fn an_entry_in_two_slices_of_a_view_is_a_reported_conflict_the_first_slice_wins() {
+    let mut h = Harness::new();
+    let live = Arc::new(live_plan("node-a", &["all"], vec![]));
+    let part = |index: u32, ip: &str| {
+        let (name, spec) = slice(
+            "all",
+            index,
+            2,
+            vec![entry("ns2/dup:p", "10.96.0.30", 80).with(ep(ip, 80))],
+        );
+        (name, Arc::new(spec))
+    };
+    let result = h
+        .syncer
+        .sync(&live, &[part(1, "10.244.2.31"), part(0, "10.244.2.30")]);
+    assert!(matches!(result, SyncResult::Applied { .. }), "{result:?}");
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(
+        dump.contains("10.244.2.30:80") && !dump.contains("10.244.2.31"),
+        "{dump}"
+    );
+    let s = h.syncer.status();
+    assert!(
+        s.failures
+            .iter()
+            .any(|f| f.reason.contains("all-0000 and all-0001")),
+        "{:?}",
+        s.failures
+    );
+    assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::INVALID_SLICE));
+}
+
+#[test]
 fn a_flushed_chain_is_detected_and_repaired_as_drift() {
     let mut h = Harness::new();
     let spec = base();

@@ -64,9 +64,9 @@ fn replanning_one_service_matches_a_full_rebuild() {
         vec![web_slice_after, other_slice.clone()],
     ));
     assert_eq!(all_objects(&planner), all_objects(&fresh));
-    // iTP=Local: the nodes hosting its endpoints carry the whole entry as an override (their Local
-    // set differs from the view's), so both change with the shared slice.
-    assert_eq!(changes.plans, vec!["node-a", "node-c"]);
+    // iTP=Local: node-c's endpoint started terminating, so node-c's Local endpoints changed; node-a
+    // carries only its own Local endpoints (unchanged), not the whole entry, so its plan stays.
+    assert_eq!(changes.plans, vec!["node-c"]);
     assert_eq!(changes.slices.len(), 1);
     assert!(changes.retired.is_empty());
 
