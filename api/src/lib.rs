@@ -11,7 +11,8 @@
 //! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`], [`status`]),
 //! the generated CRDs ([`crd`]), composing a node's state from its plan and slices ([`compose`]), object
 //! names and labels ([`names`]), the content-hash revisions ([`revision`]), lenient IP parsing shared with
-//! kube-proxy ([`ip`]) and validation ([`validate`]). No client, no async, no kernel.
+//! kube-proxy ([`ip`]), validation ([`validate`]) and, with the `runtime` feature, mapping watch events
+//! ([`watch`]). No client, no async, no kernel.
 
 pub mod compose;
 pub mod conditions;
@@ -27,6 +28,8 @@ pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod validate;
+#[cfg(feature = "runtime")]
+pub mod watch;
 pub mod yaml;
 
 pub use error::Error;

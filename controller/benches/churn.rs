@@ -15,7 +15,8 @@
 //!
 //! "lag" is the time from the last change to the last write it caused. At the largest size the
 //! controller also runs in its own process against the fake API server served over HTTP, so its peak
-//! RSS is its own (real time: a fresh start and a rolling update).
+//! RSS is its own (real time: a fresh start, a rolling update, then a Node joining, which rebuilds the
+//! whole plan).
 //!
 //! `cargo bench -p switchyard-controller --bench churn` (SWITCHYARD_BENCH_SMOKE=1 for a tiny run;
 //! SWITCHYARD_BENCH_SIZES=1000x10000 for a subset of sizes).
@@ -30,11 +31,11 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
 use switchyard_controller::{
     Config,
     live::run::{Options, run},
-    synthetic::{Shape, cluster, slice},
+    synthetic::{self, Shape, cluster, slice},
     testing::fake_apiserver::{FakeApiServer, Kind, Recorded},
 };
 
-use common::{figure, peak_rss_mib, reset_peak_rss, target};
+use common::{figure, peak_rss_mib, peak_rss_mib_of, reset_peak_rss, target};
 
 /// A plain ClusterIP Service of the synthetic mix (bucket 50: not eTP/iTP/hinted).
 const PLAIN: usize = 50;
@@ -243,7 +244,8 @@ fn scale(server: &FakeApiServer, shape: &Shape, step: usize) -> bool {
 }
 
 /// The controller binary in its own process against the fake API server over HTTP (real time): a
-/// fresh start, then a rolling update; its peak RSS (VmHWM) in MiB and the fresh start's duration.
+/// fresh start, a rolling update, then a Node joining (a full rebuild); its peak RSS (VmHWM) in MiB and
+/// the fresh start's duration.
 fn controller_process_rss(shape: Shape) -> Result<(f64, Duration), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -273,18 +275,7 @@ fn controller_process_rss(shape: Shape) -> Result<(f64, Duration), String> {
             .stderr(std::process::Stdio::null())
             .spawn()
             .map_err(|e| format!("starting the controller: {e}"))?;
-        let pid = child.id().unwrap_or_default();
-        let hwm = move || -> f64 {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find(|l| l.starts_with("VmHWM:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|kb| kb.parse::<f64>().ok())
-                })
-                .map_or(0.0, |kb| kb / 1024.0)
-        };
+        let pid = child.id().unwrap_or_default().to_string();
         let fresh_end = drain(&server, Duration::from_secs(5)).await.unwrap_or(started);
         let fresh = fresh_end - started;
         let mut step = 0;
@@ -293,9 +284,15 @@ fn controller_process_rss(shape: Shape) -> Result<(f64, Duration), String> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         drain(&server, Duration::from_secs(3)).await;
-        let peak = hwm();
+        let joined = tokio::time::Instant::now();
+        server.put(Kind::Node, synthetic::node(shape.nodes, &shape));
+        let last = drain(&server, Duration::from_secs(5)).await;
+        let peak = peak_rss_mib_of(&pid);
         let _ = child.kill().await;
         let _ = std::fs::remove_dir_all(&dir);
+        if last.is_none_or(|at| at < joined) {
+            return Err("a Node joining led to no write (its plan)".into());
+        }
         Ok((peak, fresh))
     })
 }
@@ -350,12 +347,17 @@ fn benchmark() -> Result<(), String> {
         ("rolling-50-local", rolling_local),
         ("scale-100", scale),
     ];
+    // SWITCHYARD_BENCH_SCENARIOS=one-change,rolling-50 runs a subset of the scenarios.
+    let wanted: Option<Vec<String>> = std::env::var("SWITCHYARD_BENCH_SCENARIOS")
+        .ok()
+        .map(|list| list.split(',').map(|s| s.trim().to_string()).collect());
     for shape in shapes {
         let full = !smoke && (shape.nodes, shape.services) == (1_000, 10_000);
         let mut peak_rss: f64 = 0.0;
         for (name, steps) in scenarios {
             for coalesce in [true, false] {
-                if !coalesce && (name == "one-change" || full) {
+                let skipped = wanted.as_ref().is_some_and(|w| !w.iter().any(|n| n == name));
+                if skipped || (!coalesce && (name == "one-change" || full)) {
                     continue;
                 }
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -402,14 +404,14 @@ fn benchmark() -> Result<(), String> {
             let (rss, fresh) = controller_process_rss(shape)?;
             println!(
                 "controller in its own process at {} nodes × {} Services (fake API server over HTTP, real time): \
-                 peak RSS {rss:.0} MiB over a fresh start ({:.1} s) and a rolling update",
+                 peak RSS {rss:.0} MiB over a fresh start ({:.1} s), a rolling update and a Node joining",
                 shape.nodes,
                 shape.services,
                 fresh.as_secs_f64()
             );
             if full {
                 target(
-                    "live controller peak RSS at 1,000 × 10,000 (its own process; fresh start + rolling update)",
+                    "live controller peak RSS at 1,000 × 10,000 (its own process; fresh start, rolling update, Node join)",
                     &format!("{rss:.0} MiB"),
                     "≤ 250 MiB",
                     rss <= 250.0,

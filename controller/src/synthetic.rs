@@ -92,7 +92,8 @@ pub fn cluster(shape: &Shape) -> Snapshot {
     }
 }
 
-fn node(i: usize, shape: &Shape) -> Node {
+/// Node `i` (`node-%04d`, zone `i mod zones`); `i ≥ shape.nodes` is a Node joining the cluster.
+pub fn node(i: usize, shape: &Shape) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(node_name(i)),

@@ -274,7 +274,8 @@ fn load_plan(
                      yaml`), or use what `switchyard-controller plan --node {node}` prints",
                     views = loaded.plan.views.join(", "),
                     node = loaded.plan.node_name,
-                    selector = switchyard_api::names::views_selector(loaded.plan.views.iter().map(String::as_str)),
+                    selector =
+                        switchyard_api::names::views_selector(loaded.plan.views.iter().map(String::as_str)),
                 )
             } else {
                 String::new()

@@ -26,7 +26,12 @@ pub fn median(mut samples: Vec<Duration>) -> Duration {
 
 /// Peak resident set of this process since the last [`reset_peak_rss`] (VmHWM), in MiB.
 pub fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    peak_rss_mib_of("self")
+}
+
+/// Peak resident set (VmHWM) of process `pid` (or `self`), in MiB; 0 when it cannot be read.
+pub fn peak_rss_mib_of(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()

@@ -14,8 +14,9 @@ use kube::runtime::watcher;
 pub enum Applied<K> {
     /// One object was added, updated or deleted: the old and new versions.
     One { before: Option<K>, after: Option<K> },
-    /// A relist finished and replaced the whole set: every key before and after.
-    Relisted { before: Vec<K>, after: Vec<K> },
+    /// A relist finished and replaced the whole set: every object before it (the cache holds the ones
+    /// after; not copied, as a relist of every EndpointSlice would double the cache for a moment).
+    Relisted { before: Vec<K> },
     /// Nothing visible yet (a relist is in progress).
     Nothing,
 }
@@ -76,7 +77,6 @@ impl<K: Clone> ObjectCache<K> {
                 self.synced = true;
                 Applied::Relisted {
                     before: before.into_values().collect(),
-                    after: self.objects.values().cloned().collect(),
                 }
             }
         }
@@ -151,9 +151,7 @@ mod tests {
         )));
         assert!(cache.is_empty(), "nothing visible before InitDone");
         let applied = cache.apply(watcher::Event::InitDone);
-        assert!(
-            matches!(applied, Applied::Relisted { ref before, ref after } if before.is_empty() && after.len() == 1)
-        );
+        assert!(matches!(applied, Applied::Relisted { ref before } if before.is_empty()) && cache.len() == 1);
         assert!(cache.synced());
 
         // A second relist that drops `a` and adds `b`.

@@ -31,6 +31,7 @@ use switchyard_api::{
         k8s::LABEL_SERVICE_NAME,
     },
     revision,
+    watch::map_event,
 };
 use tokio::time::Instant;
 
@@ -41,7 +42,7 @@ use super::{
 use crate::{
     Config, Error,
     output::{plan_object, slice_object},
-    planner::{Changes, Diagnostics, NodeInfo, Planner, ServiceChange, Snapshot},
+    planner::{Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange},
 };
 
 /// A watch event for one of the kinds the controller follows.
@@ -161,6 +162,82 @@ pub enum SuspectEmpty {
 #[derive(Debug, Default)]
 struct Relist(Option<BTreeSet<String>>);
 
+/// The objects of one kind we write, as their watch shows them.
+#[derive(Debug, Default)]
+struct Watched {
+    tracker: Tracker,
+    /// Listed once.
+    synced: bool,
+    relist: Relist,
+}
+
+/// Which of our kinds.
+#[derive(Debug, Clone, Copy)]
+enum Ours {
+    Plans,
+    Slices,
+}
+
+impl Ours {
+    fn object(self, name: String) -> ObjectRef {
+        match self {
+            Self::Plans => ObjectRef::Plan(name),
+            Self::Slices => ObjectRef::Slice(name),
+        }
+    }
+}
+
+/// One watched object of ours, reduced to what the engine compares.
+struct Seen {
+    name: String,
+    observed: Observed,
+    resource_version: Option<String>,
+}
+
+impl Seen {
+    /// A plan: consistent when its spec hashes to its revision and it carries the node label the agent
+    /// selects it by (a plan without it is as good as missing for the agent).
+    fn plan(plan: NodeForwardingPlan) -> Option<Self> {
+        let name = plan.metadata.name?;
+        let label = plan
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_NODE))
+            .cloned();
+        let consistent = label.as_ref() == Some(&name)
+            && revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision);
+        Some(Self {
+            observed: Observed {
+                revision: plan.spec.revision,
+                consistent,
+                node: Some(label.unwrap_or(plan.spec.node_name)),
+            },
+            name,
+            resource_version: plan.metadata.resource_version,
+        })
+    }
+
+    /// A slice: consistent when its spec hashes to its revision and it carries the view label agents
+    /// select it by.
+    fn slice(slice: ForwardingSlice) -> Option<Self> {
+        let name = slice.metadata.name?;
+        let labelled =
+            slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_VIEW)) == Some(&slice.spec.view);
+        let consistent =
+            labelled && revision::compute_slice(&slice.spec).is_ok_and(|r| r == slice.spec.revision);
+        Some(Self {
+            observed: Observed {
+                revision: slice.spec.revision,
+                consistent,
+                node: None,
+            },
+            name,
+            resource_version: slice.metadata.resource_version,
+        })
+    }
+}
+
 impl Relist {
     fn note(&mut self, name: &str) {
         if let Some(seen) = self.0.as_mut() {
@@ -175,11 +252,11 @@ pub struct Engine {
     services: ObjectCache<Service>,
     slices: ObjectCache<EndpointSlice>,
     nodes: ObjectCache<Node>,
-    plans_synced: bool,
-    fws_synced: bool,
-    plans: Tracker,
-    fws: Tracker,
+    plans: Watched,
+    fws: Watched,
     planner: Option<Planner>,
+    /// The last planner's revisions while a failed rebuild left no planner.
+    previous: Option<Previous>,
     dirty_services: BTreeMap<String, Option<Timestamp>>,
     rebuild: bool,
     pending: BTreeMap<ObjectRef, Pending>,
@@ -189,8 +266,6 @@ pub struct Engine {
     restored: Vec<ObjectRef>,
     /// Empty relists waiting for confirmation (the objects known before them stay in the caches).
     suspects: BTreeSet<SuspectEmpty>,
-    relisted_plans: Relist,
-    relisted_fws: Relist,
     /// The object last handed out by `next_pending`, as it was queued: a requeue restores it whole
     /// (its place in the order, whether it goes first).
     in_flight: Option<(ObjectRef, Pending)>,
@@ -204,19 +279,16 @@ impl Engine {
             services: ObjectCache::new(namespaced_key),
             slices: ObjectCache::new(namespaced_key),
             nodes: ObjectCache::new(cluster_key),
-            plans_synced: false,
-            fws_synced: false,
-            plans: Tracker::default(),
-            fws: Tracker::default(),
+            plans: Watched::default(),
+            fws: Watched::default(),
             planner: None,
+            previous: None,
             dirty_services: BTreeMap::new(),
             rebuild: true,
             pending: BTreeMap::new(),
             retired: BTreeMap::new(),
             restored: Vec::new(),
             suspects: BTreeSet::new(),
-            relisted_plans: Relist::default(),
-            relisted_fws: Relist::default(),
             in_flight: None,
         }
     }
@@ -226,8 +298,8 @@ impl Engine {
         self.services.synced()
             && self.slices.synced()
             && self.nodes.synced()
-            && self.plans_synced
-            && self.fws_synced
+            && self.plans.synced
+            && self.fws.synced
     }
 
     /// A planning run is due.
@@ -256,7 +328,7 @@ impl Engine {
                         }
                     }
                 }
-                Applied::Relisted { before, after } if after.is_empty() && !before.is_empty() => {
+                Applied::Relisted { before } if self.services.is_empty() && !before.is_empty() => {
                     // Never empty every plan on one suspicious relist: keep what we had until confirmed.
                     self.services.restore(before);
                     self.suspects.insert(SuspectEmpty::Services);
@@ -274,7 +346,7 @@ impl Engine {
                         }
                     }
                 }
-                Applied::Relisted { before, after } if after.is_empty() && !before.is_empty() => {
+                Applied::Relisted { before } if self.slices.is_empty() && !before.is_empty() => {
                     self.slices.restore(before);
                     self.suspects.insert(SuspectEmpty::Slices);
                 }
@@ -290,150 +362,98 @@ impl Engine {
                         self.rebuild = true;
                     }
                 }
-                Applied::Relisted { before, after } => {
-                    let view = |nodes: &[Node]| -> Vec<Option<NodeInfo>> {
-                        nodes
-                            .iter()
-                            .map(|n| planner_view(&self.config, Some(n)))
-                            .collect()
-                    };
-                    if view(&before) != view(&after) {
+                Applied::Relisted { before } => {
+                    let before: Vec<Option<NodeInfo>> = before
+                        .iter()
+                        .map(|n| planner_view(&self.config, Some(n)))
+                        .collect();
+                    let after: Vec<Option<NodeInfo>> = self
+                        .nodes
+                        .values()
+                        .map(|n| planner_view(&self.config, Some(n)))
+                        .collect();
+                    if before != after {
                         self.rebuild = true;
                     }
                 }
                 Applied::Nothing => {}
             },
-            Input::Plan(event) => self.observe_plan(event),
-            Input::ForwardingSlice(event) => self.observe_fws(event),
+            Input::Plan(event) => self.observe_ours(Ours::Plans, map_event(event, Seen::plan)),
+            Input::ForwardingSlice(event) => self.observe_ours(Ours::Slices, map_event(event, Seen::slice)),
         }
     }
 
-    fn observe_plan(&mut self, event: watcher::Event<NodeForwardingPlan>) {
+    /// One event of the watch of our plans or slices.
+    fn observe_ours(&mut self, ours: Ours, event: watcher::Event<Option<Seen>>) {
         match event {
-            watcher::Event::Apply(plan) => self.plan_seen(plan, false),
-            watcher::Event::InitApply(plan) => self.plan_seen(plan, true),
-            watcher::Event::Delete(plan) => {
-                let Some(name) = plan.metadata.name else { return };
-                if self.plans.remove(&name).is_some() {
-                    self.restore_if_wanted(ObjectRef::Plan(name));
+            watcher::Event::Apply(Some(seen)) => self.seen(ours, seen, false),
+            watcher::Event::InitApply(Some(seen)) => self.seen(ours, seen, true),
+            watcher::Event::Apply(None) | watcher::Event::InitApply(None) => {}
+            watcher::Event::Delete(seen) => {
+                let Some(Seen { name, .. }) = seen else { return };
+                if self.watched_mut(ours).tracker.remove(&name).is_some() {
+                    if matches!(ours, Ours::Slices) {
+                        self.retired.remove(&name);
+                    }
+                    self.restore_if_wanted(ours.object(name));
                 }
             }
-            watcher::Event::Init => self.relisted_plans = Relist(Some(BTreeSet::new())),
+            watcher::Event::Init => self.watched_mut(ours).relist = Relist(Some(BTreeSet::new())),
             watcher::Event::InitDone => {
+                let watched = self.watched_mut(ours);
                 // Objects deleted while the watch was down are missing from the relist: forget them, or
                 // `work_for` would take them for up to date and never rewrite them.
-                if let Some(seen) = self.relisted_plans.0.take() {
-                    let gone: Vec<String> = self
-                        .plans
+                let gone: Vec<String> = match watched.relist.0.take() {
+                    Some(listed) => watched
+                        .tracker
                         .names()
-                        .filter(|n| !seen.contains(*n))
+                        .filter(|n| !listed.contains(*n))
                         .cloned()
-                        .collect();
-                    for name in gone {
-                        self.plans.remove(&name);
-                        self.restore_if_wanted(ObjectRef::Plan(name));
-                    }
+                        .collect(),
+                    None => Vec::new(),
+                };
+                for name in &gone {
+                    watched.tracker.remove(name);
                 }
-                self.plans_synced = true;
-                let names: Vec<String> = self.plans.names().cloned().collect();
+                watched.synced = true;
+                let names: Vec<String> = watched.tracker.names().cloned().collect();
+                for name in gone {
+                    self.restore_if_wanted(ours.object(name));
+                }
                 for name in names {
                     self.pending
-                        .entry(ObjectRef::Plan(name))
+                        .entry(ours.object(name))
                         .or_insert_with(|| Pending::new(Instant::now()));
                 }
             }
         }
     }
 
-    fn plan_seen(&mut self, plan: NodeForwardingPlan, relisted: bool) {
-        let Some(name) = plan.metadata.name.clone() else {
-            return;
-        };
-        let node = plan
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_NODE))
-            .cloned()
-            .unwrap_or_else(|| plan.spec.node_name.clone());
-        // The agent selects its plan by the node label: a plan without it is as good as missing.
-        let labelled = plan.metadata.labels.as_ref().and_then(|l| l.get(LABEL_NODE)) == Some(&name);
-        let observed = Observed {
-            consistent: labelled && revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision),
-            revision: plan.spec.revision.clone(),
-            node: Some(node),
-        };
-        self.relisted_plans.note(&name);
-        let echo = self.plans.observe(
-            &name,
-            observed,
-            plan.metadata.resource_version.as_deref(),
+    fn seen(&mut self, ours: Ours, seen: Seen, relisted: bool) {
+        let watched = self.watched_mut(ours);
+        watched.relist.note(&seen.name);
+        let echo = watched.tracker.observe(
+            &seen.name,
+            seen.observed,
+            seen.resource_version.as_deref(),
             relisted,
         );
-        self.after_seen(ObjectRef::Plan(name), echo);
+        self.after_seen(ours.object(seen.name), echo);
     }
 
-    fn observe_fws(&mut self, event: watcher::Event<ForwardingSlice>) {
-        match event {
-            watcher::Event::Apply(slice) => self.fws_seen(slice, false),
-            watcher::Event::InitApply(slice) => self.fws_seen(slice, true),
-            watcher::Event::Delete(slice) => {
-                let Some(name) = slice.metadata.name else { return };
-                if self.fws.remove(&name).is_some() {
-                    self.retired.remove(&name);
-                    self.restore_if_wanted(ObjectRef::Slice(name));
-                }
-            }
-            watcher::Event::Init => self.relisted_fws = Relist(Some(BTreeSet::new())),
-            watcher::Event::InitDone => {
-                if let Some(seen) = self.relisted_fws.0.take() {
-                    let gone: Vec<String> =
-                        self.fws.names().filter(|n| !seen.contains(*n)).cloned().collect();
-                    for name in gone {
-                        self.fws.remove(&name);
-                        self.restore_if_wanted(ObjectRef::Slice(name));
-                    }
-                }
-                self.fws_synced = true;
-                let names: Vec<String> = self.fws.names().cloned().collect();
-                for name in names {
-                    self.pending
-                        .entry(ObjectRef::Slice(name))
-                        .or_insert_with(|| Pending::new(Instant::now()));
-                }
-            }
+    fn watched_mut(&mut self, ours: Ours) -> &mut Watched {
+        match ours {
+            Ours::Plans => &mut self.plans,
+            Ours::Slices => &mut self.fws,
         }
-    }
-
-    fn fws_seen(&mut self, slice: ForwardingSlice, relisted: bool) {
-        let Some(name) = slice.metadata.name.clone() else {
-            return;
-        };
-        // Agents select slices by the view label: a slice without the right one is missing for them.
-        let labelled =
-            slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_VIEW)) == Some(&slice.spec.view);
-        let observed = Observed {
-            consistent: labelled
-                && revision::compute_slice(&slice.spec).is_ok_and(|r| r == slice.spec.revision),
-            revision: slice.spec.revision.clone(),
-            node: None,
-        };
-        self.relisted_fws.note(&name);
-        let echo = self.fws.observe(
-            &name,
-            observed,
-            slice.metadata.resource_version.as_deref(),
-            relisted,
-        );
-        self.after_seen(ObjectRef::Slice(name), echo);
     }
 
     /// A watched object of ours arrived: queue it when it differs from what we want, and remember a
     /// change someone else made.
     fn after_seen(&mut self, object: ObjectRef, echo: Echo) {
         let synced = match object {
-            ObjectRef::Plan(_) => self.plans_synced,
-            ObjectRef::Slice(_) => self.fws_synced,
+            ObjectRef::Plan(_) => self.plans.synced,
+            ObjectRef::Slice(_) => self.fws.synced,
         };
         if echo == Echo::Stale || !synced || self.planner.is_none() {
             return;
@@ -460,15 +480,15 @@ impl Engine {
 
     fn tracker(&self, object: &ObjectRef) -> &Tracker {
         match object {
-            ObjectRef::Plan(_) => &self.plans,
-            ObjectRef::Slice(_) => &self.fws,
+            ObjectRef::Plan(_) => &self.plans.tracker,
+            ObjectRef::Slice(_) => &self.fws.tracker,
         }
     }
 
     fn tracker_mut(&mut self, object: &ObjectRef) -> &mut Tracker {
         match object {
-            ObjectRef::Plan(_) => &mut self.plans,
-            ObjectRef::Slice(_) => &mut self.fws,
+            ObjectRef::Plan(_) => &mut self.plans.tracker,
+            ObjectRef::Slice(_) => &mut self.fws.tracker,
         }
     }
 
@@ -542,16 +562,28 @@ impl Engine {
                 (planner.replan_services(&changes)?, false, dirty.len())
             }
             _ => {
-                let snapshot = Snapshot {
-                    services: self.services.values().cloned().collect(),
-                    slices: self.slices.values().cloned().collect(),
-                    nodes: self.nodes.values().cloned().collect(),
+                // The old planner goes before the new one is built (a rebuild at 1,000 Nodes would
+                // otherwise hold two); what the diff needs of it stays in `previous`.
+                let previous = self
+                    .previous
+                    .take()
+                    .or_else(|| self.planner.take().map(|p| p.previous()));
+                self.planner = None;
+                let services: Vec<&Service> = self.services.values().collect();
+                let slices: Vec<&EndpointSlice> = self.slices.values().collect();
+                let planner = match Planner::build_from(&services, &slices, self.nodes.values(), &self.config)
+                {
+                    Ok(planner) => planner,
+                    Err(error) => {
+                        self.previous = previous;
+                        return Err(error);
+                    }
                 };
-                let planner = Planner::build(&snapshot, &self.config)?;
-                let changes = planner.changes_since(self.planner.as_ref());
+                let changes = planner.changes_since(previous.as_ref());
                 // Objects that exist but are no longer wanted (a restart after a layout change).
                 let unwanted: Vec<String> = self
                     .fws
+                    .tracker
                     .names()
                     .filter(|n| planner.slice_revision(n).is_none())
                     .cloned()
@@ -593,7 +625,7 @@ impl Engine {
         }
         for name in &changes.retired {
             self.pending.remove(&ObjectRef::Slice(name.clone()));
-            if self.fws.get(name).is_some() {
+            if self.fws.tracker.get(name).is_some() {
                 self.retired.entry(name.clone()).or_insert(None);
             }
         }
@@ -627,7 +659,7 @@ impl Engine {
             .collect();
         for object in unwanted {
             self.pending.remove(&object);
-            if self.fws.get(object.name()).is_some() {
+            if self.fws.tracker.get(object.name()).is_some() {
                 self.retired.entry(object.name().to_string()).or_insert(None);
             }
         }
@@ -640,7 +672,7 @@ impl Engine {
                 ObjectRef::Slice(_) if p.first => 0,
                 ObjectRef::Plan(_) if now.saturating_duration_since(p.queued) >= PLAN_PATIENCE => 0,
                 ObjectRef::Slice(_) => 1,
-                ObjectRef::Plan(name) if self.plans.get(name).is_none() => 2,
+                ObjectRef::Plan(name) if self.plans.tracker.get(name).is_none() => 2,
                 ObjectRef::Plan(_) => 3,
             }
         };
@@ -708,16 +740,16 @@ impl Engine {
         let mut work = match object {
             ObjectRef::Plan(node) => {
                 let revision = planner.plan_revision(node)?;
-                if self.plans.is_current(node, revision) {
+                if self.plans.tracker.is_current(node, revision) {
                     return None;
                 }
                 let uid = planner.node_info(node).and_then(|n| n.uid.clone());
                 Work::ApplyPlan(plan_object(node, uid.as_deref(), planner.node_plan(node)?))
             }
             ObjectRef::Slice(name) => match planner.slice_revision(name) {
-                Some(revision) if self.fws.is_current(name, &revision) => return None,
+                Some(revision) if self.fws.tracker.is_current(name, &revision) => return None,
                 Some(_) => Work::ApplySlice(slice_object(name, planner.slice(name)?)),
-                None if self.fws.get(name).is_some() => return Some(Work::DeleteSlice(name.clone())),
+                None if self.fws.tracker.get(name).is_some() => return Some(Work::DeleteSlice(name.clone())),
                 None => return None,
             },
         };
@@ -740,7 +772,7 @@ impl Engine {
             return BTreeMap::new();
         }
         let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (name, observed) in self.plans.iter() {
+        for (name, observed) in self.plans.tracker.iter() {
             let node = observed.node.clone().unwrap_or_else(|| name.clone());
             if self.nodes.get(&node).is_none() {
                 orphans.entry(node).or_default().push(name.clone());
@@ -759,11 +791,11 @@ impl Engine {
         // Written during a relist: the list may predate the write, which must not count as a deletion.
         let node = match object {
             ObjectRef::Plan(node) => {
-                self.relisted_plans.note(node);
+                self.plans.relist.note(node);
                 Some(node.as_str())
             }
             ObjectRef::Slice(name) => {
-                self.relisted_fws.note(name);
+                self.fws.relist.note(name);
                 None
             }
         };

@@ -1,7 +1,7 @@
 //! The live controller: keeps every ForwardingSlice and every node's plan current against the API server.
 //!
 //! ```text
-//! watch Services, EndpointSlices, Nodes, plans, slices ─► Engine::observe (caches, dirty set)
+//! watch Services, EndpointSlices, Nodes, plans, slices ─► trim ─► Engine::observe (caches, dirty set)
 //!    every minPlanInterval while dirty ─► Engine::plan (incremental planner) ─► pending slices and plans
 //!    leader only: pending object ─► reconcile(object, ctx) ─► write budget ─► server-side apply (spec only)
 //!                                                         └► error_policy ─► requeue with backoff
@@ -16,4 +16,5 @@ pub mod metrics;
 pub mod reconcile;
 pub mod run;
 pub mod tracker;
+pub mod trim;
 pub mod watch;

@@ -1,5 +1,6 @@
 //! Watches feeding the engine: one kube-runtime watcher per kind, retried with kube's default backoff,
-//! forwarded into one channel so the engine sees a single ordered stream of changes.
+//! trimmed of what planning never reads ([`super::trim`]), forwarded into one channel so the engine sees
+//! a single ordered stream of changes.
 
 use futures::StreamExt;
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
@@ -14,11 +15,12 @@ use switchyard_api::{
 };
 use tokio::sync::mpsc;
 
-use super::engine::Input;
+use super::{engine::Input, trim};
 
 fn spawn<K>(
     api: Api<K>,
     config: watcher::Config,
+    trim: fn(&mut K),
     wrap: fn(watcher::Event<K>) -> Input,
     tx: mpsc::Sender<Input>,
 ) where
@@ -26,7 +28,7 @@ fn spawn<K>(
 {
     tokio::spawn(async move {
         let kind = std::any::type_name::<K>().rsplit("::").next().unwrap_or("object");
-        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher(api, config).default_backoff().modify(trim).boxed();
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
@@ -46,18 +48,21 @@ pub fn start(client: &Client, tx: mpsc::Sender<Input>) {
     spawn(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
+        trim::service,
         Input::Service,
         tx.clone(),
     );
     spawn(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default(),
+        trim::endpoint_slice,
         Input::Slice,
         tx.clone(),
     );
     spawn(
         Api::<Node>::all(client.clone()),
         watcher::Config::default(),
+        trim::node,
         Input::Node,
         tx.clone(),
     );
@@ -65,12 +70,14 @@ pub fn start(client: &Client, tx: mpsc::Sender<Input>) {
     spawn(
         Api::<NodeForwardingPlan>::all(client.clone()),
         ours.clone(),
+        |_| {},
         Input::Plan,
         tx.clone(),
     );
     spawn(
         Api::<ForwardingSlice>::all(client.clone()),
         ours,
+        |_| {},
         Input::ForwardingSlice,
         tx,
     );

@@ -8,9 +8,11 @@
 //! ```
 //!
 //! Reference counts, because one IP is listed by every port and Service it serves; a change is reported
-//! only when an (ip, node) pair appears or disappears.
+//! only when an (ip, node) pair appears or disappears. Per-IP sets are sorted vectors: an IP almost always
+//! sits on one node and serves a few entries, and a B-tree node per IP would cost ~350 bytes each (tens of
+//! MiB at 50,000 endpoints).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use super::EntryKey;
 
@@ -18,8 +20,8 @@ use super::EntryKey;
 #[derive(Debug, Clone, Default)]
 pub struct Hosting {
     by_node: HashMap<String, BTreeMap<String, u32>>,
-    by_ip: HashMap<String, BTreeMap<String, u32>>,
-    entries: HashMap<String, BTreeSet<EntryKey>>,
+    by_ip: HashMap<String, Vec<(String, u32)>>,
+    entries: HashMap<String, Vec<EntryKey>>,
 }
 
 impl Hosting {
@@ -28,7 +30,10 @@ impl Hosting {
     pub fn add(&mut self, key: &EntryKey, hosts: &[(String, Option<String>)]) -> Vec<(String, String)> {
         let mut appeared = Vec::new();
         for (ip, node) in hosts {
-            self.entries.entry(ip.clone()).or_default().insert(key.clone());
+            let keys = self.entries.entry(ip.clone()).or_default();
+            if let Err(at) = keys.binary_search(key) {
+                keys.insert(at, key.clone());
+            }
             let Some(node) = node else { continue };
             let refs = self
                 .by_node
@@ -40,12 +45,11 @@ impl Hosting {
             if *refs == 1 {
                 appeared.push((node.clone(), ip.clone()));
             }
-            *self
-                .by_ip
-                .entry(ip.clone())
-                .or_default()
-                .entry(node.clone())
-                .or_default() += 1;
+            let nodes = self.by_ip.entry(ip.clone()).or_default();
+            match nodes.binary_search_by(|(n, _)| n.as_str().cmp(node)) {
+                Ok(at) => nodes[at].1 += 1,
+                Err(at) => nodes.insert(at, (node.clone(), 1)),
+            }
         }
         appeared
     }
@@ -55,7 +59,9 @@ impl Hosting {
         let mut gone = Vec::new();
         for (ip, node) in hosts {
             if let Some(keys) = self.entries.get_mut(ip) {
-                keys.remove(key);
+                if let Ok(at) = keys.binary_search(key) {
+                    keys.remove(at);
+                }
                 if keys.is_empty() {
                     self.entries.remove(ip);
                 }
@@ -70,7 +76,12 @@ impl Hosting {
                 }
             }
             if let Some(nodes) = self.by_ip.get_mut(ip) {
-                decrement(nodes, node);
+                if let Ok(at) = nodes.binary_search_by(|(n, _)| n.as_str().cmp(node)) {
+                    nodes[at].1 -= 1;
+                    if nodes[at].1 == 0 {
+                        nodes.remove(at);
+                    }
+                }
                 if nodes.is_empty() {
                     self.by_ip.remove(ip);
                 }
@@ -97,7 +108,7 @@ impl Hosting {
         self.by_ip
             .get(ip)
             .into_iter()
-            .flat_map(|nodes| nodes.keys().map(String::as_str))
+            .flat_map(|nodes| nodes.iter().map(|(n, _)| n.as_str()))
     }
 
     /// The entries listing `ip`.

@@ -141,6 +141,15 @@ impl Slot {
     }
 }
 
+/// A planner reduced to what [`Planner::changes_since`] compares: slice and plan revisions and the
+/// slices each entry lives in.
+#[derive(Debug, Clone, Default)]
+pub struct Previous {
+    slices: BTreeMap<String, String>,
+    plans: BTreeMap<String, String>,
+    locations: HashMap<EntryKey, BTreeSet<String>>,
+}
+
 /// What one planning run changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
@@ -185,9 +194,22 @@ pub struct Planner {
 impl Planner {
     /// Plans every node and view of the snapshot.
     pub fn build(snapshot: &Snapshot, config: &Config) -> Result<Self, Error> {
+        let services: Vec<&Service> = snapshot.services.iter().collect();
+        let slices: Vec<&EndpointSlice> = snapshot.slices.iter().collect();
+        Self::build_from(&services, &slices, snapshot.nodes.iter(), config)
+    }
+
+    /// Plans every node and view from borrowed objects (the live controller's caches, without copying
+    /// them into a [`Snapshot`]).
+    pub fn build_from<'a>(
+        services: &[&Service],
+        slices: &[&EndpointSlice],
+        all_nodes: impl IntoIterator<Item = &'a Node>,
+        config: &Config,
+    ) -> Result<Self, Error> {
         let mut diag = Diagnostics::default();
         let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
-        for node in &snapshot.nodes {
+        for node in all_nodes {
             if let Some(info) = nodes::node_info(node, config, &mut diag) {
                 if nodes.contains_key(&info.name) {
                     diag.warn(
@@ -201,9 +223,7 @@ impl Planner {
             }
         }
         let zones: BTreeSet<Zone> = nodes.values().map(|n| n.zone.clone()).collect();
-        let services: Vec<&Service> = snapshot.services.iter().collect();
-        let slices: Vec<&EndpointSlice> = snapshot.slices.iter().collect();
-        let fresh = plan_slots(&services, &slices, config, &nodes, &zones, &mut diag)?;
+        let fresh = plan_slots(services, slices, config, &nodes, &zones, &mut diag)?;
         let mut planner = Self {
             config: config.clone(),
             slots: BTreeMap::new(),
@@ -349,17 +369,35 @@ impl Planner {
         })
     }
 
+    /// What a later rebuild compares against: this planner's objects and where each entry lives. Kept
+    /// instead of the whole planner, so a rebuild (a Node joined) never holds two planners at once.
+    pub fn previous(&self) -> Previous {
+        Previous {
+            slices: self.slice_revisions(),
+            plans: self
+                .plans
+                .iter()
+                .map(|(node, layout)| (node.clone(), layout.revision.clone()))
+                .collect(),
+            locations: self
+                .slots
+                .iter()
+                .map(|(key, slot)| (key.clone(), self.locations(slot)))
+                .collect(),
+        }
+    }
+
     /// What changed from `old` to this planner (after a full rebuild).
-    pub fn changes_since(&self, old: Option<&Planner>) -> Changes {
-        let before = old.map(Planner::slice_revisions).unwrap_or_default();
+    pub fn changes_since(&self, old: Option<&Previous>) -> Changes {
+        let empty = BTreeMap::new();
+        let before = old.map_or(&empty, |o| &o.slices);
         let after = self.slice_revisions();
         let mut first = BTreeSet::new();
         if let Some(old) = old {
             for (key, slot) in &self.slots {
-                let Some(old_slot) = old.slots.get(key) else {
+                let Some(from) = old.locations.get(key) else {
                     continue;
                 };
-                let from = old.locations(old_slot);
                 first.extend(self.locations(slot).into_iter().filter(|n| !from.contains(n)));
             }
         }
@@ -368,13 +406,13 @@ impl Planner {
             .iter()
             .filter(|(node, layout)| {
                 old.and_then(|o| o.plans.get(*node))
-                    .is_none_or(|o| o.revision != layout.revision)
+                    .is_none_or(|revision| *revision != layout.revision)
             })
             .map(|(node, _)| node.clone())
             .collect();
         Changes {
             plans,
-            slices: changed_slices(&before, &after, &first),
+            slices: changed_slices(before, &after, &first),
             retired: before
                 .keys()
                 .filter(|n| !after.contains_key(*n))

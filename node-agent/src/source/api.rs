@@ -157,6 +157,37 @@ impl State {
     }
 }
 
+/// Whether a watch is failing, to say it once per outage.
+struct WatchHealth {
+    what: &'static str,
+    failing: bool,
+}
+
+impl WatchHealth {
+    fn new(what: &'static str) -> Self {
+        Self { what, failing: false }
+    }
+
+    fn ok(&mut self) {
+        if self.failing {
+            tracing::info!(watch = self.what, "watching again");
+            self.failing = false;
+        }
+    }
+
+    /// kube-runtime retries with backoff; say it once per outage, then quietly. Always true: the loop
+    /// goes on.
+    fn failed(&mut self, error: &watcher::Error) -> bool {
+        if self.failing {
+            tracing::debug!(watch = self.what, %error, "watch still failing");
+        } else {
+            tracing::warn!(watch = self.what, %error, "watch failed; the current rules stay, retrying");
+            self.failing = true;
+        }
+        true
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -191,8 +222,8 @@ impl ApiSource {
             settle: self.settle,
             tx,
         };
-        let mut failing = false;
-        let mut slices_failing = false;
+        let mut plan_watch = WatchHealth::new("plan");
+        let mut slice_watch = WatchHealth::new("slice");
         loop {
             // A plan with other views than the slice watch follows: watch those views instead.
             let wanted = state
@@ -216,41 +247,18 @@ impl ApiSource {
                 item = stream.next() => match item {
                     None => return,
                     Some(Ok(event)) => {
-                        if failing {
-                            tracing::info!("watching the plan again");
-                            failing = false;
-                        }
+                        plan_watch.ok();
                         !state.store.observe_plan(event) || state.evaluate(Instant::now())
                     }
-                    Some(Err(error)) => {
-                        // kube-runtime retries with backoff; say it once per outage, then quietly.
-                        if failing {
-                            tracing::debug!(%error, "plan watch still failing");
-                        } else {
-                            tracing::warn!(%error, "plan watch failed; the current rules stay, retrying");
-                            failing = true;
-                        }
-                        true
-                    }
+                    Some(Err(error)) => plan_watch.failed(&error),
                 },
                 item = next_slice => match item {
                     None => return,
                     Some(Ok(event)) => {
-                        if slices_failing {
-                            tracing::info!("watching slices again");
-                            slices_failing = false;
-                        }
+                        slice_watch.ok();
                         !state.store.observe_slice(event) || state.evaluate(Instant::now())
                     }
-                    Some(Err(error)) => {
-                        if slices_failing {
-                            tracing::debug!(%error, "slice watch still failing");
-                        } else {
-                            tracing::warn!(%error, "slice watch failed; the current rules stay, retrying");
-                            slices_failing = true;
-                        }
-                        true
-                    }
+                    Some(Err(error)) => slice_watch.failed(&error),
                 },
                 () = sleep_until(settle_at) => state.evaluate(Instant::now()),
                 () = sleep_until(state.confirm_at) => self.confirm(&api, &mut state).await,

@@ -26,6 +26,7 @@ use kube::runtime::watcher;
 use switchyard_api::compose::{SliceRef, incomplete};
 use switchyard_api::names::ANNOTATION_TRIGGER_TIME;
 use switchyard_api::validate::valid_view_id;
+use switchyard_api::watch::map_event;
 use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
 
 use super::{Origin, PlanSet};
@@ -304,17 +305,6 @@ impl Store {
                     .map(|(name, e)| (name.clone(), e.uid.clone(), e.spec.revision.clone())),
             )
             .collect()
-    }
-}
-
-/// Maps the objects of a watch event.
-fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Event<T> {
-    match event {
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
-        watcher::Event::InitDone => watcher::Event::InitDone,
-        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
-        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
     }
 }
 
