@@ -45,7 +45,48 @@ pub fn parse_cidr_sloppy(text: &str) -> Option<IpNet> {
 /// Parses an IP in canonical form only (what a plan must carry).
 pub fn parse_ip_strict(text: &str) -> Option<IpAddr> {
     let ip: IpAddr = text.parse().ok()?;
-    (ip.to_string() == text).then_some(ip)
+    match ip {
+        // The standard parser accepts IPv4 only in canonical form (no leading zeros, four octets).
+        IpAddr::V4(_) => Some(ip),
+        // IPv6 has many spellings of one address; compare with the canonical one without allocating
+        // (this runs for every address of every plan, on every sync).
+        IpAddr::V6(_) => {
+            let mut canonical = StackText::default();
+            std::fmt::Write::write_fmt(&mut canonical, format_args!("{ip}")).ok()?;
+            (canonical.as_bytes() == text.as_bytes()).then_some(ip)
+        }
+    }
+}
+
+/// Text formatted into a fixed buffer (an IPv6 address is at most 45 characters).
+struct StackText {
+    bytes: [u8; 64],
+    len: usize,
+}
+
+impl Default for StackText {
+    fn default() -> Self {
+        Self {
+            bytes: [0; 64],
+            len: 0,
+        }
+    }
+}
+
+impl StackText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl std::fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// Parses a CIDR in canonical form only (network address, no host bits).
@@ -62,6 +103,26 @@ pub fn is_zero_cidr(net: &IpNet) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strict_parsing_accepts_only_canonical_text() {
+        let cases = [
+            ("10.96.0.10", true),
+            ("010.96.0.10", false),
+            ("10.96.0", false),
+            (" 10.96.0.10", false),
+            ("2001:db8::1", true),
+            ("2001:DB8::1", false),
+            ("2001:db8:0::1", false),
+            ("2001:0db8::1", false),
+            ("::ffff:192.0.2.1", true),
+            ("::", true),
+            ("fe80::1%eth0", false),
+        ];
+        for (text, canonical) in cases {
+            assert_eq!(parse_ip_strict(text).is_some(), canonical, "{text}");
+        }
+    }
 
     #[test]
     fn leading_zero_ipv4_is_read_as_decimal() {

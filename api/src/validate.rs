@@ -7,7 +7,11 @@
 //!                                     └ entry problems → agent skips those entries, reports them, applies the rest
 //! slice spec ─► validate_slice() ─► Report: plan problems → the agent keeps the slice's last good copy;
 //!                                     entry problems surface again when the composed plan is validated
+//!              (the agent calls validate_slice_header(): entries are validated once, composed)
 //! ```
+//!
+//! Validation runs on every sync (10,000 entries on a large node), so the happy path allocates nothing
+//! per field: a problem's path is formatted only when there is a problem.
 
 use std::{collections::HashSet, net::IpAddr};
 
@@ -70,13 +74,20 @@ impl Report {
 
 struct Collector<'a> {
     problems: &'a mut Vec<Problem>,
-    prefix: String,
+    /// `spec.` followed by this, e.g. `services`.
+    field: &'static str,
+    /// The entry index within `field`, when collecting an entry's problems.
+    index: Option<usize>,
 }
 
 impl Collector<'_> {
     fn push(&mut self, field: impl std::fmt::Display, message: impl Into<String>) {
+        let path = match self.index {
+            Some(index) => format!("spec.{}[{index}].{field}", self.field),
+            None => format!("spec.{field}"),
+        };
         self.problems.push(Problem {
-            path: format!("{}{field}", self.prefix),
+            path,
             message: message.into(),
         });
     }
@@ -124,12 +135,23 @@ pub fn validate(spec: &NodeForwardingPlanSpec) -> Report {
     report
 }
 
-/// Validates a ForwardingSlice spec. Never panics, whatever the input.
+/// Validates a ForwardingSlice spec: its header and every entry. Never panics, whatever the input.
 pub fn validate_slice(spec: &ForwardingSliceSpec) -> Report {
+    let mut report = validate_slice_header(spec);
+    if report.plan.is_empty() {
+        report.entries = validate_entries("entries", &spec.entries);
+    }
+    report
+}
+
+/// Validates what makes a whole ForwardingSlice unusable (view, index, count, revision, entry count),
+/// not its entries: the agent validates those once, in the composed plan. Never panics.
+pub fn validate_slice_header(spec: &ForwardingSliceSpec) -> Report {
     let mut report = Report::default();
     let mut c = Collector {
         problems: &mut report.plan,
-        prefix: "spec.".into(),
+        field: "",
+        index: None,
     };
     if View::of_slice(spec).is_none() {
         c.push(
@@ -160,13 +182,11 @@ pub fn validate_slice(spec: &ForwardingSliceSpec) -> Report {
             "entries",
             format!("{} entries exceed the limit of {MAX_ENTRIES}", spec.entries.len()),
         );
-        return report;
     }
-    report.entries = validate_entries("entries", &spec.entries);
     report
 }
 
-fn validate_entries(field: &str, entries: &[ServicePlan]) -> Vec<(usize, Vec<Problem>)> {
+fn validate_entries(field: &'static str, entries: &[ServicePlan]) -> Vec<(usize, Vec<Problem>)> {
     let mut out = Vec::new();
     if entries.len() > MAX_ENTRIES {
         return out;
@@ -176,7 +196,8 @@ fn validate_entries(field: &str, entries: &[ServicePlan]) -> Vec<(usize, Vec<Pro
         let mut problems = Vec::new();
         let mut c = Collector {
             problems: &mut problems,
-            prefix: format!("spec.{field}[{index}]."),
+            field,
+            index: Some(index),
         };
         if !seen.insert(entry.key()) {
             c.push(
@@ -198,7 +219,8 @@ fn validate_entries(field: &str, entries: &[ServicePlan]) -> Vec<(usize, Vec<Pro
 fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
     let mut c = Collector {
         problems,
-        prefix: "spec.".into(),
+        field: "",
+        index: None,
     };
     if spec.node_name.is_empty() || spec.node_name.len() > 253 {
         c.push("nodeName", "must be 1..253 characters");
@@ -382,6 +404,8 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
         );
         return;
     }
+    // A set only for long lists: most entries have a handful of endpoints, where a scan is cheaper.
+    let scan = entry.endpoints.len() <= 16;
     let mut seen = HashSet::new();
     for (i, ep) in entry.endpoints.iter().enumerate() {
         c.ip(format_args!("endpoints[{i}].ip"), &ep.ip, family);
@@ -391,7 +415,14 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
         if ep.weight == Some(0) {
             c.push(format_args!("endpoints[{i}].weight"), "must be 1..65535");
         }
-        if !seen.insert((&ep.ip, ep.port)) {
+        let duplicate = if scan {
+            entry.endpoints[..i]
+                .iter()
+                .any(|o| o.ip == ep.ip && o.port == ep.port)
+        } else {
+            !seen.insert((&ep.ip, ep.port))
+        };
+        if duplicate {
             c.push(
                 format_args!("endpoints[{i}]"),
                 format!("duplicate endpoint {}:{}", ep.ip, ep.port),

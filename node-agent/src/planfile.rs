@@ -11,14 +11,15 @@
 //!
 //! JSON goes through serde_json (fastest, least memory for a 10,000-service plan); YAML through
 //! serde-saphyr with its resource budget raised to fit such plans (its defaults stop at 250,000 nodes,
-//! which a 2,000-service plan already exceeds). Files holding slices are read as generic documents
-//! first (their kinds differ); plan-only files are read straight into the typed spec.
+//! which a 2,000-service plan already exceeds). Files holding slices are dispatched by each document's
+//! kind (JSON specs parsed in place from the text, YAML through a generic tree); plan-only files are read
+//! straight into the typed spec.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
-use serde_json::Value;
+use serde::{Deserialize, de::DeserializeOwned};
+use serde_json::{Value, value::RawValue};
 use switchyard_api::{ForwardingSliceSpec, NodeForwardingPlanSpec, NodeForwardingPlanStatus};
 
 use crate::error::Error;
@@ -122,59 +123,148 @@ fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
     }
 }
 
-/// A file with ForwardingSlices: documents (or List items) dispatched by kind.
+/// A file with ForwardingSlices: documents (or List items) dispatched by kind. JSON is read in place:
+/// each document's `spec` is parsed straight from its text into the typed spec (a generic JSON tree of
+/// 10,000 entries would take several times the memory of the typed one); YAML goes through a generic
+/// tree, moved rather than copied.
 fn parse_documents(text: &str) -> Result<PlanFile, String> {
     let trimmed = text.trim_start();
-    let documents: Vec<Value> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        serde_json::Deserializer::from_str(text)
-            .into_iter::<Value>()
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("invalid JSON: {e}"))?
+    let mut found = Found::default();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        for document in serde_json::Deserializer::from_str(text).into_iter::<&RawValue>() {
+            found.take(document.map_err(|e| format!("invalid JSON: {e}"))?)?;
+        }
     } else {
-        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options())
-            .map_err(|e| format!("invalid YAML: {e}"))?
-    };
-    let mut plans = Vec::new();
-    let mut slices = Vec::new();
-    let mut queue: Vec<Value> = documents.into_iter().rev().collect();
-    while let Some(document) = queue.pop() {
-        let kind = document
+        let documents = serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options())
+            .map_err(|e| format!("invalid YAML: {e}"))?;
+        for document in documents {
+            found.take(document)?;
+        }
+    }
+    one_plan(found.plans, found.slices)
+}
+
+/// The plans and slices of a file, as its documents are read.
+#[derive(Default)]
+struct Found {
+    plans: Vec<NodeForwardingPlanSpec>,
+    slices: Vec<(String, ForwardingSliceSpec)>,
+}
+
+impl Found {
+    fn take<D: Document>(&mut self, document: D) -> Result<(), String> {
+        let Some(parts) = document.parts()? else {
+            return Ok(());
+        };
+        match parts.kind.as_str() {
+            "List" | "NodeForwardingPlanList" | "ForwardingSliceList" => {
+                for item in parts.items {
+                    self.take(item)?;
+                }
+            }
+            "NodeForwardingPlan" => self.plans.push(
+                D::decode(parts.spec)
+                    .map_err(|e| format!("NodeForwardingPlan {}: not a valid spec: {e}", parts.name))?,
+            ),
+            "ForwardingSlice" => {
+                let spec: ForwardingSliceSpec = D::decode(parts.spec)
+                    .map_err(|e| format!("ForwardingSlice {}: not a valid spec: {e}", parts.name))?;
+                if parts.name.is_empty() {
+                    return Err("a ForwardingSlice without metadata.name".into());
+                }
+                self.slices.push((parts.name, spec));
+            }
+            other => return Err(format!("unexpected object of kind {other:?}")),
+        }
+        Ok(())
+    }
+}
+
+/// What the dispatch reads of one document.
+struct Parts<D> {
+    kind: String,
+    name: String,
+    spec: Option<D>,
+    items: Vec<D>,
+}
+
+/// A document of a plan file: JSON text in place, or a YAML document's generic tree.
+trait Document: Sized {
+    /// Its kind, name, spec and List items; `None` for an empty document.
+    fn parts(self) -> Result<Option<Parts<Self>>, String>;
+    /// A spec (missing: an error).
+    fn decode<T: DeserializeOwned>(spec: Option<Self>) -> Result<T, String>;
+}
+
+/// The fields of a JSON document, borrowed from the file's text.
+#[derive(Deserialize)]
+struct RawDocument<'a> {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    metadata: Option<RawMetadata>,
+    #[serde(borrow, default)]
+    spec: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    items: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawMetadata {
+    #[serde(default)]
+    name: String,
+}
+
+impl<'a> Document for &'a RawValue {
+    fn parts(self) -> Result<Option<Parts<Self>>, String> {
+        if self.get() == "null" {
+            return Ok(None);
+        }
+        let raw: RawDocument<'a> =
+            serde_json::from_str(self.get()).map_err(|e| format!("invalid JSON: {e}"))?;
+        Ok(Some(Parts {
+            kind: raw.kind,
+            name: raw.metadata.map(|m| m.name).unwrap_or_default(),
+            spec: raw.spec,
+            items: raw.items,
+        }))
+    }
+
+    fn decode<T: DeserializeOwned>(spec: Option<Self>) -> Result<T, String> {
+        serde_json::from_str(spec.map_or("null", RawValue::get)).map_err(|e| e.to_string())
+    }
+}
+
+impl Document for Value {
+    fn parts(mut self) -> Result<Option<Parts<Self>>, String> {
+        if self.is_null() {
+            return Ok(None);
+        }
+        let kind = self
             .get("kind")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let name = document
+        let name = self
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        match kind.as_str() {
-            "List" | "NodeForwardingPlanList" | "ForwardingSliceList" => {
-                if let Some(Value::Array(items)) = document.get("items") {
-                    queue.extend(items.iter().rev().cloned());
-                }
-            }
-            "NodeForwardingPlan" => {
-                let spec = document.get("spec").cloned().unwrap_or(Value::Null);
-                plans.push(
-                    serde_json::from_value(spec)
-                        .map_err(|e| format!("NodeForwardingPlan {name}: not a valid spec: {e}"))?,
-                );
-            }
-            "ForwardingSlice" => {
-                let spec = document.get("spec").cloned().unwrap_or(Value::Null);
-                let spec: ForwardingSliceSpec = serde_json::from_value(spec)
-                    .map_err(|e| format!("ForwardingSlice {name}: not a valid spec: {e}"))?;
-                if name.is_empty() {
-                    return Err("a ForwardingSlice without metadata.name".into());
-                }
-                slices.push((name, spec));
-            }
-            "" if document.is_null() => {}
-            other => return Err(format!("unexpected object of kind {other:?}")),
-        }
+        let items = match self.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        Ok(Some(Parts {
+            kind,
+            name,
+            spec: self.get_mut("spec").map(Value::take),
+            items,
+        }))
     }
-    one_plan(plans, slices)
+
+    fn decode<T: DeserializeOwned>(spec: Option<Self>) -> Result<T, String> {
+        serde_json::from_value(spec.unwrap_or(Value::Null)).map_err(|e| e.to_string())
+    }
 }
 
 /// The error that matches what the file looks like: an object's when it has a `spec`, else a bare
@@ -302,10 +392,69 @@ mod tests {
             serde_saphyr::to_string(&object(live.clone())).unwrap()
         );
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [slice_object, object(live.clone())]});
-        for text in [yaml, list.to_string()] {
-            let file = parse_plan_text(&text).unwrap();
-            assert_eq!(file.plan, live);
-            assert_eq!(file.slices, vec![(name.clone(), all.clone())]);
+        let nested = serde_json::json!({"kind": "List", "items": [
+            {"kind": "ForwardingSliceList", "items": [slice_object]},
+            object(live.clone()),
+        ]});
+        let json_stream = format!(
+            "{}\n{}",
+            serde_json::to_string(&slice_object).unwrap(),
+            serde_json::to_string_pretty(&object(live.clone())).unwrap()
+        );
+        for (shape, text) in [
+            ("yaml documents", yaml),
+            ("json list", list.to_string()),
+            ("yaml list", serde_saphyr::to_string(&list).unwrap()),
+            ("nested lists", nested.to_string()),
+            ("json documents", json_stream),
+        ] {
+            let file = parse_plan_text(&text).unwrap_or_else(|e| panic!("{shape}: {e}"));
+            assert_eq!(file.plan, live, "{shape}");
+            assert_eq!(file.slices, vec![(name.clone(), all.clone())], "{shape}");
+        }
+    }
+
+    #[test]
+    fn files_with_slices_name_what_is_wrong() {
+        let live = serde_json::to_value(object(live_plan("node-a", &["all"], vec![]))).unwrap();
+        let (name, all) = slice("all", 0, 1, vec![]);
+        let good = serde_json::to_value(ForwardingSlice::new(&name, all)).unwrap();
+        let mut unnamed = good.clone();
+        unnamed["metadata"] = serde_json::json!({});
+        let mut bad_spec = good.clone();
+        bad_spec["spec"]["index"] = serde_json::json!("first");
+        let mut no_spec = live.clone();
+        no_spec.as_object_mut().unwrap().remove("spec");
+        let cases = [
+            (
+                vec![unnamed, live.clone()],
+                "a ForwardingSlice without metadata.name",
+            ),
+            (
+                vec![bad_spec, live.clone()],
+                "ForwardingSlice all-0000: not a valid spec",
+            ),
+            (
+                vec![good.clone(), no_spec],
+                "NodeForwardingPlan node-a: not a valid spec",
+            ),
+            (
+                vec![good.clone(), serde_json::json!({"kind": "ConfigMap"})],
+                "unexpected object of kind \"ConfigMap\"",
+            ),
+            (vec![good.clone()], "the file holds no NodeForwardingPlan"),
+            (
+                vec![good, live.clone(), live],
+                "the file holds 2 NodeForwardingPlans",
+            ),
+        ];
+        for (items, want) in cases {
+            let text = serde_json::json!({"kind": "List", "items": items}).to_string();
+            let yaml = serde_saphyr::to_string(&serde_json::json!({"kind": "List", "items": items})).unwrap();
+            for (shape, text) in [("json", text), ("yaml", yaml)] {
+                let error = parse_plan_text(&text).expect_err(want);
+                assert!(error.contains(want), "{shape}: {error:?} should say {want:?}");
+            }
         }
     }
 

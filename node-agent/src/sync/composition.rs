@@ -2,20 +2,22 @@
 //!
 //! ```text
 //! plan (self-contained) ──────────────────────────────────────────────► Ready(plan as it is)
-//! plan (views) + slices ─► validate each slice ─ bad ─► its last good copy stands in (or nothing), reported
+//! plan (views) + slices ─► validate each slice's header ─ bad ─► its last good copy stands in (or nothing), reported
 //!                                              └ good ─► remembered as its last good copy
 //!                        ─► switchyard_api::compose ─► Ready(spec, slices used, conflicts + bad slices)
 //!                                                   └► Incomplete(why): keep the current rules, report it
 //! ```
 //!
 //! A slice that fails validation must not take down the forwarding it carried, nor block every other
-//! change: the agent keeps composing with the copy of that slice it last accepted, and says so.
+//! change: the agent keeps composing with the copy of that slice it last accepted, and says so. Entries
+//! are not validated here: the syncer validates the composed spec, skipping and reporting bad entries
+//! one by one, so each entry is validated once per sync.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use switchyard_api::compose::{SliceRef, compose};
-use switchyard_api::validate::validate_slice;
+use switchyard_api::validate::validate_slice_header;
 use switchyard_api::{ForwardingSliceSpec, NodeForwardingPlanSpec, ObservedSlices, ServiceFailure};
 
 /// One ForwardingSlice as the agent holds it: its name and spec.
@@ -58,7 +60,7 @@ pub fn compose_plan(
     let mut failures = Vec::new();
     let mut usable: Vec<SliceObject> = Vec::with_capacity(slices.len());
     for (name, spec) in slices {
-        let report = validate_slice(spec);
+        let report = validate_slice_header(spec);
         if report.plan.is_empty() {
             last_good.0.insert(name.clone(), Arc::clone(spec));
             usable.push((name.clone(), Arc::clone(spec)));
