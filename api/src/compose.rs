@@ -19,11 +19,12 @@
 //! in the plan do.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::{
-    plan::{IpFamily, NodeForwardingPlanSpec, PlanSummary, Protocol, ServicePlan},
+    plan::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan},
     revision::REVISION_LEN,
     slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, slice_name},
     status::{ObservedSlices, ServiceFailure},
@@ -67,7 +68,7 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
     }
     let on_node: HashSet<&str> = plan.endpoints_on_node.iter().map(String::as_str).collect();
     // key → (view position, slice name, entry)
-    let mut chosen: HashMap<Key<'_>, (usize, &str, &ServicePlan)> = HashMap::new();
+    let mut chosen: HashMap<Key<'_>, (usize, &str, &Arc<ServicePlan>)> = HashMap::new();
     let mut conflicts = Vec::new();
     for slice in &used {
         let rank = plan.views.iter().position(|v| *v == slice.spec.view).unwrap_or(0);
@@ -89,7 +90,7 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
             }
         }
     }
-    let overrides: HashMap<Key<'_>, &ServicePlan> = plan.overrides.iter().map(|e| (e.key(), e)).collect();
+    let overrides: HashSet<Key<'_>> = plan.overrides.iter().map(|e| e.key()).collect();
     let locals: HashMap<Key<'_>, HashSet<(&str, u16)>> = plan
         .local_endpoints
         .iter()
@@ -100,24 +101,33 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
             )
         })
         .collect();
-    let mut services: Vec<ServicePlan> = Vec::with_capacity(chosen.len() + overrides.len());
+    let mut services: Vec<Arc<ServicePlan>> = Vec::with_capacity(chosen.len() + overrides.len());
     for (key, (rank, _, entry)) in &chosen {
-        if overrides.contains_key(key) {
+        if overrides.contains(key) {
             continue;
         }
-        let mut entry = (*entry).clone();
         let own_view = plan.views.get(*rank).is_some_and(|v| v.starts_with("node-"));
-        if !own_view {
-            for ep in &mut entry.endpoints {
-                ep.on_node = on_node.contains(ep.ip.as_str());
-            }
+        let local = locals.get(key);
+        let on_node = |ip: &str| !own_view && on_node.contains(ip);
+        let is_local = |ep: &PlanEndpoint| local.is_some_and(|l| l.contains(&(ep.ip.as_str(), ep.port)));
+        // Most entries come out as the view has them: share the slice's copy (one copy of 10,000
+        // entries, not two) and copy only those whose flags this node changes.
+        let changes = entry
+            .endpoints
+            .iter()
+            .any(|ep| (!own_view && ep.on_node != on_node(&ep.ip)) || (!ep.local && is_local(ep)));
+        if !changes {
+            services.push(Arc::clone(entry));
+            continue;
         }
-        if let Some(local) = locals.get(key) {
-            for ep in &mut entry.endpoints {
-                ep.local |= local.contains(&(ep.ip.as_str(), ep.port));
+        let mut copy = ServicePlan::clone(entry);
+        for ep in &mut copy.endpoints {
+            if !own_view {
+                ep.on_node = on_node(&ep.ip);
             }
+            ep.local |= is_local(ep);
         }
-        services.push(entry);
+        services.push(Arc::new(copy));
     }
     services.extend(plan.overrides.iter().cloned());
     services.sort_by(|a, b| a.key().cmp(&b.key()));

@@ -14,6 +14,8 @@
 //! plan file / `plan --node`: the same self-contained form (no views)
 //! ```
 
+use std::sync::Arc;
+
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -181,10 +183,10 @@ pub struct NodeForwardingPlanSpec {
     /// endpoints (a topology hint names it, or an endpoint IP it hosts is listed elsewhere on another
     /// node), sorted. Each replaces the view entry with the same key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub overrides: Vec<ServicePlan>,
+    pub overrides: Vec<Arc<ServicePlan>>,
     /// Without views: every entry this node forwards, sorted. Empty in the controller's live plans.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub services: Vec<ServicePlan>,
+    pub services: Vec<Arc<ServicePlan>>,
 }
 
 /// The endpoints of one view entry that this node's Local policy uses.
@@ -318,7 +320,7 @@ pub struct PlanSummary {
 
 impl PlanSummary {
     /// The counts of `entries`.
-    pub fn of<'a>(entries: impl IntoIterator<Item = &'a ServicePlan>) -> Self {
+    pub fn of<'a>(entries: impl IntoIterator<Item = &'a Arc<ServicePlan>>) -> Self {
         let mut summary = Self::default();
         for entry in entries {
             summary.entries += 1;

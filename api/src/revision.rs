@@ -144,7 +144,10 @@ pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result
 
 /// The revision of a plan spec computed from scratch.
 pub fn compute(spec: &NodeForwardingPlanSpec) -> Result<String, Error> {
-    revision_with(spec, sum_of(spec.overrides.iter().chain(&spec.services))?)
+    revision_with(
+        spec,
+        sum_of(spec.overrides.iter().chain(&spec.services).map(|e| &**e))?,
+    )
 }
 
 /// The revision of a slice spec whose entries sum to `entries` (the spec's own entries are ignored).
@@ -172,7 +175,7 @@ pub fn slice_revision_with(spec: &ForwardingSliceSpec, entries: EntrySum) -> Res
 
 /// The revision of a slice spec computed from scratch.
 pub fn compute_slice(spec: &ForwardingSliceSpec) -> Result<String, Error> {
-    slice_revision_with(spec, sum_of(&spec.entries)?)
+    slice_revision_with(spec, sum_of(spec.entries.iter().map(|e| &**e))?)
 }
 
 fn sum_of<'a>(entries: impl IntoIterator<Item = &'a ServicePlan>) -> Result<EntrySum, Error> {
@@ -187,6 +190,7 @@ fn sum_of<'a>(entries: impl IntoIterator<Item = &'a ServicePlan>) -> Result<Entr
 mod tests {
     use super::*;
     use crate::plan::{DetectLocalMode, IpFamily, PlanEndpoint, Protocol, TrafficPolicy};
+    use std::sync::Arc;
 
     fn entry(name: &str, ep: &str) -> ServicePlan {
         ServicePlan {
@@ -238,7 +242,7 @@ mod tests {
             local_endpoints: vec![],
             summary: PlanSummary::default(),
             overrides: vec![],
-            services,
+            services: services.into_iter().map(Arc::new).collect(),
         }
     }
 
@@ -256,7 +260,7 @@ mod tests {
         let base = spec(vec![entry("ns/a", "10.0.0.1")]);
         let base_rev = compute(&base).unwrap();
         let mut endpoint = base.clone();
-        endpoint.services[0].endpoints[0].ip = "10.0.0.9".into();
+        Arc::make_mut(&mut endpoint.services[0]).endpoints[0].ip = "10.0.0.9".into();
         let mut header = base.clone();
         header.cluster.masquerade_all = true;
         let mut node = base.clone();
@@ -280,14 +284,14 @@ mod tests {
             count: 2,
             revision: String::new(),
             summary: PlanSummary::default(),
-            entries: vec![entry("ns/a", "10.0.0.1")],
+            entries: vec![Arc::new(entry("ns/a", "10.0.0.1"))],
         };
         let base = compute_slice(&slice).unwrap();
         assert_eq!(base.len(), REVISION_LEN);
         let mut index = slice.clone();
         index.index = 1;
         let mut entries = slice.clone();
-        entries.entries[0].port = 81;
+        Arc::make_mut(&mut entries.entries[0]).port = 81;
         for changed in [index, entries] {
             assert_ne!(compute_slice(&changed).unwrap(), base);
         }

@@ -11,6 +11,8 @@
 //! a zone-hinted Service) instead of one plan per node. A view is complete when slices `0..count` are all
 //! present and agree on `count`; an agent never programs from an incomplete view.
 
+use std::sync::Arc;
+
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -104,7 +106,7 @@ pub struct ForwardingSliceSpec {
     pub summary: PlanSummary,
     /// The entries, sorted by key, with no node's `onNode`/`local` flags set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub entries: Vec<ServicePlan>,
+    pub entries: Vec<Arc<ServicePlan>>,
 }
 
 /// Which nodes a slice is for.

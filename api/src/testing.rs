@@ -12,6 +12,8 @@
 //! | externalIPs, LB IPs          | 203.0.113.0/24     | 2001:db8:113::/64    |
 //! | external clients             | 198.51.100.0/24    | 2001:db8:100::/64    |
 
+use std::sync::Arc;
+
 use crate::{
     plan::{
         Backend, ClusterSettings, DetectLocalMode, IpFamily, NodeForwardingPlanSpec, PlanEndpoint,
@@ -197,7 +199,7 @@ pub fn plan(node: &str, services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
         local_endpoints: vec![],
         summary: PlanSummary::default(),
         overrides: vec![],
-        services,
+        services: services.into_iter().map(Arc::new).collect(),
     };
     finish(&mut spec);
     spec
@@ -207,7 +209,7 @@ pub fn plan(node: &str, services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
 pub fn live_plan(node: &str, views: &[&str], overrides: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
     let mut spec = plan(node, vec![]);
     spec.views = views.iter().map(|v| v.to_string()).collect();
-    spec.overrides = overrides;
+    spec.overrides = overrides.into_iter().map(Arc::new).collect();
     finish(&mut spec);
     spec
 }
@@ -221,6 +223,7 @@ pub fn slice(
     mut entries: Vec<ServicePlan>,
 ) -> (String, ForwardingSliceSpec) {
     entries.sort_by(|a, b| a.key().cmp(&b.key()));
+    let entries: Vec<Arc<ServicePlan>> = entries.into_iter().map(Arc::new).collect();
     let mut spec = ForwardingSliceSpec {
         view: view.into(),
         zone: view.strip_prefix("zone-").map(str::to_string),

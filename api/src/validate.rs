@@ -13,7 +13,7 @@
 //! Validation runs on every sync (10,000 entries on a large node), so the happy path allocates nothing
 //! per field: a problem's path is formatted only when there is a problem.
 
-use std::{collections::HashSet, net::IpAddr};
+use std::{collections::HashSet, net::IpAddr, sync::Arc};
 
 use crate::{
     ip::{parse_cidr_strict, parse_ip_strict},
@@ -186,7 +186,7 @@ pub fn validate_slice_header(spec: &ForwardingSliceSpec) -> Report {
     report
 }
 
-fn validate_entries(field: &'static str, entries: &[ServicePlan]) -> Vec<(usize, Vec<Problem>)> {
+fn validate_entries(field: &'static str, entries: &[Arc<ServicePlan>]) -> Vec<(usize, Vec<Problem>)> {
     let mut out = Vec::new();
     if entries.len() > MAX_ENTRIES {
         return out;
@@ -514,7 +514,7 @@ mod tests {
             local_endpoints: vec![],
             summary: PlanSummary::default(),
             overrides: vec![],
-            services,
+            services: services.into_iter().map(Arc::new).collect(),
         }
     }
 
@@ -653,7 +653,7 @@ mod tests {
                 "spec.cluster.nodePortAddresses[0]",
             ),
             (|s| s.views = vec!["all".into()], "spec.services"),
-            (|s| s.overrides = vec![entry()], "spec.overrides"),
+            (|s| s.overrides = vec![Arc::new(entry())], "spec.overrides"),
             (
                 |s| {
                     s.views = vec!["all".into(), "all".into()];
@@ -692,7 +692,7 @@ mod tests {
         let mut bad = entry();
         bad.name = "ns1/svc2:p80".into();
         bad.port = 0;
-        s.overrides = vec![entry(), bad];
+        s.overrides = vec![Arc::new(entry()), Arc::new(bad)];
         let report = validate(&s);
         assert!(report.plan.is_empty(), "{:?}", report.plan);
         let paths: Vec<&str> = report.all().map(|p| p.path.as_str()).collect();
@@ -709,7 +709,7 @@ mod tests {
             count: 2,
             revision: "abc".into(),
             summary: PlanSummary::default(),
-            entries: vec![entry()],
+            entries: vec![Arc::new(entry())],
         };
         assert!(validate_slice(&good()).is_clean());
         type Mutate = fn(&mut ForwardingSliceSpec);
@@ -720,7 +720,7 @@ mod tests {
             (|s| s.index = 2, "spec.index"),
             (|s| s.revision = String::new(), "spec.revision"),
             (
-                |s| s.entries = (0..=MAX_ENTRIES).map(|_| entry()).collect(),
+                |s| s.entries = (0..=MAX_ENTRIES).map(|_| Arc::new(entry())).collect(),
                 "spec.entries",
             ),
         ];
@@ -731,7 +731,7 @@ mod tests {
             assert!(report.plan.iter().any(|p| p.path == path), "{path}: {report:?}");
         }
         let mut s = good();
-        s.entries[0].cluster_ip = "nope".into();
+        Arc::make_mut(&mut s.entries[0]).cluster_ip = "nope".into();
         let report = validate_slice(&s);
         assert!(report.plan.is_empty());
         assert_eq!(report.entries[0].1[0].path, "spec.entries[0].clusterIP");

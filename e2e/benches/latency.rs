@@ -188,7 +188,7 @@ fn measure_backend(
         let mut plan = base.clone();
         plan.spec
             .services
-            .extend((0..size.saturating_sub(1)).map(synthetic));
+            .extend((0..size.saturating_sub(1)).map(|i| std::sync::Arc::new(synthetic(i))));
         plan.spec.services.sort_by(|a, b| a.key().cmp(&b.key()));
         plan.spec.summary = switchyard_api::PlanSummary::of(&plan.spec.services);
         plan.spec.revision = revision::compute(&plan.spec).map_err(|e| e.to_string())?;

@@ -118,7 +118,8 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
         for run in 0..partial_runs {
             // Replace one endpoint of one service (a rolling update's step).
             let index = current.services.len() / 2;
-            current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
+            std::sync::Arc::make_mut(&mut current.services[index]).endpoints[0].ip =
+                format!("10.250.{}.{}", run / 250, run % 250 + 1);
             switchyard_api::testing::finish(&mut current);
             partial.push(applied_partial(syncer.sync_plan(&Arc::new(current.clone())))?);
         }

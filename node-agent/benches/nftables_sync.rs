@@ -99,7 +99,8 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
         for run in 0..partial_runs {
             // Replace one endpoint of one service (a rolling update's step).
             let index = current.services.len() / 2;
-            current.services[index].endpoints[0].ip = format!("10.250.{}.{}", run / 250, run % 250 + 1);
+            std::sync::Arc::make_mut(&mut current.services[index]).endpoints[0].ip =
+                format!("10.250.{}.{}", run / 250, run % 250 + 1);
             switchyard_api::testing::finish(&mut current);
             partial.push(applied_partial(restarted.sync_plan(&Arc::new(current.clone())))?);
         }
@@ -115,7 +116,7 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
             for run in 0..partial_runs {
                 let index = slices.len() / 2;
                 let mut changed = (*slices[index].1).clone();
-                changed.entries[ENTRIES_PER_SLICE / 2].endpoints[0].ip =
+                std::sync::Arc::make_mut(&mut changed.entries[ENTRIES_PER_SLICE / 2]).endpoints[0].ip =
                     format!("10.251.{}.{}", run / 250, run % 250 + 1);
                 changed.revision =
                     switchyard_api::revision::compute_slice(&changed).map_err(|e| e.to_string())?;

@@ -75,7 +75,7 @@ pub struct Snapshot {
 #[derive(Debug, PartialEq, Eq)]
 pub struct PlannedEntry {
     /// The entry.
-    pub entry: ServicePlan,
+    pub entry: Arc<ServicePlan>,
     /// Its digest and serialised size.
     pub fingerprint: EntryFingerprint,
 }
@@ -608,9 +608,9 @@ impl Planner {
             if views.is_some_and(|v| !v.contains(layout.view())) {
                 continue;
             }
-            let mut buckets: Vec<Vec<ServicePlan>> = vec![Vec::new(); layout.count() as usize];
+            let mut buckets: Vec<Vec<Arc<ServicePlan>>> = vec![Vec::new(); layout.count() as usize];
             for (hash, planned) in self.members(layout.view()) {
-                buckets[layout.index_of(hash) as usize].push(planned.entry.clone());
+                buckets[layout.index_of(hash) as usize].push(Arc::clone(&planned.entry));
             }
             for (index, entries) in buckets.into_iter().enumerate() {
                 let index = index as u32;
@@ -636,12 +636,12 @@ impl Planner {
 
     /// The per-node answer for every entry, sorted by key: what the planner gave each node before
     /// slices existed, kept as the oracle that composing a plan with its slices must reproduce.
-    pub fn oracle(&self, node: &str) -> Option<Vec<ServicePlan>> {
+    pub fn oracle(&self, node: &str) -> Option<Vec<Arc<ServicePlan>>> {
         let info = self.nodes.get(node)?;
         Some(
             self.slots
                 .values()
-                .filter_map(|s| s.oracle(info).map(|p| p.entry.clone()))
+                .filter_map(|s| s.oracle(info).map(|p| Arc::clone(&p.entry)))
                 .collect(),
         )
     }
@@ -917,5 +917,8 @@ fn planned_entry(
         })
         .collect();
     let fingerprint = fingerprint(&entry)?;
-    Ok(PlannedEntry { entry, fingerprint })
+    Ok(PlannedEntry {
+        entry: Arc::new(entry),
+        fingerprint,
+    })
 }

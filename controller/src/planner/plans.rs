@@ -14,6 +14,7 @@
 //! plan; a plan changes only when this node's own answer changes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use switchyard_api::{
     ClusterSettings, LocalEndpoints, NodeForwardingPlanSpec, PlanSummary, View,
@@ -132,7 +133,7 @@ impl NodeLayout {
             spec.overrides = overrides
                 .values()
                 .filter(|o| o.local.is_none())
-                .map(|o| o.planned.entry.clone())
+                .map(|o| Arc::clone(&o.planned.entry))
                 .collect();
         }
         spec

@@ -11,6 +11,7 @@
 //! doubling splits each slice in two instead of reshuffling everything.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use switchyard_api::{
@@ -116,7 +117,7 @@ impl ViewLayout {
     }
 
     /// Slice `index` with its entries (which the caller picks, sorted, by [`Self::index_of`]).
-    pub fn spec(&self, index: u32, entries: Vec<switchyard_api::ServicePlan>) -> ForwardingSliceSpec {
+    pub fn spec(&self, index: u32, entries: Vec<Arc<switchyard_api::ServicePlan>>) -> ForwardingSliceSpec {
         let summary = self
             .buckets
             .get(index as usize)

@@ -504,7 +504,7 @@ pub fn bad_plans_keep_the_last_good_rules(suite: Suite) {
         .iter_mut()
         .find(|s| s.name == "default/apache")
         .unwrap();
-    bad.cluster_ip = "10.96.0.999".into();
+    std::sync::Arc::make_mut(bad).cluster_ip = "10.96.0.999".into();
     deployed
         .write_raw_plan("node-a", &serde_saphyr::to_string(&plan).unwrap())
         .unwrap();

@@ -51,13 +51,17 @@ pub fn sliced(spec: &NodeForwardingPlanSpec) -> (NodeForwardingPlanSpec, Vec<Sli
     let mut live = live_plan(&spec.node_name, &["all"], vec![]);
     live.backend = spec.backend;
     finish(&mut live);
-    let chunks: Vec<&[switchyard_api::ServicePlan]> = spec.services.chunks(ENTRIES_PER_SLICE).collect();
+    let chunks: Vec<&[Arc<switchyard_api::ServicePlan>]> = spec.services.chunks(ENTRIES_PER_SLICE).collect();
     let count = chunks.len().max(1) as u32;
     let mut slices: Vec<SliceObject> = chunks
         .iter()
         .enumerate()
         .map(|(i, entries)| {
-            let (name, spec) = slice("all", i as u32, count, entries.to_vec());
+            let entries = entries
+                .iter()
+                .map(|e| switchyard_api::ServicePlan::clone(e))
+                .collect();
+            let (name, spec) = slice("all", i as u32, count, entries);
             (name, Arc::new(spec))
         })
         .collect();

@@ -40,7 +40,7 @@ fn udp_entries<'a>(
         .iter()
         .enumerate()
         .filter(|(index, entry)| entry.protocol == Protocol::UDP && !skip.contains(index))
-        .map(|(_, entry)| entry)
+        .map(|(_, entry)| &**entry)
 }
 
 /// The targets of the UDP entries of `family` that list at least one endpoint.
@@ -250,14 +250,16 @@ mod tests {
     fn fingerprints_change_only_with_udp_endpoints() {
         let before = spec();
         let mut tcp_changed = before.clone();
-        tcp_changed.services[2].endpoints[0].ip = "10.244.2.81".into();
+        std::sync::Arc::make_mut(&mut tcp_changed.services[2]).endpoints[0].ip = "10.244.2.81".into();
         let none = HashSet::new();
         assert_eq!(
             udp_fingerprints(&before, &none),
             udp_fingerprints(&tcp_changed, &none)
         );
         let mut udp_changed = before.clone();
-        udp_changed.services[0].endpoints.pop();
+        std::sync::Arc::make_mut(&mut udp_changed.services[0])
+            .endpoints
+            .pop();
         assert_ne!(
             udp_fingerprints(&before, &none),
             udp_fingerprints(&udp_changed, &none)

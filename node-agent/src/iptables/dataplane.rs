@@ -196,7 +196,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             sync_scope(spec, self.families.keys().copied(), &mut self.addrs).map_err(|e| (None, e))?;
         // Cloned, not taken: a failed attempt must leave it for the retry without the refused entry.
         let last = self.last.clone();
-        let previous_entries: HashMap<(&str, Protocol, IpFamily), &ServicePlan> = last
+        let previous_entries: HashMap<(&str, Protocol, IpFamily), &Arc<ServicePlan>> = last
             .as_ref()
             .map(|last| {
                 last.spec
@@ -261,7 +261,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
         request: SyncRequest<'_>,
         family: IpFamily,
         facts: HostFacts,
-        previous_entries: &HashMap<(&str, Protocol, IpFamily), &ServicePlan>,
+        previous_entries: &HashMap<(&str, Protocol, IpFamily), &Arc<ServicePlan>>,
     ) -> Result<FamilyResult, Error> {
         let spec: &NodeForwardingPlanSpec = request.spec;
         let env = RenderEnv {
@@ -284,7 +284,8 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             },
             _ => None,
         };
-        let unchanged = |_: usize, entry: &ServicePlan| previous_entries.get(&entry.key()) == Some(&entry);
+        let unchanged =
+            |_: usize, entry: &Arc<ServicePlan>| previous_entries.get(&entry.key()) == Some(&entry);
         let existing;
         let mut missing_jumps = Vec::new();
         let mode = match &partial_model {
@@ -490,7 +491,7 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
                 if skip.contains(&index) {
                     continue;
                 }
-                if let Some(refused) = known.iter().find(|r| r.entry == *entry) {
+                if let Some(refused) = known.iter().find(|r| r.entry == **entry) {
                     skip.insert(index);
                     left_out.push(index);
                     self.refused.push(refused.clone());
@@ -525,7 +526,7 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
                 reason.push_str(&format!("; the refused line: {line}"));
             }
             self.refused.push(Refused {
-                entry: spec.services[index].clone(),
+                entry: ServicePlan::clone(&spec.services[index]),
                 failure: ServiceFailure {
                     service: label,
                     reason: short(&reason, MAX_REASON),
@@ -750,7 +751,11 @@ mod tests {
             BTreeSet::from([IpFamily::IPv4, IpFamily::IPv6])
         );
         spec.node_ips.clear();
-        spec.services = vec![entry("ns/a:p", "fd00:10:96::1", 80).with(ep("fd00:10:244::1", 80))];
+        spec.services = vec![
+            entry("ns/a:p", "fd00:10:96::1", 80)
+                .with(ep("fd00:10:244::1", 80))
+                .into(),
+        ];
         assert_eq!(families_of(&spec), BTreeSet::from([IpFamily::IPv6]));
         spec.services.clear();
         assert_eq!(families_of(&spec), BTreeSet::from([IpFamily::IPv4]));

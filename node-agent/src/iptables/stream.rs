@@ -139,7 +139,7 @@ pub enum StreamMode<'a> {
         /// The model of this family after the last successful sync.
         previous: &'a Programmed,
         /// True for an entry (plan index, entry) the caller knows renders exactly as last time.
-        unchanged: &'a dyn Fn(usize, &ServicePlan) -> bool,
+        unchanged: &'a dyn Fn(usize, &Arc<ServicePlan>) -> bool,
     },
 }
 
@@ -317,7 +317,7 @@ impl PayloadJob<'_> {
     }
 
     /// The entries this family renders, with their plan indexes.
-    fn entries(&self) -> impl Iterator<Item = (usize, &ServicePlan)> + '_ {
+    fn entries(&self) -> impl Iterator<Item = (usize, &Arc<ServicePlan>)> + '_ {
         self.spec
             .services
             .iter()
@@ -432,7 +432,7 @@ mod tests {
     }
 
     /// Unchanged = equal to the entry of the same key in `old`.
-    fn same_as(old: &NodeForwardingPlanSpec) -> impl Fn(usize, &ServicePlan) -> bool + '_ {
+    fn same_as(old: &NodeForwardingPlanSpec) -> impl Fn(usize, &Arc<ServicePlan>) -> bool + '_ {
         |_, entry| old.services.iter().any(|o| o == entry)
     }
 

@@ -453,7 +453,7 @@ mod tests {
                 entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.1.2", 80)),
             ],
         );
-        spec.services[0].scheduler = Some("sh".into());
+        std::sync::Arc::make_mut(&mut spec.services[0]).scheduler = Some("sh".into());
         let desired = render(&spec, &facts(), &HashSet::new());
         assert_eq!(desired.virtuals[&vs("10.96.0.1", 80)].scheduler, "sh");
         assert_eq!(desired.virtuals[&vs("10.96.0.2", 80)].scheduler, "rr");

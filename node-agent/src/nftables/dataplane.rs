@@ -71,7 +71,7 @@ fn entries_of<'a>(
     spec: &'a NodeForwardingPlanSpec,
     skip: &HashSet<usize>,
     family: IpFamily,
-) -> Vec<&'a ServicePlan> {
+) -> Vec<&'a Arc<ServicePlan>> {
     spec.services
         .iter()
         .enumerate()

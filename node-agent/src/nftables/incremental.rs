@@ -14,6 +14,7 @@
 //! model half-updated: the caller drops it and runs a full sync.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use switchyard_api::{IpFamily, Protocol, ServicePlan};
 
@@ -38,11 +39,13 @@ type EntryKey<'a> = (&'a str, Protocol, IpFamily);
 pub fn delta(
     state: &mut TableState,
     env: &Env,
-    previous: &[&ServicePlan],
-    current: &[&ServicePlan],
+    previous: &[&Arc<ServicePlan>],
+    current: &[&Arc<ServicePlan>],
 ) -> Result<Delta, Conflict> {
-    let old: HashMap<EntryKey<'_>, &ServicePlan> = previous.iter().map(|e| (e.key(), *e)).collect();
-    let new: HashMap<EntryKey<'_>, &ServicePlan> = current.iter().map(|e| (e.key(), *e)).collect();
+    // Entries compare as `Arc`s: one shared with the previous plan (composed from an unchanged slice)
+    // is equal by pointer, without comparing its fields.
+    let old: HashMap<EntryKey<'_>, &Arc<ServicePlan>> = previous.iter().map(|e| (e.key(), *e)).collect();
+    let new: HashMap<EntryKey<'_>, &Arc<ServicePlan>> = current.iter().map(|e| (e.key(), *e)).collect();
     let mut touched = Touched::default();
     let mut entries = 0;
     // All releases before any claim, so an element moving between entries is released first.

@@ -101,7 +101,7 @@ pub fn edit(
 ) -> NodeForwardingPlanSpec {
     let mut spec = spec.clone();
     for entry in spec.services.iter_mut().filter(|e| e.name == name) {
-        f(entry);
+        f(std::sync::Arc::make_mut(entry));
     }
     switchyard_api::testing::finish(&mut spec);
     spec

@@ -129,7 +129,8 @@ fn run_syncs_partially_repairs_drift_and_leaves_rules_on_sigterm() {
             .node_port(30020)
             .etp_local()
             .hc_node_port(32000)
-            .with(ep("10.244.1.20", 8080).local()),
+            .with(ep("10.244.1.20", 8080).local())
+            .into(),
     );
     finish(&mut a);
     let plan = write_plan(&netns, &a);
@@ -173,12 +174,9 @@ fn run_syncs_partially_repairs_drift_and_leaves_rules_on_sigterm() {
 
     // An endpoint change: a partial sync.
     let mut b = a.clone();
-    b.services
-        .iter_mut()
-        .find(|e| e.name == "ns1/api:https")
-        .unwrap()
-        .endpoints[0]
-        .ip = "10.244.2.7".into();
+    std::sync::Arc::make_mut(b.services.iter_mut().find(|e| e.name == "ns1/api:https").unwrap()).endpoints
+        [0]
+    .ip = "10.244.2.7".into();
     finish(&mut b);
     write_plan(&netns, &b);
     let status = wait_for("the partial sync", WAIT, || {
@@ -252,10 +250,7 @@ fn a_payload_the_kernel_rejects_leaves_the_old_rules() {
 
     let mut b = a.clone();
     b.services.retain(|e| e.name != "ns1/api:https");
-    b.services
-        .iter_mut()
-        .find(|e| e.name == "ns1/web:http")
-        .unwrap()
+    std::sync::Arc::make_mut(b.services.iter_mut().find(|e| e.name == "ns1/web:http").unwrap())
         .endpoints
         .pop();
     finish(&mut b);
@@ -306,12 +301,14 @@ fn stale_udp_conntrack_entries_are_deleted_after_an_endpoint_change() {
     insert("10.244.2.53", 41001); // answered by the endpoint that stays
 
     let mut b = spec();
-    b.services
-        .iter_mut()
-        .find(|e| e.name == "kube-system/dns:dns")
-        .unwrap()
-        .endpoints
-        .push(ep("10.244.2.54", 53));
+    std::sync::Arc::make_mut(
+        b.services
+            .iter_mut()
+            .find(|e| e.name == "kube-system/dns:dns")
+            .unwrap(),
+    )
+    .endpoints
+    .push(ep("10.244.2.54", 53));
     finish(&mut b);
     write_plan(&netns, &b);
     let out = netns.agent(&["apply", "--plan", &plan]);

@@ -343,7 +343,7 @@ fn failures_are_capped_but_counted() {
         let mut bad =
             entry(&format!("bad/s{i:02}:p"), &format!("10.96.1.{i}"), 80).with(ep("10.244.2.1", 80));
         bad.endpoints[0].port = 0;
-        spec.services.push(bad);
+        spec.services.push(bad.into());
     }
     finish(&mut spec);
     h.sync(&spec);
@@ -688,8 +688,11 @@ fn the_periodic_full_sync_rewrites_everything() {
 fn dual_stack_plans_program_both_families() {
     let mut h = Harness::new();
     let mut spec = base();
-    spec.services
-        .push(entry("ns1/web:http", "fd00:10:96::1", 80).with(ep("fd00:10:244:2::5", 8080)));
+    spec.services.push(
+        entry("ns1/web:http", "fd00:10:96::1", 80)
+            .with(ep("fd00:10:244:2::5", 8080))
+            .into(),
+    );
     spec.node_ips.push("fd00:192:168:10::11".into());
     finish(&mut spec);
     h.sync(&spec);
@@ -705,8 +708,11 @@ fn dual_stack_plans_program_both_families() {
 fn a_dual_stack_sync_failing_in_one_family_says_which_one_has_the_new_rules() {
     let mut h = Harness::new();
     let mut spec = base();
-    spec.services
-        .push(entry("ns1/web:http", "fd00:10:96::1", 80).with(ep("fd00:10:244:2::5", 8080)));
+    spec.services.push(
+        entry("ns1/web:http", "fd00:10:96::1", 80)
+            .with(ep("fd00:10:244:2::5", 8080))
+            .into(),
+    );
     spec.node_ips.push("fd00:192:168:10::11".into());
     finish(&mut spec);
     h.iptables

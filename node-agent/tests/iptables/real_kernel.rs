@@ -49,14 +49,15 @@ fn real_iptables_restore_accepts_full_and_partial_payloads() {
     changed_spec.services.push(
         entry("ns99/new:p80", "10.96.0.99", 80)
             .node_port(30099)
-            .with(ep("10.244.2.99", 80)),
+            .with(ep("10.244.2.99", 80))
+            .into(),
     );
     for service in changed_spec
         .services
         .iter_mut()
         .filter(|s| s.name == "ns1/multi:p80")
     {
-        service.endpoints.pop();
+        std::sync::Arc::make_mut(service).endpoints.pop();
     }
     finish(&mut changed_spec);
     let new = render_all(&changed_spec, &facts(), IpFamily::IPv4);

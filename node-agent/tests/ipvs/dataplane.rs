@@ -152,7 +152,9 @@ fn syncs_change_only_what_differs_and_a_restart_rebuilds_nothing() {
     let mut next = spec.clone();
     for entry in &mut next.services {
         if entry.name == "ns/web:http" {
-            *entry = entry.clone().with(ep("10.244.3.5", 8080));
+            *entry = switchyard_api::ServicePlan::clone(entry)
+                .with(ep("10.244.3.5", 8080))
+                .into();
         }
     }
     finish(&mut next);
@@ -217,7 +219,7 @@ fn tcp_real_servers_drain_before_they_go_and_udp_ones_go_at_once() {
 
     let mut next = spec.clone();
     for entry in &mut next.services {
-        entry
+        std::sync::Arc::make_mut(entry)
             .endpoints
             .retain(|e| e.ip != "10.244.2.5" && e.ip != "10.244.3.53");
     }
@@ -258,7 +260,7 @@ fn tcp_real_servers_drain_before_they_go_and_udp_ones_go_at_once() {
     let mut only_remote = next.clone();
     for entry in &mut only_remote.services {
         if entry.name == "ns/web:http" {
-            entry.endpoints = vec![ep("10.244.2.5", 8080)];
+            std::sync::Arc::make_mut(entry).endpoints = vec![ep("10.244.2.5", 8080)];
         }
     }
     finish(&mut only_remote);
@@ -292,7 +294,7 @@ fn a_virtual_server_the_kernel_refuses_is_reported_for_its_entry_and_retried() {
     let mut spec = small();
     for entry in &mut spec.services {
         if entry.name == "ns/dns:dns" {
-            entry.scheduler = Some("mh".into());
+            std::sync::Arc::make_mut(entry).scheduler = Some("mh".into());
         }
     }
     finish(&mut spec);

@@ -42,6 +42,7 @@ fn render_everything() {
     spec.cluster.ipvs_scheduler = Some("wrr".into());
     for entry in &mut spec.services {
         if entry.name == "ns1/multi:p80" {
+            let entry = std::sync::Arc::make_mut(entry);
             entry.scheduler = Some("sh".into());
             entry.endpoints[0].weight = Some(3);
         }

@@ -29,7 +29,12 @@ impl Walk {
     }
 }
 
-fn mutate(spec: &mut NodeForwardingPlanSpec, removed: &mut Vec<ServicePlan>, walk: &mut Walk, step: usize) {
+fn mutate(
+    spec: &mut NodeForwardingPlanSpec,
+    removed: &mut Vec<std::sync::Arc<ServicePlan>>,
+    walk: &mut Walk,
+    step: usize,
+) {
     let n = spec.services.len();
     let i = walk.next(n);
     let v4 = spec.services[i].family == IpFamily::IPv4;
@@ -40,7 +45,7 @@ fn mutate(spec: &mut NodeForwardingPlanSpec, removed: &mut Vec<ServicePlan>, wal
             format!("fd00:10:244:2::{:x}", 0x100 + k)
         }
     };
-    let entry = &mut spec.services[i];
+    let entry = std::sync::Arc::make_mut(&mut spec.services[i]);
     match walk.next(10) {
         0 if !entry.endpoints.is_empty() => {
             let j = walk.next(entry.endpoints.len());

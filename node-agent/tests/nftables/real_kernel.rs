@@ -86,13 +86,13 @@ fn the_dataplane_syncs_partially_restarts_without_changes_and_cleans_up() {
         assert!(first.rules > 50, "{first:?}");
 
         // One endpoint replaced, one service added with affinity, one removed: a partial transaction.
-        spec.services[0].endpoints[0].ip = "10.244.2.250".into();
-        let mut added = spec.services[2].clone();
+        std::sync::Arc::make_mut(&mut spec.services[0]).endpoints[0].ip = "10.244.2.250".into();
+        let mut added = switchyard_api::ServicePlan::clone(&spec.services[2]);
         added.name = "ns3/lb2:p80".into();
         added.cluster_ip = "10.96.0.99".into();
         added.load_balancer_ips = vec!["203.0.113.99".into()];
         added.node_port = Some(30099);
-        spec.services.push(added);
+        spec.services.push(added.into());
         spec.services.retain(|s| s.name != "ns8/none:p80");
         finish(&mut spec);
         let partial = sync(&mut dataplane, &spec, false);
@@ -107,7 +107,9 @@ fn the_dataplane_syncs_partially_restarts_without_changes_and_cleans_up() {
             .unwrap();
         let mut extra = spec.services[multi].endpoints[1].clone();
         extra.ip = "10.244.2.44".into();
-        spec.services[multi].endpoints.push(extra);
+        std::sync::Arc::make_mut(&mut spec.services[multi])
+            .endpoints
+            .push(extra);
         finish(&mut spec);
         assert_eq!(sync(&mut dataplane, &spec, false).mode, SyncMode::Partial);
         assert_eq!(dataplane.check_drift().unwrap(), None);
@@ -232,19 +234,23 @@ fn element_changes_go_over_netlink_and_read_back_exactly() {
                 .unwrap()
         };
         let multi = find(&mut after, "ns1/multi:p80");
-        after.services[multi].endpoints[0].ip = "10.244.1.66".into(); // fast-3-eps, hairpin
+        std::sync::Arc::make_mut(&mut after.services[multi]).endpoints[0].ip = "10.244.1.66".into(); // fast-3-eps, hairpin
         let nodeport = find(&mut after, "ns2/nodeport:p80");
-        after.services[nodeport].endpoints[1].ip = "10.244.3.66".into(); // fast-2-eps, fast-np-2-eps
-        after.services[nodeport].node_port = Some(30066); // fast-np-2
-        after.services[nodeport].external_ips.push("203.0.113.66".into()); // fast-masq
+        std::sync::Arc::make_mut(&mut after.services[nodeport]).endpoints[1].ip = "10.244.3.66".into(); // fast-2-eps, fast-np-2-eps
+        std::sync::Arc::make_mut(&mut after.services[nodeport]).node_port = Some(30066); // fast-np-2
+        std::sync::Arc::make_mut(&mut after.services[nodeport])
+            .external_ips
+            .push("203.0.113.66".into()); // fast-masq
         let none = find(&mut after, "ns8/none:p80");
-        after.services[none].node_port = Some(30067); // no-endpoint-nodeports (goto reject-chain)
+        std::sync::Arc::make_mut(&mut after.services[none]).node_port = Some(30067); // no-endpoint-nodeports (goto reject-chain)
         let nolocal = find(&mut after, "ns5/nolocal:p80");
-        after.services[nolocal].external_ips.push("203.0.113.67".into()); // service-ips goto, no-endpoint drop
-        let mut copy = after.services[multi].clone();
+        std::sync::Arc::make_mut(&mut after.services[nolocal])
+            .external_ips
+            .push("203.0.113.67".into()); // service-ips goto, no-endpoint drop
+        let mut copy = switchyard_api::ServicePlan::clone(&after.services[multi]);
         copy.name = "ns1/copy:p80".into();
         copy.cluster_ip = "10.96.0.66".into(); // cluster-ips, fast-3
-        after.services.push(copy);
+        after.services.push(copy.into());
         finish(&mut after);
         let desired = render(&after, family, None, &HashSet::new());
         let read = nft.read(family).unwrap().unwrap();

@@ -70,7 +70,7 @@ fn edit(
         .iter_mut()
         .find(|e| e.name == name && e.family == IpFamily::IPv4)
         .unwrap();
-    change(entry);
+    change(std::sync::Arc::make_mut(entry));
     finish(&mut spec);
     spec
 }
@@ -286,13 +286,13 @@ fn a_contested_frontend_falls_back_to_a_full_sync_with_the_first_entry_winning()
         .services
         .iter()
         .find(|e| e.name == "ns2/nodeport:p80")
-        .unwrap()
-        .clone();
+        .map(|e| switchyard_api::ServicePlan::clone(e))
+        .unwrap();
     twin.name = "ns2/twin:p80".into();
     twin.cluster_ip = "10.96.0.222".into();
     twin.node_port = None;
     twin.endpoints[0].ip = "10.244.2.222".into();
-    spec.services.push(twin);
+    spec.services.push(twin.into());
     finish(&mut spec);
     h.sync(&spec);
     let winner = |h: &Harness| {

@@ -304,7 +304,7 @@ fn bad_objects_are_skipped_with_one_warning_each() {
         let names: Vec<String> = spec_of(&planner, "node-b")
             .services
             .into_iter()
-            .map(|s| s.name)
+            .map(|s| s.name.clone())
             .collect();
         let bad: Vec<&str> = names
             .iter()
@@ -331,7 +331,7 @@ fn node_port_range_from_config_is_enforced() {
     let names: Vec<String> = spec_of(&planner, "node-a")
         .services
         .into_iter()
-        .map(|s| s.name)
+        .map(|s| s.name.clone())
         .collect();
     assert_eq!(names, vec!["ns1/np:ok"]);
     assert!(

@@ -53,6 +53,7 @@ pub fn entry_of(planner: &Planner, node: &str, name: &str) -> ServicePlan {
         .services
         .into_iter()
         .find(|s| s.name == name)
+        .map(|s| ServicePlan::clone(&s))
         .unwrap_or_else(|| panic!("{name} not planned on {node}"))
 }
 

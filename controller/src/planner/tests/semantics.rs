@@ -238,7 +238,7 @@ fn services_skipped_by_design_are_noted_not_warned() {
     let names: Vec<String> = spec_of(&planner, "node-a")
         .services
         .into_iter()
-        .map(|s| s.name)
+        .map(|s| s.name.clone())
         .collect();
     assert_eq!(names, vec!["ns1/ours"]);
     let diag = planner.diagnostics();
