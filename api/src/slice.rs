@@ -109,6 +109,13 @@ pub struct ForwardingSliceSpec {
     pub entries: Vec<Arc<ServicePlan>>,
 }
 
+impl ForwardingSliceSpec {
+    /// Releases the spare capacity a parser leaves in its entries (see [`crate::plan::shrink_entries`]).
+    pub fn shrink_to_fit(&mut self) {
+        crate::plan::shrink_entries(&mut self.entries);
+    }
+}
+
 /// Which nodes a slice is for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum View {

@@ -182,8 +182,9 @@ impl Store {
                 tracing::debug!(plan = %name, "ignoring a plan object that is not this node's");
                 return (name, None);
             }
-            let entry = Entry::new(object.metadata, object.spec);
-            (name, Some(entry))
+            let mut spec = object.spec;
+            spec.shrink_to_fit();
+            (name, Some(Entry::new(object.metadata, spec)))
         }))
     }
 
@@ -191,7 +192,9 @@ impl Store {
     pub fn observe_slice(&mut self, event: watcher::Event<ForwardingSlice>) -> bool {
         self.slices.observe(map_event(event, |object: ForwardingSlice| {
             let name = object.metadata.name.clone().unwrap_or_default();
-            (name, Some(Entry::new(object.metadata, object.spec)))
+            let mut spec = object.spec;
+            spec.shrink_to_fit();
+            (name, Some(Entry::new(object.metadata, spec)))
         }))
     }
 
