@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! slot endpoints (ip, nodeName) ─► by_node: node → ip → refs   (a plan's endpointsOnNode)
-//!                                 ├► by_ip:   ip → node → refs   (nodes that may derive onNode for an ip)
-//!                                 └► entries: ip → entry keys    (entries to re-check when an ip moves)
+//!                                 └► by_ip:   ip → (node → refs, entry keys)
+//!                                       (nodes that may derive onNode for an ip; entries to re-check
+//!                                        when an ip moves)
 //! ```
 //!
 //! Reference counts, because one IP is listed by every port and Service it serves; a change is reported
@@ -20,8 +21,15 @@ use super::EntryKey;
 #[derive(Debug, Clone, Default)]
 pub struct Hosting {
     by_node: HashMap<String, BTreeMap<String, u32>>,
-    by_ip: HashMap<String, Vec<(String, u32)>>,
-    entries: HashMap<String, Vec<EntryKey>>,
+    by_ip: HashMap<String, IpHosting>,
+}
+
+/// What is known of one endpoint IP: the nodes entries put it on (with reference counts) and the entries
+/// listing it, both sorted.
+#[derive(Debug, Clone, Default)]
+struct IpHosting {
+    nodes: Vec<(String, u32)>,
+    entries: Vec<EntryKey>,
 }
 
 impl Hosting {
@@ -30,25 +38,26 @@ impl Hosting {
     pub fn add(&mut self, key: &EntryKey, hosts: &[(String, Option<String>)]) -> Vec<(String, String)> {
         let mut appeared = Vec::new();
         for (ip, node) in hosts {
-            let keys = self.entries.entry(ip.clone()).or_default();
-            if let Err(at) = keys.binary_search(key) {
-                keys.insert(at, key.clone());
+            let hosting = match self.by_ip.get_mut(ip) {
+                Some(hosting) => hosting,
+                None => self.by_ip.entry(ip.clone()).or_default(),
+            };
+            if let Err(at) = hosting.entries.binary_search(key) {
+                hosting.entries.insert(at, key.clone());
             }
             let Some(node) = node else { continue };
-            let refs = self
-                .by_node
-                .entry(node.clone())
-                .or_default()
-                .entry(ip.clone())
-                .or_default();
+            match hosting.nodes.binary_search_by(|(n, _)| n.as_str().cmp(node)) {
+                Ok(at) => hosting.nodes[at].1 += 1,
+                Err(at) => hosting.nodes.insert(at, (node.clone(), 1)),
+            }
+            let ips = match self.by_node.get_mut(node) {
+                Some(ips) => ips,
+                None => self.by_node.entry(node.clone()).or_default(),
+            };
+            let refs = ips.entry(ip.clone()).or_default();
             *refs += 1;
             if *refs == 1 {
                 appeared.push((node.clone(), ip.clone()));
-            }
-            let nodes = self.by_ip.entry(ip.clone()).or_default();
-            match nodes.binary_search_by(|(n, _)| n.as_str().cmp(node)) {
-                Ok(at) => nodes[at].1 += 1,
-                Err(at) => nodes.insert(at, (node.clone(), 1)),
             }
         }
         appeared
@@ -58,12 +67,20 @@ impl Hosting {
     pub fn remove(&mut self, key: &EntryKey, hosts: &[(String, Option<String>)]) -> Vec<(String, String)> {
         let mut gone = Vec::new();
         for (ip, node) in hosts {
-            if let Some(keys) = self.entries.get_mut(ip) {
-                if let Ok(at) = keys.binary_search(key) {
-                    keys.remove(at);
+            if let Some(hosting) = self.by_ip.get_mut(ip) {
+                if let Ok(at) = hosting.entries.binary_search(key) {
+                    hosting.entries.remove(at);
                 }
-                if keys.is_empty() {
-                    self.entries.remove(ip);
+                if let Some(node) = node
+                    && let Ok(at) = hosting.nodes.binary_search_by(|(n, _)| n.as_str().cmp(node))
+                {
+                    hosting.nodes[at].1 -= 1;
+                    if hosting.nodes[at].1 == 0 {
+                        hosting.nodes.remove(at);
+                    }
+                }
+                if hosting.entries.is_empty() && hosting.nodes.is_empty() {
+                    self.by_ip.remove(ip);
                 }
             }
             let Some(node) = node else { continue };
@@ -73,17 +90,6 @@ impl Hosting {
                 }
                 if ips.is_empty() {
                     self.by_node.remove(node);
-                }
-            }
-            if let Some(nodes) = self.by_ip.get_mut(ip) {
-                if let Ok(at) = nodes.binary_search_by(|(n, _)| n.as_str().cmp(node)) {
-                    nodes[at].1 -= 1;
-                    if nodes[at].1 == 0 {
-                        nodes.remove(at);
-                    }
-                }
-                if nodes.is_empty() {
-                    self.by_ip.remove(ip);
                 }
             }
         }
@@ -108,12 +114,12 @@ impl Hosting {
         self.by_ip
             .get(ip)
             .into_iter()
-            .flat_map(|nodes| nodes.iter().map(|(n, _)| n.as_str()))
+            .flat_map(|h| h.nodes.iter().map(|(n, _)| n.as_str()))
     }
 
     /// The entries listing `ip`.
     pub fn entries_of(&self, ip: &str) -> impl Iterator<Item = &EntryKey> {
-        self.entries.get(ip).into_iter().flatten()
+        self.by_ip.get(ip).into_iter().flat_map(|h| h.entries.iter())
     }
 }
 
