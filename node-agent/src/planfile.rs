@@ -144,6 +144,10 @@ fn parse_documents(text: &str) -> Result<PlanFile, String> {
     one_plan(found.plans, found.slices)
 }
 
+/// Lists inside Lists: `kubectl` prints one level, a hand-made bundle maybe two; a limit keeps a hostile
+/// file from recursing the reader off its stack.
+const MAX_LIST_DEPTH: usize = 4;
+
 /// The plans and slices of a file, as its documents are read.
 #[derive(Default)]
 struct Found {
@@ -153,13 +157,20 @@ struct Found {
 
 impl Found {
     fn take<D: Document>(&mut self, document: D) -> Result<(), String> {
+        self.take_nested(document, 0)
+    }
+
+    fn take_nested<D: Document>(&mut self, document: D, depth: usize) -> Result<(), String> {
         let Some(parts) = document.parts()? else {
             return Ok(());
         };
         match parts.kind.as_str() {
+            "List" | "NodeForwardingPlanList" | "ForwardingSliceList" if depth >= MAX_LIST_DEPTH => {
+                return Err(format!("Lists nested more than {MAX_LIST_DEPTH} deep"));
+            }
             "List" | "NodeForwardingPlanList" | "ForwardingSliceList" => {
                 for item in parts.items {
-                    self.take(item)?;
+                    self.take_nested(item, depth + 1)?;
                 }
             }
             "NodeForwardingPlan" => self.plans.push(
@@ -206,13 +217,13 @@ struct RawDocument<'a> {
     #[serde(borrow, default)]
     spec: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    items: Vec<&'a RawValue>,
+    items: Option<Vec<&'a RawValue>>,
 }
 
 #[derive(Deserialize)]
 struct RawMetadata {
     #[serde(default)]
-    name: String,
+    name: Option<String>,
 }
 
 impl<'a> Document for &'a RawValue {
@@ -224,9 +235,9 @@ impl<'a> Document for &'a RawValue {
             serde_json::from_str(self.get()).map_err(|e| format!("invalid JSON: {e}"))?;
         Ok(Some(Parts {
             kind: raw.kind,
-            name: raw.metadata.map(|m| m.name).unwrap_or_default(),
+            name: raw.metadata.and_then(|m| m.name).unwrap_or_default(),
             spec: raw.spec,
-            items: raw.items,
+            items: raw.items.unwrap_or_default(),
         }))
     }
 
@@ -412,6 +423,29 @@ mod tests {
             assert_eq!(file.plan, live, "{shape}");
             assert_eq!(file.slices, vec![(name.clone(), all.clone())], "{shape}");
         }
+    }
+
+    #[test]
+    fn null_lists_and_names_read_as_empty_and_deep_nesting_is_an_error_not_a_crash() {
+        let live = serde_json::to_value(object(live_plan("node-a", &["all"], vec![]))).unwrap();
+        let (name, all) = slice("all", 0, 1, vec![]);
+        let good = serde_json::to_value(ForwardingSlice::new(&name, all.clone())).unwrap();
+        // Go encodes an empty list as null.
+        let text = serde_json::json!({"kind": "List", "items": [
+            {"kind": "ForwardingSliceList", "items": null},
+            good,
+            live,
+        ]})
+        .to_string();
+        let file = parse_plan_text(&text).unwrap();
+        assert_eq!(file.slices, vec![(name, all)]);
+
+        let mut deep = String::from("{\"kind\":\"ForwardingSlice\"}");
+        for _ in 0..20_000 {
+            deep = format!("{{\"kind\":\"List\",\"items\":[{deep}]}}");
+        }
+        let error = parse_plan_text(&deep).expect_err("too deep");
+        assert!(error.contains("nested"), "{error}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ use super::{
 use crate::{
     Config, Error,
     output::{plan_object, slice_object},
-    planner::{Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange},
+    planner::{Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange, SliceChange},
 };
 
 /// A watch event for one of the kinds the controller follows.
@@ -568,7 +568,6 @@ impl Engine {
                     .previous
                     .take()
                     .or_else(|| self.planner.take().map(|p| p.previous()));
-                self.planner = None;
                 let services: Vec<&Service> = self.services.values().collect();
                 let slices: Vec<&EndpointSlice> = self.slices.values().collect();
                 let planner = match Planner::build_from(&services, &slices, self.nodes.values(), &self.config)
@@ -579,7 +578,28 @@ impl Engine {
                         return Err(error);
                     }
                 };
-                let changes = planner.changes_since(previous.as_ref());
+                let mut changes = planner.changes_since(previous.as_ref());
+                // Level-triggered after a rebuild: an object the watches show differing from what is
+                // wanted is written too, even when its wanted revision did not change (an edit or a
+                // delete that arrived while a failed rebuild left no planner to judge it).
+                let queued: BTreeSet<String> = changes.plans.iter().cloned().collect();
+                changes.plans.extend(
+                    planner
+                        .plan_revisions()
+                        .filter(|(node, want)| {
+                            !queued.contains(*node) && !self.plans.tracker.is_current(node, want)
+                        })
+                        .map(|(node, _)| node.to_string()),
+                );
+                let queued: BTreeSet<String> = changes.slices.iter().map(|c| c.name.clone()).collect();
+                changes.slices.extend(
+                    planner
+                        .slice_revisions_iter()
+                        .filter(|(name, want)| {
+                            !queued.contains(name) && !self.fws.tracker.is_current(name, want)
+                        })
+                        .map(|(name, _)| SliceChange { name, first: false }),
+                );
                 // Objects that exist but are no longer wanted (a restart after a layout change).
                 let unwanted: Vec<String> = self
                     .fws
@@ -650,6 +670,8 @@ impl Engine {
     ///
     /// Objects backing off after a failed write stay queued and are skipped until their time.
     pub fn next_pending(&mut self, now: Instant) -> Option<(ObjectRef, Option<Timestamp>)> {
+        // Without a planner (a rebuild failed) nothing can be judged: the queue waits for the next one.
+        self.planner.as_ref()?;
         // Queued slices nobody wants any more (listed at start, left from an earlier layout) are deletes.
         let unwanted: Vec<ObjectRef> = self
             .pending
@@ -1106,6 +1128,44 @@ mod tests {
                 .and_then(|(o, _)| engine.work_for(&o, None)),
             Some(Work::ApplyPlan(_))
         ));
+    }
+
+    #[test]
+    fn without_a_planner_nothing_is_handed_out_and_the_next_rebuild_repairs_what_changed_meanwhile() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        let (plans, slices) = write_all(&mut engine);
+        // A failed rebuild leaves no planner (only the previous revisions): the queue waits.
+        engine.previous = engine.planner.take().map(|p| p.previous());
+        engine.rebuild = true;
+        let mut edited = plans[0].clone();
+        edited.spec.endpoints_on_node.push("10.9.9.9".into());
+        engine.observe(Input::Plan(Event::Apply(edited)));
+        engine.observe(Input::ForwardingSlice(Event::Delete(slices[0].clone())));
+        engine
+            .pending
+            .insert(plan_ref("node-b"), Pending::new(Instant::now()));
+        assert!(
+            engine.next_pending(Instant::now()).is_none(),
+            "nothing can be judged without a planner"
+        );
+        assert!(
+            engine.pending.contains_key(&plan_ref("node-b")),
+            "and nothing queued is dropped"
+        );
+        // The next rebuild wants the same revisions as before, yet writes what differs from them.
+        engine.pending.clear();
+        engine.plan().unwrap();
+        let (rewritten, recreated) = write_all(&mut engine);
+        let names = |objects: Vec<Option<String>>| objects.into_iter().flatten().collect::<Vec<_>>();
+        assert_eq!(
+            names(rewritten.into_iter().map(|p| p.metadata.name).collect()),
+            ["node-a"]
+        );
+        assert_eq!(
+            names(recreated.into_iter().map(|s| s.metadata.name).collect()),
+            [slices[0].metadata.name.clone().unwrap()]
+        );
     }
 
     #[test]

@@ -537,10 +537,21 @@ impl Planner {
             .collect()
     }
 
+    /// (node, revision) of every planned node's plan.
+    pub fn plan_revisions(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.plans
+            .iter()
+            .map(|(node, layout)| (node.as_str(), layout.revision.as_str()))
+    }
+
+    /// (name, revision) of every slice, by view.
+    pub fn slice_revisions_iter(&self) -> impl Iterator<Item = (String, &str)> {
+        self.views.values().flat_map(|layout| layout.slices())
+    }
+
     fn slice_revisions(&self) -> BTreeMap<String, String> {
-        self.views
-            .values()
-            .flat_map(|layout| layout.slices().map(|(n, r)| (n, r.to_string())))
+        self.slice_revisions_iter()
+            .map(|(name, revision)| (name, revision.to_string()))
             .collect()
     }
 
