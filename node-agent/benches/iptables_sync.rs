@@ -2,9 +2,10 @@
 //!
 //! For 1,000 / 5,000 / 10,000 ClusterIP services × 5 endpoints, with iptables-nft and iptables-legacy:
 //! a full sync (validate + render + `iptables-restore`, through the real [`Syncer`] and edge), then at
-//! the largest size a one-service partial sync (one endpoint replaced; median of 5), drift checks
+//! the largest size a one-service partial sync (one endpoint replaced; median of 5) and its floor (a bare
+//! `iptables-restore --noflush` of that Service's chains alone, in the same namespace), drift checks
 //! (the first reads whole tables with iptables-save; "steady" is the third, the kind later resync
-//! periods settle on: top-level chains and jumps only with iptables-nft at scale), the rule count,
+//! periods settle on: top-level chains and jumps only with iptables-nft at scale), the rule and chain counts,
 //! and the peak RSS of the real `switchyard-agent apply --plan` process at that size. Prints one table
 //! and, at 10,000 Services (not in smoke mode), one `target … met|MISSED` line per target: partial sync
 //! ≤ 50 ms (each iptables variant), peak RSS ≤ 30 MiB. A partial sync that the agent did not apply as a
@@ -90,6 +91,12 @@ struct Row {
     render: Duration,
     full: Duration,
     partial: Option<Duration>,
+    /// A bare `iptables-restore --noflush` of the smallest payload with a partial sync's effect (the
+    /// changed Service's chains, flushed and rewritten), in the same namespace afterwards: the floor
+    /// of a one-Service change, whatever the agent does around it.
+    floor: Option<Duration>,
+    /// Our chains in the nat table.
+    nat_chains: usize,
     /// The first drift check (whole-table saves) and the third (the kind resync periods settle on).
     drift_check: (Duration, Duration),
 }
@@ -98,7 +105,7 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
     let netns = Netns::new(&format!("{variant}-{services}"))?;
     let spec = spec(services, Backend::Iptables);
     let render = render_only(&spec);
-    let (full, rules, partial, drift_check) = netns.within(move || {
+    let (full, rules, partial, drift_check, floor) = netns.within(move || {
         let mut syncer = syncer(variant)?;
         let (full, rules) = applied(syncer.sync_plan(&Arc::new(spec.clone())))?;
         let mut drift_checks = Vec::new();
@@ -123,8 +130,26 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
             switchyard_api::testing::finish(&mut current);
             partial.push(applied_partial(syncer.sync_plan(&Arc::new(current.clone())))?);
         }
-        Ok((full, rules, partial, drift_check))
+        let floor = if partial_runs == 0 {
+            None
+        } else {
+            let index = current.services.len() / 2;
+            let payload = service_payload(&current, index);
+            let mut runs = Vec::new();
+            for _ in 0..partial_runs {
+                runs.push(bare_restore(variant, &payload)?);
+            }
+            Some(median(runs))
+        };
+        Ok((full, rules, partial, drift_check, floor))
     })?;
+    let nat_chains = netns
+        .exec(&format!(
+            "iptables-{variant}-save -t nat | grep -c '^:SWYD-' || true"
+        ))?
+        .trim()
+        .parse()
+        .unwrap_or_default();
     let save_lines = netns
         .exec(&format!("iptables-{variant}-save -t nat | grep -c '^-A SWYD-'; iptables-{variant}-save -t filter | grep -c '^-A SWYD-' || true"))?
         .lines()
@@ -138,8 +163,56 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
         render,
         full,
         partial: (!partial.is_empty()).then(|| median(partial)),
+        floor,
+        nat_chains,
         drift_check,
     })
+}
+
+/// The nat chains of entry `index` as a restore payload that flushes and rewrites them: what a
+/// partial sync of a one-endpoint change writes, less its bookkeeping.
+fn service_payload(spec: &NodeForwardingPlanSpec, index: usize) -> String {
+    let mut one = spec.clone();
+    one.services = vec![Arc::clone(&spec.services[index])];
+    let facts = HostFacts {
+        random_fully: true,
+        ..HostFacts::default()
+    };
+    let ruleset = switchyard_agent::iptables::render(&one, &facts, IpFamily::IPv4, &HashSet::new());
+    let chains = ruleset.services().iter().flat_map(|group| &group.chains);
+    let mut payload = String::from("*nat\n");
+    for chain in chains.clone() {
+        payload.push_str(&format!(":{} - [0:0]\n", chain.name));
+    }
+    for chain in chains {
+        for rule in &chain.rules {
+            payload.push_str(&format!("-A {} {rule}\n", chain.name));
+        }
+    }
+    payload.push_str("COMMIT\n");
+    payload
+}
+
+/// One `iptables-<variant>-restore --noflush` of `payload`, timed from spawn to exit.
+fn bare_restore(variant: Variant, payload: &str) -> Result<Duration, String> {
+    use std::process::{Command, Stdio};
+    let started = Instant::now();
+    let mut child = Command::new(format!("iptables-{variant}-restore"))
+        .args(["--noflush", "-w"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(payload.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("bare restore failed: {status}\n{payload}"));
+    }
+    Ok(started.elapsed())
 }
 
 fn run() -> Result<(), String> {
@@ -163,14 +236,16 @@ fn run() -> Result<(), String> {
         "agent iptables benchmark: ClusterIP services × {ENDPOINTS} endpoints, fresh network namespaces"
     );
     println!(
-        "{:>8} {:>8} | {:>8} {:>8} | {:>16} {:>12} | {:>22} | {:>12} {:>12}",
+        "{:>8} {:>8} | {:>8} {:>8} {:>10} | {:>16} {:>12} | {:>22} {:>12} | {:>12} {:>12}",
         "iptables",
         "services",
         "rules",
         "in save",
+        "nat chains",
         "validate+render",
         "full sync",
         "1-service partial (med)",
+        "bare floor",
         "drift: whole",
         "steady"
     );
@@ -179,14 +254,16 @@ fn run() -> Result<(), String> {
             let runs = if services == largest { partial_runs } else { 0 };
             let row = measure(variant, services, runs)?;
             println!(
-                "{:>8} {:>8} | {:>8} {:>8} | {:>16} {:>12} | {:>22} | {:>12} {:>12}",
+                "{:>8} {:>8} | {:>8} {:>8} {:>10} | {:>16} {:>12} | {:>22} {:>12} | {:>12} {:>12}",
                 row.variant.to_string(),
                 row.services,
                 row.rules,
                 row.save_lines,
+                row.nat_chains,
                 ms(row.render),
                 ms(row.full),
                 row.partial.map(ms).unwrap_or_else(|| "-".into()),
+                row.floor.map(ms).unwrap_or_else(|| "-".into()),
                 ms(row.drift_check.0),
                 ms(row.drift_check.1)
             );

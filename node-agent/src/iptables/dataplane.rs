@@ -31,7 +31,7 @@ use switchyard_api::{
 use super::kernel::{Iptables, RestoreInput};
 use super::names;
 use super::payload::Table;
-use super::render::{HostFacts, jump_rules, node_port_ips};
+use super::render::{HostFacts, jump_rules, large_cluster, node_port_ips};
 use super::save::SavedTable;
 use super::stream::{PayloadJob, Programmed, StreamMode, Streamed};
 use crate::error::Error;
@@ -57,6 +57,8 @@ struct RenderEnv {
     facts: HostFacts,
     node_ips: Vec<String>,
     cluster: ClusterSettings,
+    /// Large-cluster mode (no per-endpoint comments): a flip rewrites every Service's chains.
+    large: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -268,6 +270,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             facts: facts.clone(),
             node_ips: spec.node_ips.clone(),
             cluster: spec.cluster.clone(),
+            large: large_cluster(spec, family, request.skip),
         };
         // Whatever happens next, the old model no longer describes the kernel with certainty: it is
         // taken out now and replaced after a successful restore (or put back after a refused one).

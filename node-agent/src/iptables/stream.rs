@@ -387,13 +387,15 @@ impl PayloadJob<'_> {
 mod tests {
     use super::*;
     use crate::iptables::{Tracer, render};
-    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+    use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, plan};
 
+    /// Endpoints on the node keep a SEP chain (hairpin), so the partial sync has stale SEP chains to
+    /// delete; the others are DNATed inline.
     fn spec(changed: bool) -> NodeForwardingPlanSpec {
         let mut services = vec![
             entry("ns/a:p", "10.96.0.1", 80)
                 .with(ep("10.244.2.1", 80))
-                .with(ep("10.244.3.1", 80)),
+                .with(ep("10.244.3.1", 80).on_node()),
             entry("ns/b:p", "10.96.0.2", 80)
                 .node_port(30002)
                 .lb_ip("203.0.113.2")
@@ -406,7 +408,7 @@ mod tests {
             services[0].endpoints.pop();
             services.push(entry("ns/c:p", "10.96.0.4", 80).with(ep("10.244.2.4", 80)));
         } else {
-            services.push(entry("ns/gone:p", "10.96.0.5", 80).with(ep("10.244.2.5", 80)));
+            services.push(entry("ns/gone:p", "10.96.0.5", 80).with(ep("10.244.2.5", 80).on_node()));
         }
         plan("node-a", services)
     }

@@ -80,7 +80,8 @@ fn the_first_sync_is_full_and_programs_chains_jump_rules_and_status() {
 #[test]
 fn an_endpoint_change_is_a_partial_sync_of_exactly_that_service() {
     let mut h = Harness::new();
-    let before = base();
+    // On this node: its endpoint keeps a SEP chain (hairpin), which the change replaces.
+    let before = edit(&base(), "ns1/web:http", |e| e.endpoints[1].on_node = true);
     h.sync(&before);
     let saves = h.iptables.saves();
     let after = edit(&before, "ns1/web:http", |e| {
@@ -94,14 +95,16 @@ fn an_endpoint_change_is_a_partial_sync_of_exactly_that_service() {
     let want: BTreeSet<String> = [
         names::cluster_policy_chain("ns1/web:http", "tcp"),
         names::external_chain("ns1/web:http", "tcp"),
-        web("10.244.2.5:8080"),
         web("10.244.3.99:8080"),
         web("10.244.3.5:8080"),
     ]
     .into_iter()
     .collect();
     let got: BTreeSet<String> = declared(&payload).into_iter().collect();
-    assert_eq!(got, want, "only web's chains (and its stale SEP):\n{payload}");
+    assert_eq!(
+        got, want,
+        "only web's chains (and its stale SEP; 10.244.2.5 is DNATed inline):\n{payload}"
+    );
     assert!(payload.contains(&format!("-X {}\n", web("10.244.3.5:8080"))));
     assert!(
         !payload.contains("*filter"),
@@ -862,4 +865,35 @@ fn a_plan_for_another_backend_falls_back_to_iptables_and_says_so() {
     assert_eq!(s.backend, Some(switchyard_api::Backend::Iptables));
     assert!(s.backend_reason.as_deref().unwrap().contains("asks for ipvs"));
     assert_eq!(condition(&s, DEGRADED), (status::TRUE, reasons::BACKEND_FALLBACK));
+}
+
+#[test]
+fn crossing_the_large_cluster_threshold_rewrites_every_service_in_a_full_sync() {
+    use switchyard_agent::iptables::render::LARGE_CLUSTER_ENDPOINTS;
+    let mut h = Harness::new();
+    // base() has 5 endpoints; single-endpoint entries fill it up to exactly the threshold.
+    let mut small = base();
+    for i in 0..LARGE_CLUSTER_ENDPOINTS - 5 {
+        let (hi, lo) = (i / 250, i % 250 + 1);
+        let name = format!("ns2/s{i}:p");
+        let filler = entry(&name, &format!("10.97.{hi}.{lo}"), 80).with(ep(&format!("10.245.{hi}.{lo}"), 80));
+        small.services.push(Arc::new(filler));
+    }
+    finish(&mut small);
+    assert_eq!(mode(&h.sync(&small)), SyncMode::Full);
+    let dns_pick = "\"kube-system/dns:dns -> 10.244.2.53:53\"";
+    assert!(h.iptables.dump(IpFamily::IPv4).contains(dns_pick));
+
+    // One more endpoint of one Service: every Service's per-endpoint comments go, so no partial sync.
+    let large = edit(&small, "ns1/web:http", |e| {
+        e.endpoints.push(ep("10.244.4.5", 8080))
+    });
+    assert_eq!(mode(&h.sync(&large)), SyncMode::Full);
+    let dump = h.iptables.dump(IpFamily::IPv4);
+    assert!(!dump.contains(dns_pick), "unchanged dns lost its comments too");
+    assert!(
+        dump.contains("\"kube-system/dns:dns cluster IP\""),
+        "frontends keep theirs"
+    );
+    assert_eq!(fresh_state(&large), dump, "the same as a fresh full sync");
 }

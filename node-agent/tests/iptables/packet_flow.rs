@@ -594,7 +594,9 @@ fn affinity_checks_come_before_the_random_pick() {
     assert_eq!(kinds, ["masq", "rcheck", "rcheck", "random", "last"]);
     for sep in lb.chains.iter().filter(|c| c.name.starts_with("SWYD-SEP-")) {
         assert!(
-            sep.rules[1].contains(&format!("-m recent --name {} --set", sep.name)),
+            sep.rules
+                .last()
+                .is_some_and(|dnat| dnat.contains(&format!("-m recent --name {} --set", sep.name))),
             "{:?}",
             sep.rules
         );

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use switchyard_agent::iptables::{EntryKey, Ruleset, Table, Tracer, names};
-use switchyard_api::testing::{EntryExt, entry, ep, plan};
+use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, plan};
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};
 
 use crate::fixtures::{facts, local_addrs, render_all};
@@ -17,6 +17,8 @@ fn key(name: &str) -> EntryKey {
     }
 }
 
+/// Endpoints on the node keep a SEP chain (hairpin) whose removal a partial sync must handle; the
+/// others are DNATed inline by their policy chain.
 fn before() -> NodeForwardingPlanSpec {
     plan(
         "node-a",
@@ -27,11 +29,11 @@ fn before() -> NodeForwardingPlanSpec {
             entry("ns/shrinks:p80", "10.96.0.2", 80)
                 .with(ep("10.244.2.2", 80))
                 .with(ep("10.244.3.2", 80))
-                .with(ep("10.244.4.2", 80)),
+                .with(ep("10.244.4.2", 80).on_node()),
             entry("ns/goes:p80", "10.96.0.3", 80)
                 .lb_ip("203.0.113.3")
                 .source_range("198.51.100.0/24")
-                .with(ep("10.244.2.3", 80)),
+                .with(ep("10.244.2.3", 80).on_node()),
         ],
     )
 }
