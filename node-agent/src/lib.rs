@@ -14,7 +14,7 @@
 //!   run::http: /healthz /readyz /metrics · healthcheck servers · source::cache (<state-dir>/plan.yaml)
 //! ```
 //!
-//! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::plan_set`], [`sync::status`],
+//! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`], [`sync::status`],
 //! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
 //! edges, each a small trait with an in-memory fake: [`iptables::kernel::Iptables`] ([`iptables::exec`],
 //! [`iptables::fake`]), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
