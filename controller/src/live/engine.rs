@@ -880,8 +880,11 @@ mod tests {
     use super::*;
     use crate::planner::fixtures::{EndpointExt, ServiceExt, endpoint, service, slice, three_nodes};
 
-    fn synced_engine() -> Engine {
-        let mut engine = Engine::new(Config::default());
+    /// ns1/web: one port, one endpoint on node-a.
+    fn web() -> (
+        k8s_openapi::api::core::v1::Service,
+        k8s_openapi::api::discovery::v1::EndpointSlice,
+    ) {
         let svc = service("ns1", "web", "10.96.0.10", |s| {
             s.port("", 80, "TCP");
         });
@@ -891,6 +894,12 @@ mod tests {
             &[("", 80, "TCP")],
             vec![endpoint("10.244.1.5", "node-a")],
         );
+        (svc, eps)
+    }
+
+    fn synced_engine() -> Engine {
+        let mut engine = Engine::new(Config::default());
+        let (svc, eps) = web();
         engine.observe(Input::Service(Event::Init));
         engine.observe(Input::Service(Event::InitApply(svc)));
         engine.observe(Input::Service(Event::InitDone));
@@ -1195,15 +1204,7 @@ mod tests {
     #[test]
     fn a_slice_left_from_an_earlier_layout_is_deleted_after_every_write() {
         let mut engine = Engine::new(Config::default());
-        let svc = service("ns1", "web", "10.96.0.10", |s| {
-            s.port("", 80, "TCP");
-        });
-        let eps = slice(
-            "ns1",
-            "web",
-            &[("", 80, "TCP")],
-            vec![endpoint("10.244.1.5", "node-a")],
-        );
+        let (svc, eps) = web();
         let (name, spec) = switchyard_api::testing::slice("all", 3, 4, vec![]);
         for input in [
             Input::Service(Event::Init),
