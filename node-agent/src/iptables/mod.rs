@@ -49,6 +49,7 @@ pub mod tracer;
 
 pub use payload::{Chain, EntryKey, Ruleset, RulesetDigest, ServiceChains, Table};
 pub use render::{
-    HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_selected,
+    HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_groups,
+    render_selected,
 };
 pub use tracer::{Branch, Packet, Trace, Tracer, Verdict};

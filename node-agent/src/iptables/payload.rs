@@ -110,6 +110,10 @@ pub struct ServiceChains {
     pub key: EntryKey,
     /// Its chains, in the order they are written.
     pub chains: Vec<Chain>,
+    /// A fingerprint of the rules the entry adds to the top-level chains (its frontends and verdicts):
+    /// equal fingerprints of an entry's old and new versions mean the top-level chains did not change
+    /// because of it.
+    pub frontends: u64,
 }
 
 /// The complete desired state of the agent's chains for one IP family.

@@ -2,9 +2,11 @@
 //! and partial syncs that render only what changed.
 //!
 //! ```text
-//! pass 1: spec ─► render_selected() ─┬─ changed entries: chain group ─► Programmed (names, counts)
-//!                 (wanted = changed)  │                                  (+ kept for writing, partial only)
+//! pass 1: spec ─► render_selected() ─┬─ changed entries: chain group ─► Programmed (names, counts,
+//!                 (wanted = changed)  │                                  frontends; kept for writing if partial)
 //!                                     └─ unchanged entries: top-level rules only; group carried over
+//!         (partial, same entries in the same order: render_groups() of the changed ones first; if none
+//!          changed its frontends, the top-level chains are carried over and render_selected() is skipped)
 //!         top-level chains ─► written when their rules changed (always when full)
 //!         stale chains (gone from the new model) ─► flushed, then deleted
 //! write:  sorted declarations ─► rules (full: pass 2 renders again, streaming) ─► -X stale ─► -I jumps
@@ -22,7 +24,10 @@
 //!
 //! A partial sync asks the caller which entries are unchanged (the edge compares plan entries, which
 //! is far cheaper than rendering them: the 160,000 per-service rules are most of a full render's time)
-//! and renders only the others. Top-level chains whose rules did not change are not rewritten either,
+//! and renders only the others. Most changes (an endpoint replaced) leave every frontend as it was: then
+//! not even the unchanged entries' top-level rules are rendered (~50 ms at 10,000 Services), as each
+//! group's model keeps a fingerprint of its frontends and the model one of the entries' order. Top-level
+//! chains whose rules did not change are not rewritten either,
 //! unlike kube-proxy, which rewrites them on every sync: with iptables-nft, flushing and refilling a
 //! 10,000-rule `SERVICES` chain costs about 0.7 s, the one changed service's chains 20-40 ms.
 //!
@@ -51,7 +56,7 @@ use switchyard_api::{IpFamily, NodeForwardingPlanSpec, ServicePlan};
 
 use super::names;
 use super::payload::{Chain, EntryKey, ServiceChains, Table, write_declaration, write_rules};
-use super::render::{HostFacts, JumpRule, render_each, render_selected};
+use super::render::{HostFacts, JumpRule, render_each, render_groups, render_selected};
 
 /// One entry's chains with their rule counts, shared so partial syncs carry unchanged entries over.
 pub type GroupChains = Arc<[(String, usize)]>;
@@ -60,14 +65,30 @@ pub type GroupChains = Arc<[(String, usize)]>;
 /// partial syncs and drift detection compare against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Programmed {
-    groups: HashMap<EntryKey, GroupChains>,
+    groups: HashMap<EntryKey, GroupModel>,
     top: BTreeMap<(Table, String), (u64, usize)>,
+    /// A fingerprint of the entries' keys in plan order: with it and every changed entry's frontends
+    /// unchanged, the top-level chains are known to be unchanged without rendering them.
+    order: u64,
+}
+
+/// What the model keeps of one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct GroupModel {
+    chains: GroupChains,
+    /// [`ServiceChains::frontends`].
+    frontends: u64,
 }
 
 impl Programmed {
     /// Rules in all our chains of both tables.
     pub fn rules(&self) -> usize {
-        let groups: usize = self.groups.values().flat_map(|g| g.iter()).map(|(_, n)| n).sum();
+        let groups: usize = self
+            .groups
+            .values()
+            .flat_map(|g| g.chains.iter())
+            .map(|(_, n)| n)
+            .sum();
         groups + self.top.values().map(|(_, n)| n).sum::<usize>()
     }
 
@@ -78,7 +99,7 @@ impl Programmed {
 
     /// The chains of one entry.
     pub fn group(&self, key: &EntryKey) -> Option<&GroupChains> {
-        self.groups.get(key)
+        self.groups.get(key).map(|g| &g.chains)
     }
 
     /// The top-level chains of `table` (shared by every entry) with the number of rules each must hold.
@@ -102,7 +123,7 @@ impl Programmed {
             counts.extend(
                 self.groups
                     .values()
-                    .flat_map(|g| g.iter())
+                    .flat_map(|g| g.chains.iter())
                     .map(|(name, n)| (name.as_str(), *n)),
             );
         }
@@ -118,7 +139,7 @@ impl Programmed {
             .chain(
                 self.groups
                     .values()
-                    .flat_map(|g| g.iter())
+                    .flat_map(|g| g.chains.iter())
                     .map(|(name, _)| name.as_str()),
             )
     }
@@ -180,6 +201,25 @@ fn fingerprint(rules: &[String]) -> u64 {
     hasher.finish()
 }
 
+/// Puts a rendered group into the new model, and keeps it for writing in a partial sync (a full sync
+/// renders again while writing).
+fn record(streamed: &mut Streamed, pending: &mut Vec<ServiceChains>, full: bool, group: ServiceChains) {
+    let chains: GroupChains = group
+        .chains
+        .iter()
+        .map(|c| (c.name.clone(), c.rules.len()))
+        .collect();
+    streamed.written.push(group.key.clone());
+    let model = GroupModel {
+        chains,
+        frontends: group.frontends,
+    };
+    streamed.programmed.groups.insert(group.key.clone(), model);
+    if !full {
+        pending.push(group);
+    }
+}
+
 impl PayloadJob<'_> {
     /// Renders and writes the payload to `out`.
     pub fn write(&self, out: &mut dyn Write) -> io::Result<Streamed> {
@@ -196,33 +236,62 @@ impl PayloadJob<'_> {
                 .filter_map(|(index, entry)| {
                     let key = EntryKey::of(entry);
                     let group = previous.groups.get(&key)?;
-                    streamed.programmed.groups.insert(key, Arc::clone(group));
+                    streamed.programmed.groups.insert(key, group.clone());
                     Some(index)
                 })
                 .collect(),
         };
+        streamed.programmed.order = self.order();
         let mut pending: Vec<ServiceChains> = Vec::new();
-        let top = render_selected(
-            self.spec,
-            self.facts,
-            self.family,
-            self.skip,
-            &|index, _| !carried.contains(&index),
-            &mut |_, group| {
-                let chains: GroupChains = group
-                    .chains
-                    .iter()
-                    .map(|c| (c.name.clone(), c.rules.len()))
-                    .collect();
-                streamed.written.push(group.key.clone());
-                streamed.programmed.groups.insert(group.key.clone(), chains);
-                if !full {
-                    pending.push(group);
+        let changed = |index: usize, _: &ServicePlan| !carried.contains(&index);
+        // A partial sync where the entries are the same ones in the same order and no changed entry's
+        // frontends changed (an endpoint replaced, say) leaves the top-level chains as they are: only the
+        // changed entries are rendered.
+        let frontends_unchanged = match self.mode {
+            StreamMode::Partial { previous, .. } if previous.order == streamed.programmed.order => {
+                let mut same = true;
+                render_groups(
+                    self.spec,
+                    self.facts,
+                    self.family,
+                    self.skip,
+                    &changed,
+                    &mut |_, group| {
+                        same &= previous
+                            .groups
+                            .get(&group.key)
+                            .is_some_and(|old| old.frontends == group.frontends);
+                        record(&mut streamed, &mut pending, full, group);
+                    },
+                );
+                if same {
+                    streamed.programmed.top = previous.top.clone();
+                } else {
+                    // Rendered again below, with every entry's frontends.
+                    streamed.written.clear();
+                    pending.clear();
                 }
-            },
-        );
-        let nat = self.top_chains(Table::Nat, top.nat_chains(), &mut streamed);
-        let filter = self.top_chains(Table::Filter, top.filter_chains(), &mut streamed);
+                same
+            }
+            _ => false,
+        };
+        let top;
+        let (nat, filter) = if frontends_unchanged {
+            (Vec::new(), Vec::new())
+        } else {
+            top = render_selected(
+                self.spec,
+                self.facts,
+                self.family,
+                self.skip,
+                &changed,
+                &mut |_, group| record(&mut streamed, &mut pending, full, group),
+            );
+            (
+                self.top_chains(Table::Nat, top.nat_chains(), &mut streamed),
+                self.top_chains(Table::Filter, top.filter_chains(), &mut streamed),
+            )
+        };
         streamed.stale = self.stale(&streamed);
 
         // Declarations first, sorted: iptables-nft-restore takes about twice as long (and worse as the
@@ -316,6 +385,15 @@ impl PayloadJob<'_> {
         Ok((String::from_utf8_lossy(&buffer).into_owned(), streamed))
     }
 
+    /// [`Programmed::order`] of this job's entries.
+    fn order(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        for (_, entry) in self.entries() {
+            (&entry.name, entry.protocol).hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+
     /// The entries this family renders, with their plan indexes.
     fn entries(&self) -> impl Iterator<Item = (usize, &Arc<ServicePlan>)> + '_ {
         self.spec
@@ -370,8 +448,8 @@ impl PayloadJob<'_> {
                 // old chain is still live only if the same entry's new group has it.
                 for (key, old) in &previous.groups {
                     let new = streamed.programmed.groups.get(key);
-                    for (name, _) in old.iter() {
-                        let live = new.is_some_and(|g| g.iter().any(|(n, _)| n == name));
+                    for (name, _) in old.chains.iter() {
+                        let live = new.is_some_and(|g| g.chains.iter().any(|(n, _)| n == name));
                         if !live && names::is_service_chain(name) {
                             stale.insert(name.clone());
                         }
@@ -503,6 +581,44 @@ mod tests {
             "partial on top of old must equal full of new"
         );
         assert_eq!(streamed.programmed, fresh.programmed);
+    }
+
+    #[test]
+    fn top_level_chains_are_not_rendered_again_when_no_changed_entry_changed_its_frontends() {
+        let facts = HostFacts::default();
+        let old_spec = spec(false);
+        let existing = BTreeSet::new();
+        let (_, old) = full(&old_spec, &facts, &existing).to_text().unwrap();
+        let edited = |f: &dyn Fn(&mut ServicePlan)| {
+            let mut new_spec = old_spec.clone();
+            f(Arc::make_mut(&mut new_spec.services[0]));
+            switchyard_api::testing::finish(&mut new_spec);
+            new_spec
+        };
+        let replaced = edited(&|e| e.endpoints[0].ip = "10.244.2.77".into());
+        let drained = edited(&|e| {
+            e.endpoints.clear();
+            e.has_endpoints = false;
+        });
+        for (new_spec, top_written) in [
+            (replaced, vec![]),
+            (drained, vec!["nat SWYD-SERVICES", "filter SWYD-SERVICES"]),
+        ] {
+            let unchanged = same_as(&old_spec);
+            let job = PayloadJob {
+                mode: StreamMode::Partial {
+                    previous: &old.programmed,
+                    unchanged: &unchanged,
+                },
+                ..full(&new_spec, &facts, &existing)
+            };
+            let (text, streamed) = job.to_text().unwrap();
+            assert_eq!(streamed.top_written, top_written, "{text}");
+            let written: Vec<&str> = streamed.written.iter().map(|k| k.name.as_str()).collect();
+            assert_eq!(written, ["ns/a:p"]);
+            let (_, fresh) = full(&new_spec, &facts, &existing).to_text().unwrap();
+            assert_eq!(streamed.programmed, fresh.programmed);
+        }
     }
 
     #[test]

@@ -206,3 +206,124 @@ proptest! {
         }
     }
 }
+
+/// What happens to one entry between two syncs.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Keep,
+    /// Its first endpoint replaced by another address (a rolling update's step).
+    ReplaceEndpoint,
+    /// Its first endpoint moves onto or off this node (its SEP chain appears or goes).
+    MoveEndpoint,
+    /// Every endpoint gone (its frontends change to REJECT).
+    Drain,
+    /// Deleted.
+    Remove,
+}
+
+fn arb_change() -> impl Strategy<Value = Change> {
+    prop::sample::select(vec![
+        Change::Keep,
+        Change::Keep,
+        Change::ReplaceEndpoint,
+        Change::MoveEndpoint,
+        Change::Drain,
+        Change::Remove,
+    ])
+}
+
+/// `old` with `changes` applied entry by entry, and `added` appended under a fresh name.
+fn changed(
+    old: &switchyard_api::NodeForwardingPlanSpec,
+    changes: &[Change],
+    added: Option<ServicePlan>,
+) -> switchyard_api::NodeForwardingPlanSpec {
+    let mut new = old.clone();
+    new.services.clear();
+    for (entry, change) in old
+        .services
+        .iter()
+        .zip(changes.iter().chain(std::iter::repeat(&Change::Keep)))
+    {
+        let mut entry = entry.clone();
+        let e = std::sync::Arc::make_mut(&mut entry);
+        match change {
+            Change::Keep => {}
+            Change::ReplaceEndpoint => {
+                if let Some(ep) = e.endpoints.first_mut() {
+                    ep.ip = addr(e.family, "10.244.2.77".into(), "fd00:10:244:2::77".into());
+                    e.endpoints.sort();
+                }
+            }
+            Change::MoveEndpoint => {
+                if let Some(ep) = e.endpoints.first_mut() {
+                    ep.on_node = !ep.on_node;
+                    ep.local &= ep.on_node;
+                }
+            }
+            Change::Drain => {
+                e.endpoints.clear();
+                e.has_endpoints = false;
+            }
+            Change::Remove => continue,
+        }
+        new.services.push(entry);
+    }
+    if let Some(mut extra) = added {
+        extra.name = "ns-new/svc-new:p1".into();
+        extra.cluster_ip = addr(extra.family, "10.96.0.99".into(), "fd00:10:96::99".into());
+        extra.node_port = extra.node_port.map(|_| 30099);
+        extra.health_check_node_port = extra.health_check_node_port.map(|_| 32099);
+        new.services.push(std::sync::Arc::new(extra));
+    }
+    finish(&mut new);
+    new
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// A partial sync on top of any plan leaves the kernel (the tracer's model) and the agent's model
+    /// exactly as a full sync of the new plan would, whichever way its top-level chains are found
+    /// unchanged or rewritten.
+    #[test]
+    fn a_partial_sync_equals_a_full_sync_of_the_new_plan(
+        old in arb_plan(),
+        changes in prop::collection::vec(arb_change(), 7),
+        added in prop::option::of(arb_entry()),
+    ) {
+        use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
+        let new = changed(&old, &changes, added);
+        prop_assert!(validate(&new).is_clean(), "{:?}", validate(&new));
+        let facts = HostFacts::default();
+        let none = HashSet::new();
+        let empty = BTreeSet::new();
+        for family in [IpFamily::IPv4, IpFamily::IPv6] {
+            let full = |spec| PayloadJob {
+                spec,
+                facts: &facts,
+                family,
+                skip: &none,
+                mode: StreamMode::Full { existing: &empty },
+                jumps: &[],
+            };
+            let (old_text, old_streamed) = full(&old).to_text().unwrap();
+            let unchanged = |_: usize, entry: &std::sync::Arc<ServicePlan>| old.services.contains(entry);
+            let partial = PayloadJob {
+                mode: StreamMode::Partial { previous: &old_streamed.programmed, unchanged: &unchanged },
+                ..full(&new)
+            };
+            let (partial_text, partial_streamed) = partial.to_text().unwrap();
+            let (fresh_text, fresh_streamed) = full(&new).to_text().unwrap();
+
+            let mut kernel = Tracer::new(family, &local_addrs()).unwrap();
+            kernel.restore(&old_text).unwrap();
+            let applied = kernel.restore(&partial_text);
+            prop_assert!(applied.is_ok(), "{:?}\n{partial_text}", applied.err());
+            let mut want = Tracer::new(family, &local_addrs()).unwrap();
+            want.restore(&fresh_text).unwrap();
+            prop_assert_eq!(kernel.dump(), want.dump(), "partial payload:\n{}", partial_text);
+            prop_assert_eq!(&partial_streamed.programmed, &fresh_streamed.programmed);
+        }
+    }
+}
