@@ -88,14 +88,15 @@ struct RenderArgs {
     /// Plan file: a NodeForwardingPlan object (YAML/JSON), multi-document YAML of shards, or a bare spec.
     #[arg(long)]
     plan: PathBuf,
-    /// Backend to render for.
-    #[arg(long, default_value = "iptables")]
-    backend: String,
+    /// Backend to render for (iptables, nftables or ipvs); the plan's own `spec.backend` when not given.
+    #[arg(long)]
+    backend: Option<String>,
 }
 
 #[derive(Args, Debug)]
 struct IptablesArgs {
-    /// Which iptables to use: detect what the host uses, nf_tables, or legacy x_tables.
+    /// Which iptables to use: `auto` (detect what the host uses), `nft` (iptables-nft, the nf_tables
+    /// kernel API) or `legacy` (iptables-legacy, x_tables).
     #[arg(long, default_value = "auto", value_parser = parse_mode)]
     iptables_mode: IptablesMode,
     #[command(flatten)]
@@ -173,7 +174,8 @@ struct RunArgs {
 
 #[derive(Args, Debug)]
 struct CleanupArgs {
-    /// Which iptables to clean; `auto` cleans both nf_tables and legacy (whichever exist).
+    /// Which iptables to clean: `nft` (iptables-nft), `legacy` (iptables-legacy), or `auto`: both, each
+    /// only where the host already has its tables.
     #[arg(long, default_value = "auto", value_parser = parse_mode)]
     iptables_mode: IptablesMode,
 }
@@ -312,12 +314,13 @@ fn quote(arg: &str) -> String {
 }
 
 fn render_command(args: &RenderArgs) -> ExitCode {
-    let backend = match Backend::parse(&args.backend) {
-        Some(backend) => backend,
-        None => {
+    let asked = match args.backend.as_deref().map(|name| (name, Backend::parse(name))) {
+        None => None,
+        Some((_, Some(backend))) => Some(backend),
+        Some((name, None)) => {
             return fail(
                 EXIT_USAGE,
-                &format!("unknown backend {:?} (iptables, ipvs or nftables)", args.backend),
+                &format!("unknown backend {name:?} (iptables, ipvs or nftables)"),
             );
         }
     };
@@ -325,6 +328,8 @@ fn render_command(args: &RenderArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    // "Exactly what would be programmed": the plan names its backend, so that is the default.
+    let backend = asked.unwrap_or(spec.backend);
     let report = validate(&spec);
     if !report.plan.is_empty() {
         for problem in &report.plan {
@@ -547,6 +552,15 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
     })
 }
 
+/// Whether `variant`'s existing tables (`*-save` without `-t` lists only tables that exist, and creates
+/// none) hold any chain or rule of ours, in either family.
+fn holds_ours(variant: Variant) -> bool {
+    ["iptables", "ip6tables"].iter().any(|binary| {
+        let mut save = std::process::Command::new(format!("{binary}-{variant}-save"));
+        crate::command::stdout_of(&mut save).is_ok_and(|text| text.contains(crate::iptables::names::PREFIX))
+    })
+}
+
 fn cleanup_command(args: &CleanupArgs) -> ExitCode {
     let variants: Vec<Variant> = match args.iptables_mode {
         IptablesMode::Nft => vec![Variant::Nft],
@@ -555,6 +569,12 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
     };
     let mut code = ExitCode::SUCCESS;
     for variant in variants {
+        // Reading a legacy table with `-t` creates it; `auto` must leave a host that never used a
+        // variant without its tables (iptables-save would warn about them from then on).
+        if args.iptables_mode == IptablesMode::Auto && !holds_ours(variant) {
+            tracing::info!(%variant, "nothing of ours in this iptables variant");
+            continue;
+        }
         let iptables = match ExecIptables::with_variant(variant) {
             Ok(iptables) => iptables,
             Err(e) if args.iptables_mode == IptablesMode::Auto => {
@@ -597,6 +617,23 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
 mod tests {
     use super::*;
     use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    #[test]
+    fn iptables_mode_help_names_the_values_the_flag_accepts() {
+        use clap::CommandFactory;
+        for sub in ["run", "apply", "cleanup"] {
+            let mut command = Cli::command();
+            let help = command
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            for value in ["`auto`", "`nft`", "`legacy`"] {
+                assert!(help.contains(value), "{sub} --help lacks {value}:\n{help}");
+                assert!(value.trim_matches('`').parse::<IptablesMode>().is_ok());
+            }
+        }
+    }
 
     #[test]
     fn durations_parse_like_go() {

@@ -118,6 +118,15 @@ impl Suite {
                 .unwrap();
             let text = String::from_utf8_lossy(&save.stdout);
             assert!(!text.contains("SWYD"), "{table} still has our rules:\n{text}");
+            // No trace either: the lab never used iptables-legacy, so cleanup must not have created
+            // its tables (iptables-save would then warn "iptables-legacy tables present").
+            let warnings = String::from_utf8_lossy(&save.stderr);
+            assert!(!warnings.contains("legacy"), "{table}: {warnings}");
+        }
+        for save in ["iptables-legacy-save", "ip6tables-legacy-save"] {
+            let out = deployed.exec_in_node(node, &[save]).unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(!text.contains('*'), "cleanup left {save} tables behind:\n{text}");
         }
         let tables = deployed.exec_in_node(node, &["nft", "list", "tables"]).unwrap();
         let tables = String::from_utf8_lossy(&tables.stdout);

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use switchyard_agent::iptables::names;
 use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, finish, plan};
-use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanSpec, NodeForwardingPlanStatus, Protocol};
+use switchyard_api::{
+    Backend, NodeForwardingPlan, NodeForwardingPlanSpec, NodeForwardingPlanStatus, Protocol,
+};
 
 use crate::lab::{Netns, lab_allowed, rules_in, wait_for, write_atomic};
 
@@ -342,6 +344,22 @@ fn render_prints_what_apply_programs() {
     assert!(!netns.save().contains("SWYD-"), "render touches nothing");
     let out = netns.agent(&["render", "--plan", &plan, "--backend", "bpf"]);
     assert_eq!(out.status.code(), Some(2));
+
+    // Without --backend, the plan's own backend: what `apply` would program.
+    for (backend, header) in [
+        (Backend::Nftables, "# === IPv4: nft -f -"),
+        (Backend::Ipvs, "# === IPVS (ipvsadm-restore)"),
+        (Backend::Iptables, "# === IPv4: iptables-restore --noflush"),
+    ] {
+        let mut own = spec();
+        own.backend = backend;
+        finish(&mut own);
+        let plan = write_plan(&netns, &own);
+        let out = netns.agent(&["render", "--plan", &plan]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(header), "{backend:?}: {text}");
+    }
 }
 
 /// `GET path` on the agent's HTTP port inside `netns` (bash's /dev/tcp): the whole answer.
