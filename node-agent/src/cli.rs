@@ -242,7 +242,9 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in a file or journald.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     // A second call (embedding binary, tests) keeps the first subscriber.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -572,7 +574,7 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
         // Reading a legacy table with `-t` creates it; `auto` must leave a host that never used a
         // variant without its tables (iptables-save would warn about them from then on).
         if args.iptables_mode == IptablesMode::Auto && !holds_ours(variant) {
-            tracing::info!(%variant, "nothing of ours in this iptables variant");
+            println!("iptables-{variant}: removed 0 jump rules and 0 chains (none present)");
             continue;
         }
         let iptables = match ExecIptables::with_variant(variant) {

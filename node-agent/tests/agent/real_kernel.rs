@@ -226,6 +226,7 @@ fn run_syncs_partially_repairs_drift_and_leaves_rules_on_sigterm() {
     let log = netns.agent_log();
     assert!(exit.success(), "{exit}\n{log}");
     assert!(log.contains("rules stay in place"), "{log}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file:\n{log:?}");
     assert_eq!(
         rules_in(&netns.save(), names::SERVICES),
         services_rules,
