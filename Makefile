@@ -8,13 +8,17 @@ IMAGE_REGISTRY ?= ghcr.io/switchyard
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: help build test unit lint fmt generate verify-generated demo plan bench e2e image clean
+.PHONY: help build install test unit lint fmt generate verify-generated demo plan bench e2e image clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-build: ## Build both binaries and the lab (debug)
+build: ## Build both binaries and the lab (debug) into target/debug/: switchyard-controller, switchyard-agent, switchyard-lab
 	$(CARGO) build --workspace --bins
+
+install: ## cargo install switchyard-controller and switchyard-agent (release) into ~/.cargo/bin (INSTALL_ROOT=dir: dir/bin)
+	$(CARGO) install --locked --path controller $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
+	$(CARGO) install --locked --path node-agent $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 
 test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests
 

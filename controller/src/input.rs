@@ -84,7 +84,9 @@ fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, Error> {
             }),
         };
     }
-    parse_yaml(text).map_err(|e| error(format!("invalid YAML: {e}")))
+    parse_yaml(text).map_err(|e| {
+        error(switchyard_api::yaml::exceeded_limit(&e).unwrap_or_else(|| format!("invalid YAML: {e}")))
+    })
 }
 
 fn parse_yaml(text: &str) -> Result<Vec<Value>, serde_saphyr::Error> {
@@ -177,9 +179,19 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
             loaded.forwarding_slices.push(object);
         }
         "" => {
+            // `kubectl get -o yaml` prints `kind: List` after the items: a List without it was cut off.
+            let truncated = value.get("items").is_some_and(Value::is_array);
+            let message = if truncated {
+                format!(
+                    "{at}: a list of items without its `kind: List` line, which `kubectl get -o yaml` \
+                     prints last: the file looks truncated"
+                )
+            } else {
+                format!("{at}: object has no `kind`")
+            };
             return Err(Error::ParseInput {
                 path: name.to_string(),
-                message: format!("{at}: object has no `kind`"),
+                message,
             });
         }
         _ => loaded.ignored_kinds.push(kind),
@@ -303,6 +315,17 @@ items:
                 "nokind.yaml: document 1: object has no `kind`",
             ),
             (
+                "cut.yaml",
+                "apiVersion: v1\nitems:\n- kind: Node\n  metadata: {name: a}\n",
+                "cut.yaml: document 1: a list of items without its `kind: List` line, which `kubectl get -o \
+                 yaml` prints last: the file looks truncated",
+            ),
+            (
+                "storm.yaml",
+                &"kind: Node\nmetadata: {name: a}\n---\n".repeat(switchyard_api::yaml::MAX_DOCUMENTS + 1),
+                "storm.yaml: the file holds more than 100000 YAML documents",
+            ),
+            (
                 "wrongtype.yaml",
                 "kind: List\nitems:\n- kind: Service\n  metadata: {name: s, namespace: n}\n  spec: {ports: [{port: abc}]}\n",
                 "wrongtype.yaml: document 1, items[0] (Service n/s)",
@@ -316,7 +339,7 @@ items:
     }
 
     #[test]
-    fn large_dumps_fit_the_yaml_budget() {
+    fn large_dumps_and_trees_of_many_documents_fit_the_yaml_limits() {
         // 3,000 Services: far above serde-saphyr's default 250,000-node budget.
         let snapshot = crate::synthetic::cluster(&crate::synthetic::Shape::new(3, 3_000, 5));
         let mut items: Vec<serde_json::Value> = Vec::new();
@@ -328,6 +351,16 @@ items:
         let mut loaded = Loaded::default();
         load_text("big.yaml", &yaml, &mut loaded).unwrap();
         assert_eq!(loaded.snapshot.services.len(), 3_000);
+        // The same objects as one document each (a concatenated GitOps tree): 6,003 documents, far
+        // above serde-saphyr's default of 1,024.
+        let documents: Vec<String> = items
+            .iter()
+            .map(|item| serde_saphyr::to_string(item).unwrap())
+            .collect();
+        let mut loaded = Loaded::default();
+        load_text("tree.yaml", &documents.join("---\n"), &mut loaded).unwrap();
+        assert_eq!(loaded.snapshot.services.len(), 3_000);
+        assert_eq!(loaded.snapshot.slices.len(), 3_000);
     }
 
     #[test]

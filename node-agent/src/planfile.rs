@@ -10,8 +10,8 @@
 //! ```
 //!
 //! JSON goes through serde_json (fastest, least memory for a 10,000-service plan); YAML through
-//! serde-saphyr with its resource budget raised to fit such plans (its defaults stop at 250,000 nodes,
-//! which a 2,000-service plan already exceeds). Files holding slices are dispatched by each document's
+//! serde-saphyr with the limits of `switchyard_api::yaml` (its defaults stop at 250,000 nodes, which a
+//! 2,000-service plan already exceeds; an exceeded limit is reported in words). Files holding slices are dispatched by each document's
 //! kind (JSON specs parsed in place from the text, YAML through a generic tree); plan-only files are read
 //! straight into the typed spec.
 
@@ -94,7 +94,11 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
             }
             "no document".to_string()
         }
-        Err(e) => e.to_string(),
+        Err(e) => match switchyard_api::yaml::exceeded_limit(&e) {
+            // Every reading below would stop at the same limit.
+            Some(limit) => return Err(limit),
+            None => e.to_string(),
+        },
     };
     if let Ok(list) = serde_saphyr::from_str_with_options::<List>(text, yaml_options()) {
         return Ok(list.items.into_iter().map(|o| o.spec).collect());
@@ -135,8 +139,10 @@ fn parse_documents(text: &str) -> Result<PlanFile, String> {
             found.take(document.map_err(|e| format!("invalid JSON: {e}"))?)?;
         }
     } else {
-        let documents = serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options())
-            .map_err(|e| format!("invalid YAML: {e}"))?;
+        let documents =
+            serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()).map_err(|e| {
+                switchyard_api::yaml::exceeded_limit(&e).unwrap_or_else(|| format!("invalid YAML: {e}"))
+            })?;
         for document in documents {
             found.take(document)?;
         }
