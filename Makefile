@@ -8,7 +8,7 @@ IMAGE_REGISTRY ?= ghcr.io/switchyard
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: help build install test unit lint fmt generate verify-generated demo plan bench e2e image clean
+.PHONY: help build install test unit lint fmt generate verify-generated demo plan bench e2e e2e-cluster image clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -71,6 +71,10 @@ bench: ## All benchmarks (release build) and one summary table against the targe
 
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests
+
+e2e-cluster: ## The cluster suites against the API server KUBECONFIG names (a bare kube-apiserver will do; root)
+	@test -n "$$KUBECONFIG" || { echo "e2e-cluster: set KUBECONFIG to a real API server"; exit 2; }
+	$(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent
 
 image: ## Container images switchyard-controller and switchyard-agent (skipped without a running engine)
 	@if ! $(CONTAINER_ENGINE) info >/dev/null 2>&1; then \

@@ -17,6 +17,16 @@ use switchyard_api::{
 };
 
 /// A path inside the repository.
+/// A client from `KUBECONFIG`. The suites are ignored unless `KUBECONFIG` was set when they were built
+/// (e2e/build.rs); run with `--include-ignored` without it, they fail rather than pass unrun.
+pub async fn client_from_kubeconfig(test: &str) -> Client {
+    assert!(
+        std::env::var_os("KUBECONFIG").is_some(),
+        "{test}: set KUBECONFIG to a real API server (make e2e-cluster)"
+    );
+    Client::try_default().await.expect("a client from KUBECONFIG")
+}
+
 pub fn repo(path: &str) -> PathBuf {
     let mut p = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     p.pop();
