@@ -392,6 +392,35 @@ async fn node_deletion_deletes_its_plan_and_relists_never_do() {
 }
 
 #[tokio::test]
+async fn a_node_delete_event_removes_its_plan_without_waiting_for_the_periodic_sweep() {
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    let options = Options::new(config(48 * 1024));
+    assert_eq!(options.orphan_sweep_period, Duration::from_secs(60));
+    let ctl = Controller::start(&server, options).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    // Past the sweep that runs at start: the next periodic one is a minute away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    server.remove(Kind::Node, "node-0002");
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .get(Kind::Plan, "node-0002")
+            .is_none())
+        .await,
+        "the plan of a deleted Node is still there"
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.method == Method::GET && r.path == "/api/v1/nodes/node-0002"),
+        "deleted without confirming the Node is gone"
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test]
 async fn hand_edited_or_deleted_plans_and_slices_are_restored() {
     let server = FakeApiServer::new();
     seed(&server, &shape());

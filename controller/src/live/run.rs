@@ -4,7 +4,7 @@
 //! watch channel ─► engine.observe ──► every minPlanInterval while dirty: engine.plan ─► writer notified
 //! writer task (leader only): engine.next_pending (slices, then plans, then retired slices)
 //!                            ─► reconcile ─► Action (on error: stays queued, not before its backoff)
-//! orphan sweep (leader only, periodic) ─► GET node 404 ─► delete its plans
+//! orphan sweep (leader only, periodic and on a Node delete event) ─► GET node 404 ─► delete its plans
 //! shutdown ─► stop writing, release the lease
 //! ```
 //!
@@ -19,12 +19,12 @@ use std::{
 };
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice};
-use kube::{Api, Client, api::ListParams};
+use kube::{Api, Client, api::ListParams, runtime::watcher};
 use tokio::sync::{Notify, mpsc, watch};
 
 use super::{
     budget::WriteBudget,
-    engine::{Engine, ObjectRef, SuspectEmpty},
+    engine::{Engine, Input, ObjectRef, SuspectEmpty},
     leader::{self, Timing},
     metrics::{Health, KindLabel, Metrics, ModeLabel, router},
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
@@ -165,6 +165,11 @@ pub async fn run(
     loop {
         tokio::select! {
             Some(input) = rx.recv() => {
+                // A deleted Node's plan goes within seconds, not at the next periodic sweep; the sweep
+                // still confirms with a GET that the Node is gone.
+                if matches!(input, Input::Node(watcher::Event::Delete(_))) {
+                    sweep.reset_immediately();
+                }
                 if let Ok(mut engine) = engine.lock() {
                     engine.observe(input);
                     for object in engine.take_restored() {
