@@ -14,7 +14,7 @@ use switchyard_controller::{
     input::load_files,
     live::run::{Options, run},
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
-    planner::Planner,
+    planner::{Planner, problems, snapshot_problems},
 };
 
 #[derive(Parser)]
@@ -287,6 +287,15 @@ fn plan(
     let diagnostics = planner.diagnostics();
     for warning in &diagnostics.warnings {
         eprintln!("warning: {warning}");
+    }
+    for problem in snapshot_problems(&loaded.snapshot, &config) {
+        // The planner's warning above already names a NodePort outside the range.
+        if problem.reason != problems::reasons::NODE_PORT_OUT_OF_RANGE {
+            eprintln!(
+                "warning: Service {}: {} ({})",
+                problem.service, problem.message, problem.reason
+            );
+        }
     }
     if !loaded.ignored_kinds.is_empty() {
         eprintln!(

@@ -44,6 +44,18 @@ fn table_of_the_example_cluster() {
     }
     assert_eq!(lines.len(), 4);
     assert!(lines[1].starts_with("node-a") && lines[1].contains("iptables") && lines[1].contains(" 11 "));
+    // The example's deliberately broken Services are diagnosed, one `warning:` line each.
+    let problems: Vec<&str> = stderr.lines().filter(|l| l.ends_with(')')).collect();
+    assert_eq!(
+        problems,
+        [
+            "warning: Service default/checkout: none of its 3 endpoints is ready: 2 terminating, 1 not ready; \
+             1 still serving, used as a fallback while they terminate (NoReadyEndpoints)",
+            "warning: Service default/maintenance: no endpoints: the Service has no selector and its 0 \
+             EndpointSlice(s) list none; connections are rejected (NoEndpoints)",
+        ],
+        "{stderr}"
+    );
 }
 
 #[test]

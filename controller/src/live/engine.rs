@@ -26,10 +26,7 @@ use k8s_openapi::{
 use kube::runtime::watcher;
 use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
-    names::{
-        ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
-        k8s::LABEL_SERVICE_NAME,
-    },
+    names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME},
     revision,
     watch::map_event,
 };
@@ -42,7 +39,7 @@ use super::{
 use crate::{
     Config, Error,
     output::{plan_object, slice_object},
-    planner::{Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange, SliceChange},
+    planner::{Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange, SliceChange, service_of},
 };
 
 /// A watch event for one of the kinds the controller follows.
@@ -845,15 +842,6 @@ impl Engine {
 fn planner_view(config: &Config, node: Option<&Node>) -> Option<NodeInfo> {
     let mut diag = Diagnostics::default();
     crate::planner::node_info(node?, config, &mut diag)
-}
-
-/// `namespace/service` of a slice.
-pub fn service_of(slice: &EndpointSlice) -> Option<String> {
-    let service = slice.metadata.labels.as_ref()?.get(LABEL_SERVICE_NAME)?;
-    Some(format!(
-        "{}/{service}",
-        slice.metadata.namespace.as_deref().unwrap_or("default")
-    ))
 }
 
 fn trigger_time(slice: &EndpointSlice) -> Option<Timestamp> {

@@ -26,6 +26,7 @@ pub(crate) mod fixtures;
 mod hosting;
 mod nodes;
 mod plans;
+pub mod problems;
 mod services;
 mod slices;
 pub mod topology;
@@ -46,6 +47,7 @@ use k8s_openapi::api::{
 };
 pub use nodes::NodeInfo;
 pub(crate) use nodes::node_info;
+pub use problems::{ServiceProblem, service_of, snapshot_problems};
 pub use slices::EndpointInfo;
 use switchyard_api::{
     EndpointRef, ForwardingSliceSpec, IpFamily, NodeForwardingPlanSpec, PlanEndpoint, Protocol, ServicePlan,

@@ -388,6 +388,6 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
     out
 }
 
-fn in_range(port: u16, range: Option<(u16, u16)>) -> bool {
+pub(crate) fn in_range(port: u16, range: Option<(u16, u16)>) -> bool {
     range.is_none_or(|(lo, hi)| (lo..=hi).contains(&port))
 }

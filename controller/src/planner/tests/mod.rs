@@ -6,6 +6,7 @@ mod categorize;
 mod golden;
 mod incremental;
 mod oracle;
+mod problems;
 mod properties;
 mod semantics;
 mod slicing;
