@@ -794,3 +794,98 @@ async fn a_hung_orphan_sweep_does_not_block_event_intake() {
     assert!(server.get(Kind::Plan, "node-0001").is_some());
     ctl.stop().await;
 }
+
+/// `count` Services with a selector and no EndpointSlice (the NoEndpoints problem), named broken-N.
+fn broken_services(server: &FakeApiServer, count: usize) {
+    for i in 0..count {
+        let mut svc = service(900 + i, &shape());
+        svc.metadata.name = Some(format!("broken-{i}"));
+        svc.spec.as_mut().unwrap().selector = Some([("app".to_string(), format!("broken-{i}"))].into());
+        server.put(Kind::Service, &svc);
+    }
+}
+
+#[tokio::test]
+async fn a_broken_service_gets_one_warning_event_however_often_it_is_replanned() {
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    broken_services(&server, 1);
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
+    assert!(eventually(Duration::from_secs(10), || server.keys(Kind::Event).len() == 1).await);
+    let key = &server.keys(Kind::Event)[0];
+    let event = server.get(Kind::Event, key).unwrap();
+    let service = server.get(Kind::Service, &service_key(&event)).unwrap();
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "NoEndpoints");
+    assert_eq!(event["regarding"]["kind"], "Service");
+    assert_eq!(event["regarding"]["name"], "broken-0");
+    assert_eq!(event["regarding"]["uid"], service["metadata"]["uid"]);
+    assert_eq!(event["reportingController"], "switchyard.io/controller");
+    assert!(
+        event["note"].as_str().unwrap().contains("matches no Pod"),
+        "{event}"
+    );
+
+    // Re-planned again and again (its labels change): still that one Event, never patched.
+    for round in 0..5 {
+        let mut svc: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(server.get(Kind::Service, &service_key(&event)).unwrap()).unwrap();
+        svc.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("round".into(), round.to_string());
+        server.put(Kind::Service, &svc);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let events: Vec<Recorded> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/events") && r.is_write())
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let text = ctl.running.metrics.render();
+    assert!(
+        text.contains("switchyard_controller_service_problems{reason=\"NoEndpoints\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switchyard_controller_service_problem_events_total{outcome=\"published\"} 1"),
+        "{text}"
+    );
+    ctl.stop().await;
+}
+
+fn service_key(event: &Value) -> String {
+    format!(
+        "{}/{}",
+        event["regarding"]["namespace"].as_str().unwrap(),
+        event["regarding"]["name"].as_str().unwrap()
+    )
+}
+
+#[tokio::test]
+async fn many_broken_services_get_events_at_the_rate_limit_only() {
+    use switchyard_controller::live::events::BURST;
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    broken_services(&server, 60);
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
+    assert!(
+        eventually(Duration::from_secs(10), || server.keys(Kind::Event).len()
+            >= BURST as usize)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let published = server.keys(Kind::Event).len();
+    // The burst, and at most one or two more at 0.5 per second: not one per broken Service.
+    assert!(
+        (BURST as usize..=BURST as usize + 2).contains(&published),
+        "{published} events"
+    );
+    let text = ctl.running.metrics.render();
+    assert!(
+        text.contains("switchyard_controller_service_problems{reason=\"NoEndpoints\"} 60"),
+        "{text}"
+    );
+    ctl.stop().await;
+}

@@ -646,6 +646,7 @@ fn controller_rbac_reads_inputs_writes_plan_and_slice_specs_and_nothing_else() {
             None,
         ));
     }
+    want.extend(grant("events.k8s.io", "events", &["create", "patch"], None));
     assert!(
         verbs_on(&have, GROUP, PLAN_STATUS).is_empty(),
         "the controller must not write plan status"

@@ -39,7 +39,11 @@ use super::{
 use crate::{
     Config, Error,
     output::{plan_object, slice_object},
-    planner::{Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange, SliceChange, service_of},
+    planner::{
+        Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange, ServiceProblem, SliceChange,
+        problems::{problems_by_service, service_problems},
+        service_of,
+    },
 };
 
 /// A watch event for one of the kinds the controller follows.
@@ -255,6 +259,8 @@ pub struct Engine {
     /// The last planner's revisions while a failed rebuild left no planner.
     previous: Option<Previous>,
     dirty_services: BTreeMap<String, Option<Timestamp>>,
+    /// Problems of the Services that have any, by `namespace/name`, as of the last planning run.
+    problems: BTreeMap<String, Vec<ServiceProblem>>,
     rebuild: bool,
     pending: BTreeMap<ObjectRef, Pending>,
     /// Slices to delete once nothing waits to be written.
@@ -281,6 +287,7 @@ impl Engine {
             planner: None,
             previous: None,
             dirty_services: BTreeMap::new(),
+            problems: BTreeMap::new(),
             rebuild: true,
             pending: BTreeMap::new(),
             retired: BTreeMap::new(),
@@ -534,6 +541,24 @@ impl Engine {
         }
     }
 
+    /// Every current Service problem, sorted by Service.
+    pub fn problems(&self) -> impl Iterator<Item = &ServiceProblem> {
+        self.problems.values().flatten()
+    }
+
+    /// What an Event about `service` (`namespace/name`) refers to, if the Service is still cached.
+    pub fn service_reference(&self, service: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
+        let cached = self.services.get(service)?;
+        Some(k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            namespace: cached.metadata.namespace.clone(),
+            name: cached.metadata.name.clone(),
+            uid: cached.metadata.uid.clone(),
+            ..Default::default()
+        })
+    }
+
     /// Runs the planner over what changed since the last run and queues the objects that changed.
     pub fn plan(&mut self) -> Result<PlanOutcome, Error> {
         if !self.synced() {
@@ -556,6 +581,16 @@ impl Engine {
                     .into_iter()
                     .map(|(key, slices)| (key, self.services.get(key), slices))
                     .collect();
+                for (key, service, slices) in &changes {
+                    let problems = service
+                        .map(|service| service_problems(service, slices, &self.config))
+                        .unwrap_or_default();
+                    if problems.is_empty() {
+                        self.problems.remove(*key);
+                    } else {
+                        self.problems.insert(key.to_string(), problems);
+                    }
+                }
                 (planner.replan_services(&changes)?, false, dirty.len())
             }
             _ => {
@@ -567,6 +602,8 @@ impl Engine {
                     .or_else(|| self.planner.take().map(|p| p.previous()));
                 let services: Vec<&Service> = self.services.values().collect();
                 let slices: Vec<&EndpointSlice> = self.slices.values().collect();
+                self.problems =
+                    problems_by_service(services.iter().copied(), slices.iter().copied(), &self.config);
                 let planner = match Planner::build_from(&services, &slices, self.nodes.values(), &self.config)
                 {
                     Ok(planner) => planner,

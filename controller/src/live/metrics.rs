@@ -34,6 +34,20 @@ pub struct ModeLabel {
     pub mode: String,
 }
 
+/// Label of the Service problem gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The Event reason (`NoEndpoints`, ...).
+    pub reason: String,
+}
+
+/// Label of the Event counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `published`, `failed`, or `dropped` (the publisher's queue was full).
+    pub outcome: String,
+}
+
 /// Every metric the controller exports (prefix `switchyard_controller_`).
 #[derive(Debug)]
 pub struct Metrics {
@@ -73,6 +87,10 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// 1 while this replica holds the lease.
     pub leader: Gauge,
+    /// Services with each problem now.
+    pub service_problems: Family<ReasonLabel, Gauge>,
+    /// Events about Service problems, by outcome.
+    pub service_events: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -103,6 +121,8 @@ impl Default for Metrics {
             )),
             queue_depth: Gauge::default(),
             leader: Gauge::default(),
+            service_problems: Family::default(),
+            service_events: Family::default(),
         };
         registry.register(
             "plans_written",
@@ -184,6 +204,16 @@ impl Default for Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             m.leader.clone(),
+        );
+        registry.register(
+            "service_problems",
+            "Services with a problem that leaves them without working forwarding, by reason",
+            m.service_problems.clone(),
+        );
+        registry.register(
+            "service_problem_events",
+            "Warning Events about Service problems, by outcome",
+            m.service_events.clone(),
         );
         Self { registry, ..m }
     }

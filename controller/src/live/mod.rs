@@ -11,6 +11,7 @@
 pub mod budget;
 pub mod cache;
 pub mod engine;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;

@@ -25,12 +25,16 @@ use tokio::sync::{Notify, mpsc, watch};
 use super::{
     budget::WriteBudget,
     engine::{Engine, Input, ObjectRef, SuspectEmpty},
+    events::{self, EventGate},
     leader::{self, Timing},
-    metrics::{Health, KindLabel, Metrics, ModeLabel, router},
+    metrics::{Health, KindLabel, Metrics, ModeLabel, OutcomeLabel, ReasonLabel, router},
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
     watch as watches,
 };
-use crate::{Config, Error, planner::Warning};
+use crate::{
+    Config, Error,
+    planner::{ServiceProblem, Warning},
+};
 
 /// After a failed or timed-out confirmation of an empty relist, wait this long before the next one
 /// (instead of retrying on every tick).
@@ -157,6 +161,15 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sweep = tokio::time::interval(options.orphan_sweep_period);
+    let mut problems_tick = tokio::time::interval(Duration::from_secs(1));
+    problems_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut gate = EventGate::new(tokio::time::Instant::now());
+    let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+    tokio::spawn(events::publish(
+        events::recorder(client.clone()),
+        events_rx,
+        Arc::clone(&metrics),
+    ));
     let mut last_plan: Option<tokio::time::Instant> = None;
     let mut confirm_after: Option<tokio::time::Instant> = None;
     let mut skipped = SkippedObjects::default();
@@ -205,6 +218,9 @@ pub async fn run(
                 }
                 leader_seen = leading;
             }
+            _ = problems_tick.tick() => {
+                report_problems(&engine, &metrics, *leader_rx.borrow(), &mut gate, &events_tx);
+            }
             _ = sweep.tick() => {
                 if *leader_rx.borrow()
                     && let Err(error) = sweep_orphans(&ctx).await {
@@ -222,6 +238,53 @@ pub async fn run(
         let _ = election.await;
     }
     Ok(())
+}
+
+/// Events waiting for the publisher at most; more are dropped (and counted): the gate's rate limit
+/// keeps the queue far below this unless the API server stops answering.
+const EVENT_QUEUE: usize = 256;
+
+/// Sets the problem gauges and, on the leader, hands the problems the gate lets through to the
+/// publisher.
+fn report_problems(
+    engine: &Arc<Mutex<Engine>>,
+    metrics: &Metrics,
+    leading: bool,
+    gate: &mut EventGate,
+    events: &mpsc::Sender<events::Pending>,
+) {
+    let Ok(engine) = engine.lock() else { return };
+    let problems: Vec<ServiceProblem> = engine.problems().cloned().collect();
+    metrics.service_problems.clear();
+    for problem in &problems {
+        metrics
+            .service_problems
+            .get_or_create(&ReasonLabel {
+                reason: problem.reason.into(),
+            })
+            .inc();
+    }
+    if !leading {
+        return;
+    }
+    let (due, _) = gate.due(tokio::time::Instant::now(), &problems);
+    for problem in due {
+        let Some(regarding) = engine.service_reference(&problem.service) else {
+            continue;
+        };
+        let pending = events::Pending {
+            problem: problem.clone(),
+            regarding,
+        };
+        if events.try_send(pending).is_err() {
+            metrics
+                .service_events
+                .get_or_create(&OutcomeLabel {
+                    outcome: "dropped".into(),
+                })
+                .inc();
+        }
+    }
 }
 
 /// Invalid objects already counted in `skipped_objects`: every re-plan reports them again, but each one

@@ -62,24 +62,34 @@ pub fn service_of(slice: &EndpointSlice) -> Option<String> {
 
 /// The problems of every Service of `snapshot`, sorted.
 pub fn snapshot_problems(snapshot: &Snapshot, config: &Config) -> Vec<ServiceProblem> {
+    problems_by_service(&snapshot.services, &snapshot.slices, config)
+        .into_values()
+        .flatten()
+        .collect()
+}
+
+/// The problems of each of `services` (by `namespace/name`; Services without one are left out), given
+/// every EndpointSlice.
+pub fn problems_by_service<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    config: &Config,
+) -> BTreeMap<String, Vec<ServiceProblem>> {
     let mut by_service: BTreeMap<String, Vec<&EndpointSlice>> = BTreeMap::new();
-    for slice in &snapshot.slices {
+    for slice in slices {
         if let Some(key) = service_of(slice) {
             by_service.entry(key).or_default().push(slice);
         }
     }
-    let mut problems: Vec<ServiceProblem> = snapshot
-        .services
-        .iter()
-        .flat_map(|service| {
-            let slices = services::key(service)
-                .and_then(|key| by_service.get(&key))
-                .map_or(&[][..], Vec::as_slice);
-            service_problems(service, slices, config)
+    services
+        .into_iter()
+        .filter_map(|service| {
+            let key = services::key(service)?;
+            let slices = by_service.get(&key).map_or(&[][..], Vec::as_slice);
+            let problems = service_problems(service, slices, config);
+            (!problems.is_empty()).then_some((key, problems))
         })
-        .collect();
-    problems.sort();
-    problems
+        .collect()
 }
 
 /// The problems of `service` given its EndpointSlices (those labelled with its name), sorted.

@@ -97,6 +97,8 @@ pub enum Kind {
     ForwardingSlice,
     /// coordination.k8s.io/v1 Leases.
     Lease,
+    /// events.k8s.io/v1 Events.
+    Event,
 }
 
 impl Kind {
@@ -106,6 +108,7 @@ impl Kind {
             Self::EndpointSlice => "discovery.k8s.io/v1",
             Self::Plan | Self::ForwardingSlice => "switchyard.io/v1alpha2",
             Self::Lease => "coordination.k8s.io/v1",
+            Self::Event => "events.k8s.io/v1",
         }
     }
 
@@ -117,6 +120,7 @@ impl Kind {
             Self::Plan => "NodeForwardingPlan",
             Self::ForwardingSlice => "ForwardingSlice",
             Self::Lease => "Lease",
+            Self::Event => "Event",
         }
     }
 }
@@ -155,6 +159,7 @@ fn parse_path(path: &str) -> Option<Target> {
         "nodeforwardingplans" => Kind::Plan,
         "forwardingslices" => Kind::ForwardingSlice,
         "leases" => Kind::Lease,
+        "events" => Kind::Event,
         _ => return None,
     };
     Some(Target {
@@ -435,6 +440,26 @@ fn matches_selectors(object: &Value, labels: Option<&str>, fields: Option<&str>)
 }
 
 /// A server-side apply patch (`application/apply-patch+yaml`).
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Some(map) = target.as_object_mut() {
+        for (key, value) in fields {
+            if value.is_null() {
+                map.remove(key);
+            } else {
+                merge_patch(map.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
 fn content_type_is_apply(parts: &http::request::Parts) -> bool {
     parts
         .headers
@@ -788,6 +813,21 @@ impl FakeApiServer {
                 let (object, _) = state.upsert(target.kind, key, object);
                 full(StatusCode::OK, &object)
             }
+            (Method::PATCH, Some(name)) if target.kind == Kind::Event => {
+                // Events have no spec: a JSON merge patch (RFC 7386) of an existing one, as the
+                // Recorder sends to extend a series.
+                let Some(patch) = body else {
+                    return status_error(StatusCode::BAD_REQUEST, "BadRequest", "no body");
+                };
+                let key = State::key(&target, &name);
+                let Some(mut current) = state.objects.get(&target.kind).and_then(|m| m.get(&key)).cloned()
+                else {
+                    return status_error(StatusCode::NOT_FOUND, "NotFound", &format!("{name} not found"));
+                };
+                merge_patch(&mut current, &patch);
+                let (object, _) = state.upsert(target.kind, key, current);
+                full(StatusCode::OK, &object)
+            }
             (Method::PATCH, Some(name)) => {
                 let Some(patch) = body else {
                     return status_error(StatusCode::BAD_REQUEST, "BadRequest", "no body");
@@ -968,6 +1008,57 @@ mod tests {
         server.put(Kind::Node, json!({"metadata": {"name": "b"}}));
         let event = stream.next().await.unwrap().unwrap();
         assert!(matches!(event, kube::api::WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("b")));
+    }
+
+    #[tokio::test]
+    async fn events_are_created_then_merge_patched_like_the_recorder_expects() {
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let server = FakeApiServer::new();
+        let recorder = Recorder::new(
+            server.client(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        let regarding = k8s_openapi::api::core::v1::ObjectReference {
+            kind: Some("Service".into()),
+            namespace: Some("ns1".into()),
+            name: Some("web".into()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "NoEndpoints".into(),
+            note: Some("none".into()),
+            action: "Proxy".into(),
+            secondary: None,
+        };
+        recorder.publish(&event, &regarding).await.unwrap();
+        recorder.publish(&event, &regarding).await.unwrap();
+        let keys = server.keys(Kind::Event);
+        assert_eq!(keys.len(), 1, "the repeat extends the series: {keys:?}");
+        let stored = server.get(Kind::Event, &keys[0]).unwrap();
+        assert!(keys[0].starts_with("ns1/web."), "{keys:?}");
+        assert_eq!(stored["series"]["count"], 2, "{stored}");
+        assert_eq!(stored["reason"], "NoEndpoints");
+        // A merge patch of an Event that does not exist is a 404, as on a real API server.
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(server.client(), "ns1");
+        let missing = api
+            .patch(
+                "nope",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"note": "x"})),
+            )
+            .await;
+        assert!(matches!(missing, Err(kube::Error::Api(e)) if e.code == 404));
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        let mut target = json!({"a": 1, "b": {"c": 2, "d": 3}, "e": [1]});
+        merge_patch(&mut target, &json!({"a": null, "b": {"c": 4}, "e": [2], "f": "new"}));
+        assert_eq!(target, json!({"b": {"c": 4, "d": 3}, "e": [2], "f": "new"}));
     }
 
     #[tokio::test]

@@ -1,0 +1,201 @@
+//! Service problems as Kubernetes Events, deduplicated and rate-limited so that a broken Service — or
+//! ten thousand of them — cannot flood the API server.
+//!
+//! ```text
+//! engine.problems() ─(every second, leader only)─► EventGate::due(now) ─► publisher task ─► Recorder
+//!                                                   │ new (service, reason): now              (events.k8s.io/v1:
+//!                                                   │ still there: again after REPEAT          create, then patch
+//!                                                   └ at most BURST at once, RATE per second   of the series)
+//! ```
+//!
+//! The gate is pure (the caller passes the time); the publisher is the only part that talks to the API
+//! server, and a failed publish is counted and logged, never retried in a loop.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::metrics::{Metrics, OutcomeLabel};
+use crate::planner::ServiceProblem;
+
+/// The same problem of the same Service is published again at most this often while it lasts (the
+/// Recorder turns repeats into one Event's series), and not again this soon after it went and came back.
+pub const REPEAT: Duration = Duration::from_secs(600);
+/// Events published at once at most (a burst after a start or a bad rollout).
+pub const BURST: u32 = 20;
+/// Events per second at most after a burst.
+pub const RATE_PER_SECOND: f64 = 0.5;
+
+/// Which problems to publish now.
+#[derive(Debug)]
+pub struct EventGate {
+    /// When each (service, reason) was last published.
+    sent: HashMap<(String, &'static str), Instant>,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl EventGate {
+    /// A gate with a full burst.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            sent: HashMap::new(),
+            tokens: f64::from(BURST),
+            refilled: now,
+        }
+    }
+
+    /// The problems of `current` to publish at `now`; the others are deduplicated (published within
+    /// [`REPEAT`]) or rate-limited (no token left: they come again on a later call). Returns how many
+    /// were held back by the rate limit too.
+    pub fn due<'a>(
+        &mut self,
+        now: Instant,
+        current: &'a [ServiceProblem],
+    ) -> (Vec<&'a ServiceProblem>, usize) {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * RATE_PER_SECOND).min(f64::from(BURST));
+        self.refilled = now;
+        // Forget what has not been published for longer than REPEAT: it may be published again.
+        self.sent
+            .retain(|_, at| now.saturating_duration_since(*at) < REPEAT);
+        let mut due = Vec::new();
+        let mut limited = 0;
+        for problem in current {
+            let key = (problem.service.clone(), problem.reason);
+            if self.sent.contains_key(&key) {
+                continue;
+            }
+            if self.tokens < 1.0 {
+                limited += 1;
+                continue;
+            }
+            self.tokens -= 1.0;
+            self.sent.insert(key, now);
+            due.push(problem);
+        }
+        (due, limited)
+    }
+}
+
+/// One Event to publish: the problem and the Service it is about.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// The problem.
+    pub problem: ServiceProblem,
+    /// The Service (apiVersion, kind, namespace, name, uid).
+    pub regarding: ObjectReference,
+}
+
+/// Publishes what it receives, one at a time, with kube's [`Recorder`] (a repeat of the same reason for
+/// the same Service within its cache time patches the first Event's series instead of creating one).
+pub async fn publish(
+    recorder: Recorder,
+    mut queue: mpsc::Receiver<Pending>,
+    metrics: std::sync::Arc<Metrics>,
+) {
+    while let Some(Pending { problem, regarding }) = queue.recv().await {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: problem.reason.to_string(),
+            note: Some(problem.message.clone()),
+            action: "Proxy".to_string(),
+            secondary: None,
+        };
+        let outcome = match recorder.publish(&event, &regarding).await {
+            Ok(()) => "published",
+            Err(error) => {
+                tracing::warn!(service = %problem.service, reason = problem.reason, %error, "publishing an Event failed");
+                "failed"
+            }
+        };
+        metrics
+            .service_events
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+}
+
+/// The Recorder of this controller (`reportingController: switchyard.io/controller`, the instance from
+/// `POD_NAME` or the host name).
+pub fn recorder(client: kube::Client) -> Recorder {
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok());
+    Recorder::new(
+        client,
+        Reporter {
+            controller: "switchyard.io/controller".into(),
+            instance,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::problems::reasons;
+
+    fn problem(service: &str, reason: &'static str) -> ServiceProblem {
+        ServiceProblem {
+            service: service.into(),
+            reason,
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn a_problem_is_published_once_then_again_only_after_repeat() {
+        let start = Instant::now();
+        let mut gate = EventGate::new(start);
+        let current = [problem("ns/a", reasons::NO_ENDPOINTS)];
+        assert_eq!(gate.due(start, &current).0.len(), 1);
+        for seconds in [1, 60, 599] {
+            let (due, _) = gate.due(start + Duration::from_secs(seconds), &current);
+            assert!(due.is_empty(), "published again after {seconds} s");
+        }
+        assert_eq!(gate.due(start + REPEAT, &current).0.len(), 1);
+        // Another reason of the same Service is its own Event.
+        let two = [
+            problem("ns/a", reasons::NO_ENDPOINTS),
+            problem("ns/a", reasons::NO_NODE_FOR_LOCAL_POLICY),
+        ];
+        assert_eq!(gate.due(start + REPEAT, &two).0.len(), 1);
+    }
+
+    #[test]
+    fn a_flapping_problem_is_not_published_on_every_return() {
+        let start = Instant::now();
+        let mut gate = EventGate::new(start);
+        let broken = [problem("ns/a", reasons::NO_READY_ENDPOINTS)];
+        assert_eq!(gate.due(start, &broken).0.len(), 1);
+        for i in 1..100u64 {
+            let now = start + Duration::from_secs(i);
+            let current: &[ServiceProblem] = if i % 2 == 0 { &broken } else { &[] };
+            assert!(gate.due(now, current).0.is_empty(), "published again at {i} s");
+        }
+    }
+
+    #[test]
+    fn many_broken_services_are_published_at_the_rate_limit() {
+        let start = Instant::now();
+        let mut gate = EventGate::new(start);
+        let many: Vec<ServiceProblem> = (0..1000)
+            .map(|i| problem(&format!("ns/s{i}"), reasons::NO_ENDPOINTS))
+            .collect();
+        let (due, limited) = gate.due(start, &many);
+        assert_eq!((due.len(), limited), (BURST as usize, 1000 - BURST as usize));
+        // A minute later: RATE_PER_SECOND × 60 more, and none twice.
+        let mut published = due.len();
+        for second in 1..=60 {
+            published += gate.due(start + Duration::from_secs(second), &many).0.len();
+        }
+        assert_eq!(published, BURST as usize + (60.0 * RATE_PER_SECOND) as usize);
+    }
+}
