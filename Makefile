@@ -38,12 +38,12 @@ generate: ## Regenerate the CRD YAML from the Rust types (crds/ and config/crd/)
 verify-generated: generate ## Fail when the committed CRD YAML differs from the types
 	@git diff --exit-code -- crds config/crd || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
 
-demo: ## The example cluster in the network-namespace lab: plans, agents, `kubectl get nfp`, traffic checks (root; DEMO_FLAGS=--keep leaves it up)
+demo: ## The example cluster in the network-namespace lab: plans, agents, their status in `kubectl get nfp` columns (files; no API server), traffic checks (root; DEMO_FLAGS=--keep leaves it up)
 	@./e2e/demo-deps.sh
 	$(CARGO) build -q --bins
 	./target/debug/switchyard-lab demo --cluster $(CLUSTER) --config $(CONFIG) $(DEMO_FLAGS)
 
-plan: ## Plan the example cluster offline and print the `kubectl get nfp` table
+plan: ## Plan the example cluster offline and print a table in `kubectl get nfp` columns
 	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
 
 bench: ## All benchmarks (release build) and one summary table against the targets (agent, latency: root; SWITCHYARD_BENCH_SMOKE=1: tiny)

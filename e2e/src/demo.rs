@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! examples/cluster.yaml ─► lab (3 nodes, pods, client) ─► plans ─► one agent per node
-//!   ─► `kubectl get nfp` table (desired vs observed revision, Applied, rules)
+//!   ─► a table in `kubectl get nfp` columns from the plan and status files (no API server runs here)
 //!   ─► traffic checks on real packets ─► report ─► teardown (or --keep)
 //! ```
 
@@ -192,7 +192,12 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
             deployed.lab.client_route_via(net, "node-a")?;
         }
     }
-    println!("\n== kubectl get nodeforwardingplans (status written by each node's agent)\n");
+    // No API server runs in the lab: the plans are files and each agent writes its status to a file. The
+    // table has `kubectl get nfp`'s columns, built from those files; it is not kubectl's output.
+    println!(
+        "\n== The plans and the status each node's agent wrote, in `kubectl get nfp` columns \
+         (plan and status files: no API server in the lab)\n"
+    );
     print!("{}", deployed.table(false)?);
     println!("\n== Traffic checks (real packets through each node's iptables rules)\n");
     let mut failed = 0;

@@ -7,7 +7,7 @@
 //! cleanup [--all]              remove leftovers of crashed runs (--all: every lab, live or kept)
 //! serve …                      the backend run inside each pod namespace
 //! probe …                      one or more probes, JSON on stdout (exit 0 when every probe was answered)
-//! demo [--cluster F] [--keep]  Switchyard on the example cluster: plans, agents, `kubectl get nfp`, traffic
+//! demo [--cluster F] [--keep]  Switchyard on the example cluster: plans, agents, their status, traffic
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
@@ -85,8 +85,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
-    /// Run Switchyard on a cluster description in a lab: plans, one agent per node, the `kubectl get nfp`
-    /// table and traffic checks (the example cluster's by default).
+    /// Run Switchyard on a cluster description in a lab: plans, one agent per node (plan and status
+    /// files; no API server), their status in `kubectl get nfp`'s columns, and traffic checks (the
+    /// example cluster's by default).
     Demo {
         /// The cluster description.
         #[arg(long, default_value = "examples/cluster.yaml")]
