@@ -81,6 +81,38 @@ enum Command {
     Run(RunArgs),
     /// Remove every rule and chain the agent owns (jump rules, then SWYD-* chains), both families.
     Cleanup(CleanupArgs),
+    /// Explain the path a new connection takes on this node, in words: frontend, policy, endpoints,
+    /// masquerade, REJECT/DROP. Exit 0 forwarded, 3 rejected/dropped/not a Service, 2 bad input.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExplainArgs {
+    /// The node's plan (as for render; `switchyard-controller plan -f DUMP --node NAME` writes one).
+    #[arg(long)]
+    plan: PathBuf,
+    /// Destination: IP:PORT[/tcp|udp|sctp] ([IPv6]:PORT), or namespace/service[:port] (its ClusterIP).
+    #[arg(long)]
+    to: String,
+    /// Source: a pod's IP, an outside client's IP, or `node` (a process on the node itself).
+    #[arg(long)]
+    from: String,
+    /// Also trace the packet through the iptables rules installed on this host (root) and report where
+    /// they differ from the plan.
+    #[arg(long)]
+    kernel: bool,
+    /// With --kernel: which iptables to read.
+    #[arg(long, default_value = "auto", value_parser = parse_mode)]
+    iptables_mode: IptablesMode,
+    /// Output: text (numbered steps) or json.
+    #[arg(short, long, value_enum, default_value_t = ExplainOutput::Text)]
+    output: ExplainOutput,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ExplainOutput {
+    Text,
+    Json,
 }
 
 #[derive(Args, Debug)]
@@ -234,6 +266,7 @@ where
         Command::Apply(args) => apply_command(&args),
         Command::Run(args) => run_command(&args),
         Command::Cleanup(args) => cleanup_command(&args),
+        Command::Explain(args) => explain_command(&args),
     }
 }
 
@@ -552,6 +585,71 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
             _ = int.recv() => tracing::info!("SIGINT"),
         }
     })
+}
+
+fn explain_command(args: &ExplainArgs) -> ExitCode {
+    use crate::explain::{self, Destination, Source};
+    let destination: Destination = match args.to.parse() {
+        Ok(destination) => destination,
+        Err(e) => return fail(EXIT_USAGE, &format!("--to: {e}")),
+    };
+    let source: Source = match args.from.parse() {
+        Ok(source) => source,
+        Err(e) => return fail(EXIT_USAGE, &format!("--from: {e}")),
+    };
+    let (_, spec) = match load_plan(&args.plan) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let local = if args.kernel {
+        match NetlinkAddrs.local_addrs() {
+            Ok(local) => Some(local),
+            Err(e) => return fail(EXIT_FAILED, &e),
+        }
+    } else {
+        None
+    };
+    let (mut explanation, packet, plan_trace) =
+        match explain::explain(&spec, &destination, source, local.as_deref()) {
+            Ok(answer) => answer,
+            Err(e) => return fail(EXIT_USAGE, &e),
+        };
+    if let Some(local) = local {
+        if spec.backend != Backend::Iptables {
+            return fail(
+                EXIT_USAGE,
+                &format!(
+                    "--kernel traces iptables rules; node {}'s plan uses the {:?} backend",
+                    spec.node_name, spec.backend
+                ),
+            );
+        }
+        let family = switchyard_api::IpFamily::of(&packet.dest);
+        let kernel = ExecIptables::detect(args.iptables_mode).and_then(|mut iptables| {
+            use crate::iptables::kernel::Iptables as _;
+            let mut saves = Vec::new();
+            for table in [crate::iptables::Table::Nat, crate::iptables::Table::Filter] {
+                let mut text = String::new();
+                iptables.save_lines(family, table, &mut |line| {
+                    text.push_str(line);
+                    text.push('\n');
+                })?;
+                saves.push(text);
+            }
+            explain::kernel(&spec, &mut explanation, &packet, &plan_trace, &local, &saves)
+        });
+        if let Err(e) = kernel {
+            return fail(EXIT_FAILED, &e);
+        }
+    }
+    match args.output {
+        ExplainOutput::Text => print!("{}", explanation.text()),
+        ExplainOutput::Json => match serde_json::to_string_pretty(&explanation) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return fail(EXIT_FAILED, &e),
+        },
+    }
+    ExitCode::from(explanation.exit_code())
 }
 
 /// Whether `variant`'s existing tables (`*-save` without `-t` lists only tables that exist, and creates

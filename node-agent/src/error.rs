@@ -19,6 +19,17 @@ pub enum Error {
     /// The tracer could not follow a packet through the modelled rules.
     #[error("tracing a packet: {0}")]
     TracePacket(String),
+    /// `explain` was asked about a Service the plan does not have (or names ambiguously).
+    #[error("{0}")]
+    ExplainDestination(String),
+    /// `explain` was asked about a connection between two IP families.
+    #[error("the source {from} and the destination {to} are of different IP families")]
+    ExplainFamilies {
+        /// The source.
+        from: std::net::IpAddr,
+        /// The destination.
+        to: std::net::IpAddr,
+    },
     /// `iptables-restore` (or `ip6tables-restore`) refused a payload; the kernel kept its old rules.
     #[error("{binary} failed{}: {stderr}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
     IptablesRestore {
@@ -251,6 +262,7 @@ impl Error {
         match self {
             Self::SimulatedRestore { .. } => "simulated_restore",
             Self::TracePacket(_) => "trace_packet",
+            Self::ExplainDestination(_) | Self::ExplainFamilies { .. } => "explain",
             Self::IptablesRestore { .. } => "iptables_restore",
             Self::RunCommand { .. } => "run_command",
             Self::CommandFailed { .. } => "command_failed",

@@ -25,6 +25,7 @@ pub mod cli;
 pub mod command;
 pub mod conntrack;
 pub mod error;
+pub mod explain;
 pub mod healthcheck;
 pub mod host;
 pub mod iptables;

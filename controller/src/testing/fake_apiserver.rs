@@ -1057,7 +1057,10 @@ mod tests {
     #[test]
     fn merge_patch_follows_rfc_7386() {
         let mut target = json!({"a": 1, "b": {"c": 2, "d": 3}, "e": [1]});
-        merge_patch(&mut target, &json!({"a": null, "b": {"c": 4}, "e": [2], "f": "new"}));
+        merge_patch(
+            &mut target,
+            &json!({"a": null, "b": {"c": 4}, "e": [2], "f": "new"}),
+        );
         assert_eq!(target, json!({"b": {"c": 4, "d": 3}, "e": [2], "f": "new"}));
     }
 

@@ -633,3 +633,93 @@ pub fn a_cluster_policy_udp_service_spreads_over_every_endpoint(suite: Suite) {
         ),
     );
 }
+
+/// `explain --kernel` (iptables) on a node whose agent really programmed its rules: it agrees with the
+/// plan, and after one rule is edited by hand it names that rule as drift.
+#[allow(dead_code)] // Only the iptables suite calls it: --kernel reads iptables rules.
+pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: Suite) {
+    let Some(mut deployed) =
+        suite.deployed("explain_kernel_follows_the_installed_rules_and_names_a_hand_edit")
+    else {
+        return;
+    };
+    // Stopped, so nothing repairs the hand edit below; its rules stay.
+    deployed.stop_agent("node-a");
+    let lab_binary = deployed.lab.options().lab_binary.display().to_string();
+    let plan = deployed.plan_path("node-a").display().to_string();
+    let explain = |deployed: &Deployed| {
+        let argv = [
+            lab_binary.as_str(),
+            "agent",
+            "explain",
+            "--plan",
+            plan.as_str(),
+            "--to",
+            "10.96.0.80:80",
+            "--from",
+            "10.244.1.10",
+            "--kernel",
+        ];
+        let out = deployed.exec_in_node("node-a", &argv).unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            stdout,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = explain(&deployed);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("kernel: the installed rules take the same path as the plan"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("=> FORWARDED to 10.244.1.10:80 (50%, masqueraded), 10.244.2.10:80 (50%)"),
+        "{stdout}"
+    );
+
+    // Someone points default/apache's last pick somewhere else.
+    let chain = switchyard_agent::iptables::names::cluster_policy_chain("default/apache", "tcp");
+    let rules = deployed
+        .exec_in_node("node-a", &["iptables", "-t", "nat", "-S", &chain])
+        .unwrap();
+    let count = String::from_utf8_lossy(&rules.stdout)
+        .lines()
+        .filter(|l| l.starts_with("-A "))
+        .count();
+    let position = count.to_string();
+    let edit = deployed
+        .exec_in_node(
+            "node-a",
+            &[
+                "iptables",
+                "-t",
+                "nat",
+                "-R",
+                &chain,
+                &position,
+                "-p",
+                "tcp",
+                "-m",
+                "tcp",
+                "-j",
+                "DNAT",
+                "--to-destination",
+                "10.244.9.9:80",
+            ],
+        )
+        .unwrap();
+    assert!(edit.status.success(), "{}", String::from_utf8_lossy(&edit.stderr));
+    let (code, stdout, stderr) = explain(&deployed);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("kernel: DRIFT"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("nat {chain} rule {position}: kernel `-A {chain} -p tcp -m tcp -j DNAT --to-destination 10.244.9.9:80`")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("10.244.9.9:80"),
+        "the outcome is the kernel's: {stdout}"
+    );
+}

@@ -24,8 +24,9 @@
 //! only be appended (`-A`) or inserted (`-I`) to an existing chain, every jump target must exist when
 //! the table commits, a chain can only be deleted when it is empty and unreferenced, and chain names
 //! fit in 28 characters. The parser understands exactly the matches and targets the render emits and rejects anything else.
-//! This is test and diagnosis tooling (the e2e lab uses it to predict what real packets do); it is not
-//! on the agent's apply path.
+//! It also reads `iptables-save`'s spelling of our rules (`--set-xmark`, `/32`, `--reject-with`, more
+//! probability digits), so `switchyard-agent explain --kernel` can trace the rules a node really holds.
+//! Diagnosis and test tooling (the tests and `explain` use it); it is not on the agent's apply path.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -337,6 +338,15 @@ impl Tracer {
             }
         }
         out + "COMMIT\n"
+    }
+
+    /// The rules of one chain as (text, meaning): the text as restored, and a normal form of what the
+    /// rule does, equal for `iptables-save`'s spelling of a rule and the render's (`--set-xmark 0x4000/0x4000`
+    /// and `--or-mark 0x4000`, `-d 10.0.0.1/32` and `-d 10.0.0.1`, option order, comments).
+    pub fn chain_rules(&self, table: Table, chain: &str) -> Vec<(String, String)> {
+        self.rules_of(table, chain)
+            .map(|rules| rules.iter().map(|r| (r.raw.clone(), r.meaning())).collect())
+            .unwrap_or_default()
     }
 
     fn rules_of(&self, table: Table, chain: &str) -> Option<&Vec<Rule>> {
@@ -748,6 +758,22 @@ enum Target {
 }
 
 impl Rule {
+    /// The normal form [`Tracer::chain_rules`] compares: the matches (probabilities to six places, as
+    /// iptables-save prints them with more digits than the render), sorted, then the target.
+    fn meaning(&self) -> String {
+        let mut parts: Vec<String> = self
+            .matches
+            .iter()
+            .map(|m| match m {
+                Match::Probability(p) => format!("Probability({p:.6})"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        parts.sort();
+        parts.push(format!("{:?}", self.target));
+        parts.join(" ")
+    }
+
     fn matches(&self, state: &State, tracer: &Tracer) -> bool {
         self.matches.iter().all(|m| match m {
             Match::Source { negated, net } => net.contains(&state.src) != *negated,
@@ -865,11 +891,12 @@ impl Rule {
                     }
                     matches.push(Match::Probability(p));
                 }
-                "--name" | "--seconds" => {
+                "--name" | "--seconds" | "--mask" => {
                     need(&["recent"], token)?;
                     value(token)?;
                 }
-                "--reap" | "--set" => need(&["recent"], token)?,
+                // `--rsource` is the default iptables-save spells out.
+                "--reap" | "--set" | "--rsource" => need(&["recent"], token)?,
                 "--rcheck" => {
                     need(&["recent"], token)?;
                     matches.push(Match::RecentCheck);
@@ -914,6 +941,28 @@ impl Rule {
                     } else {
                         Target::MarkXor(bits)
                     };
+                }
+                // iptables-save's spelling of MARK: mark = (mark & !mask) ^ value. The render's
+                // --or-mark V is V/V and --xor-mark V is V/0; nothing else is ours.
+                "--set-xmark" => {
+                    let Target::MarkOr(0) = target else {
+                        return Err("--set-xmark without MARK".into());
+                    };
+                    target = match parse_mark(value(token)?)? {
+                        (bits, mask) if bits == mask => Target::MarkOr(bits),
+                        (bits, 0) => Target::MarkXor(bits),
+                        (bits, mask) => return Err(format!("--set-xmark {bits:#x}/{mask:#x} is not ours")),
+                    };
+                }
+                "--reject-with" => {
+                    let Target::Reject = target else {
+                        return Err("--reject-with without REJECT".into());
+                    };
+                    // The render's REJECT is the default, port unreachable, which iptables-save names.
+                    let with = value(token)?;
+                    if !with.ends_with("port-unreachable") {
+                        return Err(format!("--reject-with {with} is not ours"));
+                    }
                 }
                 "--random-fully" => {
                     let Target::Masquerade = target else {

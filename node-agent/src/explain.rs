@@ -1,0 +1,871 @@
+//! `switchyard-agent explain`: the path a new connection takes on this node, in words.
+//!
+//! ```text
+//! plan (file) ─► entry whose frontend is the destination ─► words: frontend, source, source ranges,
+//!   │                                                        policy and topology, affinity
+//!   └► render (iptables rules of the plan) ─► Tracer ─► trace(packet) ─► endpoints + probabilities,
+//!                                                                         masquerade, REJECT/DROP
+//! --kernel: iptables-save (our chains and jumps) ─► Tracer ─► trace(packet) ─► agree with the plan? or
+//!           drift: the first rule where the kernel's chains differ from the plan's
+//! ```
+//!
+//! The verdict comes from the same render the agent programs and the same packet model the tests use
+//! (kube-proxy semantics whatever the backend; IPVS spreads by weight, which the words add), so the
+//! explanation cannot disagree with what the plan makes the node do. Everything but reading the kernel
+//! is pure: [`explain`] takes the plan and the question and returns an [`Explanation`].
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::Serialize;
+use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec, Protocol, ServicePlan, TrafficPolicy};
+
+use crate::error::Error;
+use crate::iptables::{HostFacts, Packet, Table, Trace, Tracer, Verdict, render};
+
+/// Exit status: the connection is forwarded to an endpoint.
+pub const EXIT_FORWARDED: u8 = 0;
+/// Exit status: rejected, dropped, or not a frontend of any Service.
+pub const EXIT_NOT_FORWARDED: u8 = 3;
+
+/// Where the connection goes: an address, or a Service by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// `IP:PORT[/tcp|udp|sctp]` (tcp when not given).
+    Address(SocketAddr, Protocol),
+    /// `namespace/service[:port]`: the Service's ClusterIP (the named or only port).
+    Service {
+        /// `namespace/name`.
+        service: String,
+        /// The port's name, if given.
+        port: Option<String>,
+    },
+}
+
+impl std::str::FromStr for Destination {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (address, protocol) = match text.rsplit_once('/') {
+            Some((address, proto))
+                if ["tcp", "udp", "sctp"].contains(&proto.to_ascii_lowercase().as_str()) =>
+            {
+                let protocol = match proto.to_ascii_lowercase().as_str() {
+                    "udp" => Protocol::UDP,
+                    "sctp" => Protocol::SCTP,
+                    _ => Protocol::TCP,
+                };
+                (address, protocol)
+            }
+            _ => (text, Protocol::TCP),
+        };
+        if let Ok(addr) = address.parse::<SocketAddr>() {
+            return Ok(Self::Address(addr, protocol));
+        }
+        match text.split_once('/') {
+            Some((namespace, rest)) if !namespace.is_empty() && !rest.is_empty() && !rest.contains('/') => {
+                let (name, port) = match rest.split_once(':') {
+                    Some((name, port)) => (name, Some(port.to_string())),
+                    None => (rest, None),
+                };
+                Ok(Self::Service {
+                    service: format!("{namespace}/{name}"),
+                    port,
+                })
+            }
+            _ => Err(format!(
+                "{text:?} is neither IP:PORT[/tcp|udp|sctp] ([IPv6]:PORT for IPv6) nor namespace/service[:port]"
+            )),
+        }
+    }
+}
+
+/// Where the connection comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The node itself (a host-network process).
+    Node,
+    /// An address: a pod when it is inside the cluster's pod CIDR, an external client otherwise.
+    Address(IpAddr),
+}
+
+impl std::str::FromStr for Source {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text == "node" {
+            return Ok(Self::Node);
+        }
+        text.parse()
+            .map(Self::Address)
+            .map_err(|_| format!("{text:?} is neither `node` nor an IP address"))
+    }
+}
+
+/// What happens to the connection.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "outcome")]
+pub enum Outcome {
+    /// DNATed to one of these endpoints.
+    Forwarded {
+        /// Each endpoint with its share of new connections.
+        endpoints: Vec<Candidate>,
+    },
+    /// Refused at once (ICMP port unreachable), as kube-proxy does for a Service without endpoints.
+    Rejected,
+    /// Dropped silently.
+    Dropped,
+    /// No Service of this plan has this frontend: Switchyard leaves the packet alone.
+    NotAService,
+}
+
+/// One endpoint a new connection may go to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    /// `ip:port`.
+    pub endpoint: String,
+    /// Share of new connections (iptables/nftables: uniform; IPVS: by weight with a weighted scheduler).
+    pub probability: f64,
+    /// IPVS weight, with the IPVS backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u16>,
+    /// The source is rewritten to the node's address on the way to this endpoint.
+    pub masquerade: bool,
+}
+
+/// The answer: the steps in words, and the outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    /// The node whose plan was asked.
+    pub node: String,
+    /// The backend the plan asks for.
+    pub backend: String,
+    /// The Service entry (`namespace/name:port`), if a frontend matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// What happens, step by step, in plain words.
+    pub steps: Vec<String>,
+    /// The outcome.
+    pub outcome: Outcome,
+    /// With `--kernel`: where the installed rules differ from the plan on this path (empty: they agree).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift: Option<Vec<String>>,
+}
+
+impl Explanation {
+    /// [`EXIT_FORWARDED`] or [`EXIT_NOT_FORWARDED`].
+    pub fn exit_code(&self) -> u8 {
+        match self.outcome {
+            Outcome::Forwarded { .. } => EXIT_FORWARDED,
+            _ => EXIT_NOT_FORWARDED,
+        }
+    }
+
+    /// The steps as numbered lines, then the outcome and any drift.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "node {} (backend {}): a new connection\n",
+            self.node, self.backend
+        );
+        for (i, step) in self.steps.iter().enumerate() {
+            out.push_str(&format!("{:>2}. {step}\n", i + 1));
+        }
+        out.push_str(&match &self.outcome {
+            Outcome::Forwarded { endpoints } => {
+                let list: Vec<String> = endpoints
+                    .iter()
+                    .map(|c| {
+                        let weight = c.weight.map(|w| format!(", weight {w}")).unwrap_or_default();
+                        let masquerade = if c.masquerade { ", masqueraded" } else { "" };
+                        format!(
+                            "{} ({:.0}%{weight}{masquerade})",
+                            c.endpoint,
+                            c.probability * 100.0
+                        )
+                    })
+                    .collect();
+                format!("=> FORWARDED to {}\n", list.join(", "))
+            }
+            Outcome::Rejected => "=> REJECTED (connection refused at once)\n".to_string(),
+            Outcome::Dropped => "=> DROPPED (the client sees a timeout)\n".to_string(),
+            Outcome::NotAService => "=> NOT A SERVICE: Switchyard leaves this packet alone\n".to_string(),
+        });
+        match &self.drift {
+            Some(drift) if drift.is_empty() => {
+                out.push_str("kernel: the installed rules take the same path as the plan\n");
+            }
+            Some(drift) => {
+                out.push_str("kernel: DRIFT — the installed rules differ from the plan on this path:\n");
+                for line in drift {
+                    out.push_str(&format!("  {line}\n"));
+                }
+            }
+            None => {}
+        }
+        out
+    }
+}
+
+/// Which frontend of an entry the destination is.
+fn frontend(entry: &ServicePlan, dest: IpAddr, port: u16, node_ips: &[IpAddr]) -> Option<String> {
+    let is = |text: &str| text.parse::<IpAddr>().ok() == Some(dest);
+    if port == entry.port && is(&entry.cluster_ip) {
+        return Some(format!("the ClusterIP {} of {}", entry.cluster_ip, entry.name));
+    }
+    if port == entry.port && entry.external_ips.iter().any(|ip| is(ip)) {
+        return Some(format!("externalIP {dest} of {}", entry.name));
+    }
+    if port == entry.port && entry.load_balancer_ips.iter().any(|ip| is(ip)) {
+        return Some(format!("the LoadBalancer IP {dest} of {}", entry.name));
+    }
+    if entry.node_port == Some(port) && (node_ips.contains(&dest) || dest.is_loopback()) {
+        return Some(format!(
+            "NodePort {port} of {} on this node's address {dest}",
+            entry.name
+        ));
+    }
+    None
+}
+
+/// A destination resolved: its address and protocol, and the entry with the frontend in words.
+type Resolved<'a> = (SocketAddr, Protocol, Option<(&'a ServicePlan, String)>);
+
+/// The destination address and the entry it names.
+fn resolve<'a>(
+    spec: &'a NodeForwardingPlanSpec,
+    dest: &Destination,
+    node_ips: &[IpAddr],
+) -> Result<Resolved<'a>, Error> {
+    match dest {
+        Destination::Address(addr, protocol) => {
+            let found = spec
+                .services
+                .iter()
+                .filter(|e| e.protocol == *protocol)
+                .find_map(|e| frontend(e, addr.ip(), addr.port(), node_ips).map(|f| (e.as_ref(), f)));
+            Ok((*addr, *protocol, found))
+        }
+        Destination::Service { service, port } => {
+            let candidates: Vec<&ServicePlan> = spec
+                .services
+                .iter()
+                .map(AsRef::as_ref)
+                .filter(|e| e.name.split(':').next() == Some(service.as_str()))
+                .filter(|e| match port {
+                    Some(port) => e.name.split_once(':').map(|(_, p)| p) == Some(port.as_str()),
+                    None => true,
+                })
+                .collect();
+            let entry = match candidates.as_slice() {
+                [entry] => *entry,
+                [] => {
+                    return Err(Error::ExplainDestination(format!(
+                        "no Service port {service}{} in node {}'s plan",
+                        port.as_deref().map(|p| format!(":{p}")).unwrap_or_default(),
+                        spec.node_name
+                    )));
+                }
+                several => {
+                    let names: Vec<&str> = several.iter().map(|e| e.name.as_str()).collect();
+                    return Err(Error::ExplainDestination(format!(
+                        "{service} has several ports or families ({}): name one as namespace/service:port, \
+                         or give IP:PORT",
+                        names.join(", ")
+                    )));
+                }
+            };
+            let ip: IpAddr = entry
+                .cluster_ip
+                .parse()
+                .map_err(|_| Error::ExplainDestination(format!("{} has no usable ClusterIP", entry.name)))?;
+            let addr = SocketAddr::new(ip, entry.port);
+            let what = format!("the ClusterIP {} of {}", entry.cluster_ip, entry.name);
+            Ok((addr, entry.protocol, Some((entry, what))))
+        }
+    }
+}
+
+/// The pod CIDR of the family, if the plan has one.
+fn pod_cidr(spec: &NodeForwardingPlanSpec, family: IpFamily) -> Option<IpNet> {
+    spec.cluster
+        .local_traffic_cidrs
+        .iter()
+        .filter_map(|c| c.parse::<IpNet>().ok())
+        .find(|net| IpFamily::of(&net.addr()) == family)
+}
+
+/// The node's own addresses of the plan.
+fn node_ips(spec: &NodeForwardingPlanSpec) -> Vec<IpAddr> {
+    spec.node_ips.iter().filter_map(|ip| ip.parse().ok()).collect()
+}
+
+/// The packet a connection from `source` to `dest` starts with (a node source uses the node's address
+/// of the family).
+fn packet(
+    spec: &NodeForwardingPlanSpec,
+    source: Source,
+    dest: SocketAddr,
+    protocol: Protocol,
+) -> Result<Packet, Error> {
+    let family = IpFamily::of(&dest.ip());
+    let from = match source {
+        Source::Address(ip) if IpFamily::of(&ip) != family => {
+            return Err(Error::ExplainFamilies {
+                from: ip,
+                to: dest.ip(),
+            });
+        }
+        Source::Address(ip) => ip,
+        Source::Node => node_ips(spec)
+            .into_iter()
+            .find(|ip| IpFamily::of(ip) == family)
+            .unwrap_or(match family {
+                IpFamily::IPv4 => IpAddr::from([127, 0, 0, 1]),
+                IpFamily::IPv6 => IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
+            }),
+    };
+    Ok(Packet::new(from, protocol, dest.ip(), dest.port()))
+}
+
+/// The rules the plan makes the agent program for one family, as the packet model; `local` are the
+/// host's addresses (the plan's node IPs when `None`).
+pub fn plan_tracer(
+    spec: &NodeForwardingPlanSpec,
+    family: IpFamily,
+    local: Option<&[IpAddr]>,
+) -> Result<Tracer, Error> {
+    let report = switchyard_api::validate::validate(spec);
+    let facts = HostFacts {
+        random_fully: true,
+        ..HostFacts::default()
+    };
+    let ruleset = render(spec, &facts, family, &report.bad_entries());
+    match local {
+        Some(local) => Tracer::from_ruleset(&ruleset, local),
+        None => Tracer::from_ruleset(&ruleset, &node_ips(spec)),
+    }
+}
+
+/// Explains a new connection from `source` to `dest` on the node of `spec` (with the host's `local`
+/// addresses when it runs there, for `--kernel`). Returns the packet and the plan's trace too.
+pub fn explain(
+    spec: &NodeForwardingPlanSpec,
+    dest: &Destination,
+    source: Source,
+    local: Option<&[IpAddr]>,
+) -> Result<(Explanation, Packet, Trace), Error> {
+    let ips = node_ips(spec);
+    let (addr, protocol, found) = resolve(spec, dest, &ips)?;
+    let packet = packet(spec, source, addr, protocol)?;
+    let family = IpFamily::of(&addr.ip());
+    let trace = plan_tracer(spec, family, local)?.trace(&packet)?;
+    let mut steps = Vec::new();
+    let Some((entry, what)) = found else {
+        steps.push(format!(
+            "{}/{} matches no frontend (ClusterIP, externalIP, LoadBalancer IP or NodePort) in the plan",
+            addr,
+            protocol.lower()
+        ));
+        return Ok((
+            Explanation {
+                node: spec.node_name.clone(),
+                backend: format!("{:?}", spec.backend).to_lowercase(),
+                service: None,
+                steps,
+                outcome: Outcome::NotAService,
+                drift: None,
+            },
+            packet,
+            trace,
+        ));
+    };
+    steps.push(format!("{addr}/{} is {what}", protocol.lower()));
+
+    let pods = pod_cidr(spec, family);
+    let from_pod = pods.is_some_and(|net| net.contains(&packet.source));
+    let from_node = matches!(source, Source::Node) || ips.contains(&packet.source);
+    steps.push(match (from_node, from_pod, pods) {
+        (true, _, _) => format!("from the node itself ({})", packet.source),
+        (false, true, Some(net)) => format!("from pod {} (inside the pod CIDR {net})", packet.source),
+        (false, _, Some(net)) => format!(
+            "from {} outside the cluster (not in the pod CIDR {net})",
+            packet.source
+        ),
+        (false, _, None) => format!(
+            "from {} (the plan has no pod CIDR: pods and outside clients are not told apart)",
+            packet.source
+        ),
+    });
+
+    let cluster_ip = entry.cluster_ip.parse::<IpAddr>().ok() == Some(addr.ip());
+    let lb = entry
+        .load_balancer_ips
+        .iter()
+        .any(|ip| ip.parse::<IpAddr>().ok() == Some(addr.ip()));
+    let mut denied = false;
+    if lb && !entry.source_ranges.is_empty() {
+        let allowed = entry
+            .source_ranges
+            .iter()
+            .filter_map(|r| r.parse::<IpNet>().ok())
+            .find(|net| net.contains(&packet.source));
+        denied = allowed.is_none();
+        steps.push(match allowed {
+            Some(net) => format!("loadBalancerSourceRanges: {net} allows {}", packet.source),
+            None => format!(
+                "loadBalancerSourceRanges ({}) do not include {}: DROP (pods and the node are filtered \
+                 too; NodePorts never are)",
+                entry.source_ranges.join(", "),
+                packet.source
+            ),
+        });
+    }
+
+    let used_cluster = entry.cluster_endpoints().count();
+    let used_local = entry.local_endpoints().count();
+    let terminating_only = entry
+        .endpoints
+        .iter()
+        .filter(|e| e.cluster || e.local)
+        .all(|e| e.terminating)
+        && entry.endpoints.iter().any(|e| e.cluster || e.local);
+    if denied {
+        // Nothing after the source-range verdict applies.
+    } else if !entry.has_endpoints {
+        steps.push(format!(
+            "{} has no usable endpoint: kube-proxy rejects such connections",
+            entry.name
+        ));
+    } else if cluster_ip {
+        steps.push(match entry.internal_policy {
+            TrafficPolicy::Local if used_local == 0 => format!(
+                "internalTrafficPolicy Local, and this node hosts no ready endpoint of {}: DROP",
+                entry.name
+            ),
+            TrafficPolicy::Local => {
+                format!("internalTrafficPolicy Local: only the {used_local} endpoint(s) on this node")
+            }
+            TrafficPolicy::Cluster => format!(
+                "internalTrafficPolicy Cluster: {used_cluster} of the Service's {} endpoint(s){}",
+                entry.endpoints.len(),
+                if used_cluster < entry.endpoints.len() {
+                    " (the others are not ready, terminating, or routed elsewhere by topology hints)"
+                } else {
+                    ""
+                }
+            ),
+        });
+    } else if entry.external_policy == TrafficPolicy::Local && !from_pod && !from_node {
+        steps.push(if used_local == 0 {
+            format!(
+                "externalTrafficPolicy Local, and this node hosts no ready endpoint of {}: DROP (the load \
+                 balancer's health check on this node fails, so it sends no traffic here)",
+                entry.name
+            )
+        } else {
+            format!(
+                "externalTrafficPolicy Local: only the {used_local} endpoint(s) on this node; client IP kept"
+            )
+        });
+    } else if entry.external_policy == TrafficPolicy::Local {
+        steps.push(
+            "externalTrafficPolicy Local does not apply to pods and the node itself: they reach every \
+             endpoint, as if through the load balancer"
+                .to_string(),
+        );
+    } else {
+        steps.push(format!(
+            "externalTrafficPolicy Cluster: any of {used_cluster} endpoint(s), on any node"
+        ));
+    }
+    if terminating_only && entry.has_endpoints && !denied {
+        steps.push("no endpoint is ready: the serving terminating ones are used as a fallback".to_string());
+    }
+    if let Some(seconds) = entry.affinity_timeout_seconds {
+        steps.push(format!(
+            "ClientIP session affinity ({seconds} s): later connections from {} go to the endpoint chosen \
+             first",
+            packet.source
+        ));
+    }
+    if spec.backend == Backend::Ipvs {
+        steps.push(format!(
+            "IPVS scheduler {}: endpoints weighted by their node (switchyard.io/ipvs-weights)",
+            entry.scheduler.as_deref().unwrap_or("rr")
+        ));
+    }
+
+    let outcome = outcome(&trace, spec.backend, entry);
+    if let Outcome::Forwarded { endpoints } = &outcome {
+        let origin = Origin {
+            cluster_ip,
+            from_pod,
+            from_node,
+            source: packet.source,
+        };
+        steps.push(masquerade_reason(endpoints, spec, entry, origin));
+    }
+    Ok((
+        Explanation {
+            node: spec.node_name.clone(),
+            backend: format!("{:?}", spec.backend).to_lowercase(),
+            service: Some(entry.name.clone()),
+            steps,
+            outcome,
+            drift: None,
+        },
+        packet,
+        trace,
+    ))
+}
+
+/// Where a connection comes from and which kind of frontend it meets.
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    cluster_ip: bool,
+    from_pod: bool,
+    from_node: bool,
+    source: IpAddr,
+}
+
+/// Why the source is (or is not) masqueraded, as kube-proxy decides it.
+fn masquerade_reason(
+    endpoints: &[Candidate],
+    spec: &NodeForwardingPlanSpec,
+    entry: &ServicePlan,
+    origin: Origin,
+) -> String {
+    let masqueraded: Vec<&Candidate> = endpoints.iter().filter(|c| c.masquerade).collect();
+    if masqueraded.is_empty() {
+        return "no masquerade: the endpoint sees the client's own address".to_string();
+    }
+    if masqueraded.len() < endpoints.len() {
+        let hairpin = masqueraded.iter().all(|c| {
+            c.endpoint
+                .parse::<SocketAddr>()
+                .is_ok_and(|e| e.ip() == origin.source)
+        });
+        return if hairpin {
+            "masquerade only when the connection comes back to the client itself (hairpin): otherwise the \
+             reply would skip the reverse DNAT"
+                .to_string()
+        } else {
+            "masquerade on some paths only".to_string()
+        };
+    }
+    let why = if spec.cluster.masquerade_all {
+        "masqueradeAll is set"
+    } else if origin.from_node {
+        "the connection starts on the node"
+    } else if origin.cluster_ip && !origin.from_pod {
+        "the client is outside the pod CIDR: replies must come back through this node"
+    } else if !origin.cluster_ip && entry.external_policy == TrafficPolicy::Cluster {
+        "externalTrafficPolicy Cluster: the endpoint may be on another node, replies must come back here"
+    } else {
+        "the only endpoint is the client itself (hairpin): otherwise the reply would skip the reverse DNAT"
+    };
+    format!("masquerade: {why}")
+}
+
+/// The outcome the trace shows, with IPVS weights where the backend uses them.
+fn outcome(trace: &Trace, backend: Backend, entry: &ServicePlan) -> Outcome {
+    let verdicts = trace.verdicts();
+    let dnat: Vec<SocketAddr> = verdicts
+        .iter()
+        .filter_map(|v| match v {
+            Verdict::Dnat(to) => Some(*to),
+            _ => None,
+        })
+        .collect();
+    if dnat.is_empty() {
+        return if verdicts.contains(&Verdict::Reject) {
+            Outcome::Rejected
+        } else if verdicts.contains(&Verdict::Drop) {
+            Outcome::Dropped
+        } else {
+            Outcome::NotAService
+        };
+    }
+    let weight_of = |to: &SocketAddr| {
+        entry
+            .endpoints
+            .iter()
+            .find(|e| e.ip.parse::<IpAddr>().ok() == Some(to.ip()) && e.port == to.port())
+            .map(|e| e.weight.unwrap_or(1))
+            .unwrap_or(1)
+    };
+    let total: u32 = dnat.iter().map(|to| u32::from(weight_of(to))).sum();
+    let endpoints = dnat
+        .iter()
+        .map(|to| {
+            let verdict = Verdict::Dnat(*to);
+            let masquerade = trace.branches_to(&verdict).any(|b| b.masquerade);
+            let (probability, weight) = if backend == Backend::Ipvs {
+                let weight = weight_of(to);
+                (f64::from(weight) / f64::from(total.max(1)), Some(weight))
+            } else {
+                (trace.probability(&verdict), None)
+            };
+            Candidate {
+                endpoint: to.to_string(),
+                probability,
+                weight,
+                masquerade,
+            }
+        })
+        .collect();
+    Outcome::Forwarded { endpoints }
+}
+
+/// `--kernel`: traces the packet through the rules the kernel holds (`saves`: iptables-save of nat and
+/// filter), makes that the outcome, and records where they differ from the plan's on this path.
+pub fn kernel(
+    spec: &NodeForwardingPlanSpec,
+    explanation: &mut Explanation,
+    packet: &Packet,
+    plan_trace: &Trace,
+    local: &[IpAddr],
+    saves: &[String],
+) -> Result<(), Error> {
+    let family = IpFamily::of(&packet.dest);
+    let installed = kernel_tracer(family, local, saves)?;
+    let kernel_trace = installed.trace(packet)?;
+    let plan = plan_tracer(spec, family, Some(local))?;
+    explanation.drift = Some(drift(&plan, plan_trace, &installed, &kernel_trace));
+    let entry = explanation
+        .service
+        .as_deref()
+        .and_then(|name| spec.services.iter().find(|e| e.name == name));
+    if let Some(entry) = entry {
+        explanation.outcome = outcome(&kernel_trace, spec.backend, entry);
+    } else if kernel_trace
+        .verdicts()
+        .iter()
+        .any(|v| matches!(v, Verdict::Dnat(_) | Verdict::Reject | Verdict::Drop))
+    {
+        explanation.steps.push(format!(
+            "the installed rules act on it: {}",
+            kernel_trace.output()
+        ));
+    }
+    Ok(())
+}
+
+/// Our part of `iptables-save` output (our chains, and built-in chain rules jumping into them) as a
+/// restore payload the packet model reads; everything else in the tables is someone else's.
+pub fn ours_of_save(save: &str) -> String {
+    let mut out = String::new();
+    for line in save.lines() {
+        let ours = line.starts_with('*')
+            || line == "COMMIT"
+            || line.starts_with(":SWYD-")
+            || line.starts_with("-A SWYD-")
+            || (line.starts_with("-A ") && line.contains(" -j SWYD-"));
+        if ours {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The packet model of what the kernel holds, from `iptables-save` of nat and filter.
+pub fn kernel_tracer(family: IpFamily, local: &[IpAddr], saves: &[String]) -> Result<Tracer, Error> {
+    let mut tracer = Tracer::empty(family, local);
+    for save in saves {
+        tracer.restore(&ours_of_save(save))?;
+    }
+    Ok(tracer)
+}
+
+/// Where the kernel's rules on the path differ from the plan's: the chains either trace went
+/// through, compared rule by rule (first difference of each), and a different outcome.
+pub fn drift(plan: &Tracer, plan_trace: &Trace, kernel: &Tracer, kernel_trace: &Trace) -> Vec<String> {
+    let mut found = Vec::new();
+    if plan_trace.verdicts() != kernel_trace.verdicts()
+        || plan_trace.masquerade() != kernel_trace.masquerade()
+    {
+        found.push(format!(
+            "the plan gives {} (masquerade {}), the kernel {} (masquerade {})",
+            plan_trace.output(),
+            plan_trace.masquerade(),
+            kernel_trace.output(),
+            kernel_trace.masquerade()
+        ));
+    }
+    let mut chains: Vec<(Table, String)> = Vec::new();
+    for branch in plan_trace.branches.iter().chain(&kernel_trace.branches) {
+        for rule in &branch.rules {
+            if let Some(chain) = rule.strip_prefix("-A ").and_then(|r| r.split(' ').next()) {
+                for table in [Table::Nat, Table::Filter] {
+                    let key = (table, chain.to_string());
+                    if !chains.contains(&key) {
+                        chains.push(key);
+                    }
+                }
+            }
+        }
+    }
+    for (table, chain) in chains {
+        let (want, have) = (plan.chain_rules(table, &chain), kernel.chain_rules(table, &chain));
+        let same = want.len() == have.len() && want.iter().zip(&have).all(|(w, h)| w.1 == h.1);
+        if same {
+            continue;
+        }
+        let meanings = |rules: &[(String, String)]| rules.iter().map(|r| r.1.clone()).collect::<Vec<_>>();
+        let (want_m, have_m) = (meanings(&want), meanings(&have));
+        match want.iter().zip(&have).position(|(w, h)| w.1 != h.1) {
+            // One rule missing or one added, the rest the same: say which, not every shifted pair.
+            Some(i) if want_m[i + 1..] == have_m[i..] => found.push(format!(
+                "{table} {chain}: the kernel lacks rule {} `-A {chain} {}`",
+                i + 1,
+                want[i].0
+            )),
+            Some(i) if have_m[i + 1..] == want_m[i..] => found.push(format!(
+                "{table} {chain}: the kernel has an extra rule {} `-A {chain} {}`",
+                i + 1,
+                have[i].0
+            )),
+            Some(i) => found.push(format!(
+                "{table} {chain} rule {}: kernel `-A {chain} {}`, plan `-A {chain} {}`",
+                i + 1,
+                have[i].0,
+                want[i].0
+            )),
+            None if have.len() > want.len() => found.push(format!(
+                "{table} {chain}: the kernel has an extra rule `-A {chain} {}`",
+                have[want.len()].0
+            )),
+            None => found.push(format!(
+                "{table} {chain}: the kernel lacks the rule `-A {chain} {}`",
+                want[have.len()].0
+            )),
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    #[test]
+    fn destinations_and_sources_parse_or_say_why_not() {
+        let cases: [(&str, Option<Destination>); 6] = [
+            (
+                "10.96.0.1:80",
+                Some(Destination::Address(
+                    "10.96.0.1:80".parse().unwrap(),
+                    Protocol::TCP,
+                )),
+            ),
+            (
+                "10.96.0.1:53/udp",
+                Some(Destination::Address(
+                    "10.96.0.1:53".parse().unwrap(),
+                    Protocol::UDP,
+                )),
+            ),
+            (
+                "[fd00::1]:80/SCTP",
+                Some(Destination::Address(
+                    "[fd00::1]:80".parse().unwrap(),
+                    Protocol::SCTP,
+                )),
+            ),
+            (
+                "ns1/web",
+                Some(Destination::Service {
+                    service: "ns1/web".into(),
+                    port: None,
+                }),
+            ),
+            (
+                "ns1/web:http",
+                Some(Destination::Service {
+                    service: "ns1/web".into(),
+                    port: Some("http".into()),
+                }),
+            ),
+            ("web", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(text.parse::<Destination>().ok(), want, "{text}");
+        }
+        assert_eq!("node".parse::<Source>(), Ok(Source::Node));
+        assert_eq!(
+            "10.244.1.5".parse::<Source>(),
+            Ok(Source::Address("10.244.1.5".parse().unwrap()))
+        );
+        assert!(
+            "pod-a"
+                .parse::<Source>()
+                .unwrap_err()
+                .contains("neither `node` nor an IP")
+        );
+    }
+
+    #[test]
+    fn the_kernel_model_reads_iptables_save_spelling_and_drift_names_the_changed_rule() {
+        let spec = plan(
+            "node-a",
+            vec![
+                entry("ns1/web:http", "10.96.0.1", 80)
+                    .with(ep("10.244.2.5", 8080))
+                    .with(ep("10.244.3.5", 8080)),
+            ],
+        );
+        let dest = Destination::Address("10.96.0.1:80".parse().unwrap(), Protocol::TCP);
+        let source = Source::Address("10.244.1.9".parse().unwrap());
+        let (explanation, packet, plan_trace) = explain(&spec, &dest, source, None).unwrap();
+        assert_eq!(explanation.exit_code(), EXIT_FORWARDED);
+        let plan = plan_tracer(&spec, IpFamily::IPv4, None).unwrap();
+        // What iptables-save prints for those rules: other option order, /32, --set-xmark, more digits,
+        // someone else's rule in a built-in chain.
+        let svc = crate::iptables::names::cluster_policy_chain("ns1/web:http", "tcp");
+        let saved = |last: &str| {
+            plan.save(Table::Nat)
+                .lines()
+                .map(|line| {
+                    line.replace("-j MARK --or-mark 0x4000", "-j MARK --set-xmark 0x4000/0x4000")
+                        .replace("--probability 0.5000000000", "--probability 0.50000000000")
+                        .replace("-d 10.96.0.1 ", "-d 10.96.0.1/32 ")
+                        .replace("--to-destination 10.244.3.5:8080", last)
+                })
+                .chain(["-A PREROUTING -s 192.0.2.1/32 -j DROP".to_string()])
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let filter = plan.save(Table::Filter);
+        let same = kernel_tracer(
+            IpFamily::IPv4,
+            &[],
+            &[saved("--to-destination 10.244.3.5:8080"), filter.clone()],
+        )
+        .unwrap();
+        let trace = same.trace(&packet).unwrap();
+        assert_eq!(drift(&plan, &plan_trace, &same, &trace), Vec::<String>::new());
+
+        let edited = kernel_tracer(
+            IpFamily::IPv4,
+            &[],
+            &[saved("--to-destination 10.244.9.9:8080"), filter],
+        )
+        .unwrap();
+        let trace = edited.trace(&packet).unwrap();
+        let found = drift(&plan, &plan_trace, &edited, &trace);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(
+            found[0].contains("the kernel 10.244.2.5:8080, 10.244.9.9:8080"),
+            "{found:#?}"
+        );
+        assert!(
+            found[1].starts_with(&format!("nat {svc} rule 3: kernel `")),
+            "{found:#?}"
+        );
+        assert!(found[1].contains("10.244.9.9:8080"), "{found:#?}");
+    }
+}
