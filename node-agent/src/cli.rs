@@ -89,8 +89,14 @@ enum Command {
 #[derive(Args, Debug)]
 struct ExplainArgs {
     /// The node's plan (as for render; `switchyard-controller plan -f DUMP --node NAME` writes one).
+    #[arg(long, required_unless_present = "node", conflicts_with = "node")]
+    plan: Option<PathBuf>,
+    /// Read this node's plan and its slices from the API server instead of a file.
     #[arg(long)]
-    plan: PathBuf,
+    node: Option<String>,
+    /// With --node: kubeconfig file (default: KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, requires = "node")]
+    kubeconfig: Option<PathBuf>,
     /// Destination: IP:PORT[/tcp|udp|sctp] ([IPv6]:PORT), or namespace/service[:port] (its ClusterIP).
     #[arg(long)]
     to: String,
@@ -292,6 +298,35 @@ fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
 
 /// Reads the plan file and composes its plan with its slices (if any); usage errors come back as exit
 /// status 2.
+/// `node`'s plan composed with its slices, read once from the API server.
+fn plan_from_api(
+    node: &str,
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Arc<NodeForwardingPlanSpec>, ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(EXIT_FAILED, &Error::StartRuntime(e)))?;
+    let (plan, slices) = runtime
+        .block_on(async {
+            let client = crate::live::client(kubeconfig).await?;
+            crate::live::fetch_plan(client, node).await
+        })
+        .map_err(|e| fail(EXIT_FAILED, &e))?;
+    match compose_plan(&Arc::new(plan), &slices, &mut LastGood::default()) {
+        Composition::Ready { spec, failures, .. } => {
+            for failure in failures {
+                eprintln!("warning: {}: {}", failure.service, failure.reason);
+            }
+            Ok(spec)
+        }
+        Composition::Incomplete(why) => Err(fail(
+            EXIT_FAILED,
+            &format!("node {node}'s plan cannot be composed from the API server's slices yet: {why}"),
+        )),
+    }
+}
+
 fn load_plan(
     path: &std::path::Path,
 ) -> Result<(crate::planfile::LoadedPlan, Arc<NodeForwardingPlanSpec>), ExitCode> {
@@ -597,9 +632,16 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
         Ok(source) => source,
         Err(e) => return fail(EXIT_USAGE, &format!("--from: {e}")),
     };
-    let (_, spec) = match load_plan(&args.plan) {
-        Ok(loaded) => loaded,
-        Err(code) => return code,
+    let spec = match (&args.plan, &args.node) {
+        (Some(path), _) => match load_plan(path) {
+            Ok((_, spec)) => spec,
+            Err(code) => return code,
+        },
+        (None, Some(node)) => match plan_from_api(node, args.kubeconfig.as_deref()) {
+            Ok(spec) => spec,
+            Err(code) => return code,
+        },
+        (None, None) => return fail(EXIT_USAGE, &"--plan FILE or --node NAME"),
     };
     let local = if args.kernel {
         match NetlinkAddrs.local_addrs() {
@@ -790,6 +832,45 @@ mod tests {
             ])),
             ExitCode::from(EXIT_USAGE)
         );
+        // explain: a bad destination or source, neither or both of --plan and --node.
+        for bad in [
+            &["explain", "--plan", "p.yaml", "--to", "web", "--from", "node"][..],
+            &[
+                "explain",
+                "--plan",
+                "p.yaml",
+                "--to",
+                "10.96.0.1:80",
+                "--from",
+                "pod-a",
+            ][..],
+            &["explain", "--to", "10.96.0.1:80", "--from", "node"][..],
+            &[
+                "explain",
+                "--plan",
+                "p.yaml",
+                "--node",
+                "a",
+                "--to",
+                "10.96.0.1:80",
+                "--from",
+                "node",
+            ][..],
+            &[
+                "explain",
+                "--plan",
+                "/nonexistent/plan.yaml",
+                "--to",
+                "10.96.0.1:80",
+                "--from",
+                "node",
+            ][..],
+        ] {
+            let argv: Vec<&str> = std::iter::once("switchyard-agent")
+                .chain(bad.iter().copied())
+                .collect();
+            assert_eq!(run_cli(args(&argv)), ExitCode::from(EXIT_USAGE), "{bad:?}");
+        }
         for bad in [
             &[
                 "switchyard-agent",

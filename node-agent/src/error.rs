@@ -196,6 +196,14 @@ pub enum Error {
     /// No Kubernetes client configuration could be loaded (kubeconfig or in-cluster).
     #[error("loading the Kubernetes client configuration: {0}")]
     KubeConfig(String),
+    /// Reading a plan or its slices from the API server failed (`explain --node`).
+    #[error("reading {what} from the API server: {source}")]
+    FetchPlan {
+        /// The object or list.
+        what: String,
+        /// The API error.
+        source: kube::Error,
+    },
     /// `nft -f` refused a transaction; the kernel kept its previous ruleset.
     #[error("nft -f refused the {family} transaction{}: {stderr}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
     NftTransaction {
@@ -286,6 +294,7 @@ impl Error {
             Self::WriteStatusToApi { .. } => "write_status_to_api",
             Self::BindMetrics { .. } => "bind_metrics",
             Self::KubeConfig(_) => "kube_config",
+            Self::FetchPlan { .. } => "fetch_plan",
             Self::NftTransaction { .. } => "nft_transaction",
             Self::NftListing { .. } => "nft_listing",
             Self::NftNetlink { .. } => "nft_netlink",

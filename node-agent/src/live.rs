@@ -61,6 +61,40 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
     kube::Client::try_from(config).map_err(|e| Error::KubeConfig(e.to_string()))
 }
 
+/// One read of `node`'s plan and its views' slices from the API server (for `explain`): the same
+/// objects the agent watches, fetched once.
+pub async fn fetch_plan(
+    client: kube::Client,
+    node: &str,
+) -> Result<
+    (
+        switchyard_api::NodeForwardingPlanSpec,
+        Vec<crate::sync::SliceObject>,
+    ),
+    Error,
+> {
+    use kube::api::{Api, ListParams};
+    use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
+    let failed = |what: String| move |source: kube::Error| Error::FetchPlan { what, source };
+    let plan = Api::<NodeForwardingPlan>::all(client.clone())
+        .get(node)
+        .await
+        .map_err(failed(format!("nodeforwardingplan {node}")))?;
+    let mut slices = Vec::new();
+    if !plan.spec.views.is_empty() {
+        let selector = switchyard_api::names::views_selector(plan.spec.views.iter().map(String::as_str));
+        let listed = Api::<ForwardingSlice>::all(client)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(failed(format!("forwardingslices -l '{selector}'")))?;
+        for object in listed.items {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            slices.push((name, std::sync::Arc::new(object.spec)));
+        }
+    }
+    Ok((plan.spec, slices))
+}
+
 /// Runs the agent until `shutdown`: the loop over the chosen source (and, for the API, the status
 /// writer).
 pub async fn run_agent(

@@ -386,3 +386,45 @@ async fn wait_metric(addr: std::net::SocketAddr, check: impl Fn(&str) -> bool) -
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn explain_reads_the_plan_and_only_its_views_slices_from_the_api_server() {
+    use switchyard_agent::explain::{Destination, Outcome, Source, explain};
+    let server = FakeApiServer::new();
+    let a = entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80));
+    let live = live_plan(NODE, &["all"], vec![]);
+    put_plan(&server, &live);
+    put_slice(&server, &slice("all", 0, 1, vec![a]));
+    put_slice(
+        &server,
+        &slice("zone-b", 0, 1, vec![entry("ns/b:p", "10.96.0.2", 80)]),
+    );
+    let (plan, slices) = switchyard_agent::live::fetch_plan(server.client(), NODE)
+        .await
+        .unwrap();
+    assert_eq!(plan, live);
+    let names: Vec<&str> = slices.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names.len(), 1, "only the view's slice: {names:?}");
+    use switchyard_agent::sync::{Composition, LastGood, compose_plan};
+    let Composition::Ready { spec, .. } =
+        compose_plan(&std::sync::Arc::new(plan), &slices, &mut LastGood::default())
+    else {
+        panic!("the view is complete");
+    };
+    let dest: Destination = "10.96.0.1:80".parse().unwrap();
+    let (explanation, _, _) = explain(&spec, &dest, Source::Node, None).unwrap();
+    assert!(
+        matches!(&explanation.outcome, Outcome::Forwarded { endpoints } if endpoints[0].endpoint == "10.244.2.1:80"),
+        "{}",
+        explanation.text()
+    );
+    let missing = switchyard_agent::live::fetch_plan(server.client(), "node-x")
+        .await
+        .unwrap_err();
+    assert!(
+        missing
+            .to_string()
+            .contains("reading nodeforwardingplan node-x from the API server"),
+        "{missing}"
+    );
+}
