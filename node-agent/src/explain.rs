@@ -497,7 +497,7 @@ pub fn explain(
         ));
     }
 
-    let outcome = outcome(&trace, spec.backend, entry);
+    let outcome = outcome(&trace, spec.backend, Some(entry));
     if let Outcome::Forwarded { endpoints } = &outcome {
         let origin = Origin {
             cluster_ip,
@@ -570,7 +570,8 @@ fn masquerade_reason(
 }
 
 /// The outcome the trace shows, with IPVS weights where the backend uses them.
-fn outcome(trace: &Trace, backend: Backend, entry: &ServicePlan) -> Outcome {
+/// `entry` gives IPVS weights; without one (rules the plan does not have) every endpoint weighs 1.
+fn outcome(trace: &Trace, backend: Backend, entry: Option<&ServicePlan>) -> Outcome {
     let verdicts = trace.verdicts();
     let dnat: Vec<SocketAddr> = verdicts
         .iter()
@@ -590,8 +591,8 @@ fn outcome(trace: &Trace, backend: Backend, entry: &ServicePlan) -> Outcome {
     }
     let weight_of = |to: &SocketAddr| {
         entry
-            .endpoints
-            .iter()
+            .into_iter()
+            .flat_map(|e| &e.endpoints)
             .find(|e| e.ip.parse::<IpAddr>().ok() == Some(to.ip()) && e.port == to.port())
             .map(|e| e.weight.unwrap_or(1))
             .unwrap_or(1)
@@ -638,18 +639,9 @@ pub fn kernel(
         .service
         .as_deref()
         .and_then(|name| spec.services.iter().find(|e| e.name == name));
-    if let Some(entry) = entry {
-        explanation.outcome = outcome(&kernel_trace, spec.backend, entry);
-    } else if kernel_trace
-        .verdicts()
-        .iter()
-        .any(|v| matches!(v, Verdict::Dnat(_) | Verdict::Reject | Verdict::Drop))
-    {
-        explanation.steps.push(format!(
-            "the installed rules act on it: {}",
-            kernel_trace.output()
-        ));
-    }
+    // What the node does is what its rules do, even where the plan has no such frontend (rules left
+    // behind by someone).
+    explanation.outcome = outcome(&kernel_trace, spec.backend, entry.map(AsRef::as_ref));
     Ok(())
 }
 
