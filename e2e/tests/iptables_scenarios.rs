@@ -7,9 +7,3 @@ mod common;
 mod scenarios;
 
 scenario_suite!(switchyard_api::Backend::Iptables);
-
-/// `explain --kernel` reads iptables rules, so this one is for the iptables suite only.
-#[test]
-fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit() {
-    scenarios::explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(SUITE);
-}

@@ -103,8 +103,8 @@ struct ExplainArgs {
     /// Source: a pod's IP, an outside client's IP, or `node` (a process on the node itself).
     #[arg(long)]
     from: String,
-    /// Also trace the packet through the iptables rules installed on this host (root) and report where
-    /// they differ from the plan.
+    /// Also look at the rules installed on this host (root) and report where they differ from the plan:
+    /// iptables (the packet is traced through them) or nftables (the frontend's elements and chains).
     #[arg(long)]
     kernel: bool,
     /// With --kernel: which iptables to read.
@@ -656,12 +656,21 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             Ok(answer) => answer,
             Err(e) => return fail(EXIT_USAGE, &e),
         };
-    if let Some(local) = local {
+    if let Some(local) = local.as_ref().filter(|_| spec.backend == Backend::Nftables) {
+        use crate::nftables::kernel::Nft as _;
+        let family = switchyard_api::IpFamily::of(&packet.dest);
+        let node_port_ips = crate::iptables::node_port_ips(&spec, family, local);
+        let found = crate::nftables::exec::ExecNft::detect().and_then(|mut nft| nft.read(family));
+        match found {
+            Ok(found) => explain::nft_kernel(&spec, &mut explanation, &packet, node_port_ips, found.as_ref()),
+            Err(e) => return fail(EXIT_FAILED, &e),
+        }
+    } else if let Some(local) = local {
         if spec.backend != Backend::Iptables {
             return fail(
                 EXIT_USAGE,
                 &format!(
-                    "--kernel traces iptables rules; node {}'s plan uses the {:?} backend",
+                    "--kernel reads iptables and nftables rules; node {}'s plan uses the {:?} backend",
                     spec.node_name, spec.backend
                 ),
             );

@@ -79,6 +79,10 @@ macro_rules! scenario_suite {
         fn a_cluster_policy_udp_service_spreads_over_every_endpoint() {
             scenarios::a_cluster_policy_udp_service_spreads_over_every_endpoint(SUITE);
         }
+        #[test]
+        fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit() {
+            scenarios::explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(SUITE);
+        }
     };
 }
 
@@ -634,9 +638,8 @@ pub fn a_cluster_policy_udp_service_spreads_over_every_endpoint(suite: Suite) {
     );
 }
 
-/// `explain --kernel` (iptables) on a node whose agent really programmed its rules: it agrees with the
-/// plan, and after one rule is edited by hand it names that rule as drift.
-#[allow(dead_code)] // Only the iptables suite calls it: --kernel reads iptables rules.
+/// `explain --kernel` on a node whose agent really programmed its rules: it agrees with the plan, and
+/// after one rule (iptables) or map element (nftables) is edited by hand it names it as drift.
 pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: Suite) {
     let Some(mut deployed) =
         suite.deployed("explain_kernel_follows_the_installed_rules_and_names_a_hand_edit")
@@ -679,20 +682,58 @@ pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: S
         "{stdout}"
     );
 
-    // Someone points default/apache's last pick somewhere else.
-    let chain = switchyard_agent::iptables::names::cluster_policy_chain("default/apache", "tcp");
-    let rules = deployed
-        .exec_in_node("node-a", &["iptables", "-t", "nat", "-S", &chain])
-        .unwrap();
-    let count = String::from_utf8_lossy(&rules.stdout)
-        .lines()
-        .filter(|l| l.starts_with("-A "))
-        .count();
-    let position = count.to_string();
-    let edit = deployed
-        .exec_in_node(
-            "node-a",
-            &[
+    // Someone points default/apache's second pick somewhere else.
+    let run = |argv: &[&str]| {
+        let out = deployed.exec_in_node("node-a", argv).unwrap();
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let want = match suite.backend {
+        Backend::Nftables => {
+            let table = run(&["nft", "list", "table", "ip", "switchyard"]);
+            // The map holding 10.96.0.80's picks: the `map … {` line before its element.
+            let map = table
+                .lines()
+                .scan(String::new(), |current, line| {
+                    if let Some(name) = line.trim().strip_prefix("map ") {
+                        *current = name.trim_end_matches(" {").to_string();
+                    }
+                    Some((current.clone(), line.to_string()))
+                })
+                .find(|(_, line)| line.contains("10.96.0.80 . tcp . 80 . 1 :"))
+                .map(|(map, _)| map)
+                .unwrap();
+            run(&[
+                "nft",
+                "delete",
+                "element",
+                "ip",
+                "switchyard",
+                &map,
+                "{ 10.96.0.80 . tcp . 80 . 1 }",
+            ]);
+            run(&[
+                "nft",
+                "add",
+                "element",
+                "ip",
+                "switchyard",
+                &map,
+                "{ 10.96.0.80 . tcp . 80 . 1 : 10.244.9.9 . 80 }",
+            ]);
+            format!(
+                "{map} element 10.96.0.80 . tcp . 80 . 1: kernel `10.244.9.9 . 80`, plan `10.244.2.10 . 80`"
+            )
+        }
+        _ => {
+            let chain = switchyard_agent::iptables::names::cluster_policy_chain("default/apache", "tcp");
+            let rules = run(&["iptables", "-t", "nat", "-S", &chain]);
+            let position = rules.lines().filter(|l| l.starts_with("-A ")).count().to_string();
+            run(&[
                 "iptables",
                 "-t",
                 "nat",
@@ -707,19 +748,14 @@ pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: S
                 "DNAT",
                 "--to-destination",
                 "10.244.9.9:80",
-            ],
-        )
-        .unwrap();
-    assert!(edit.status.success(), "{}", String::from_utf8_lossy(&edit.stderr));
+            ]);
+            format!(
+                "nat {chain} rule {position}: kernel `-A {chain} -p tcp -m tcp -j DNAT --to-destination 10.244.9.9:80`"
+            )
+        }
+    };
     let (code, stdout, stderr) = explain(&deployed);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("kernel: DRIFT"), "{stdout}");
-    assert!(
-        stdout.contains(&format!("nat {chain} rule {position}: kernel `-A {chain} -p tcp -m tcp -j DNAT --to-destination 10.244.9.9:80`")),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("10.244.9.9:80"),
-        "the outcome is the kernel's: {stdout}"
-    );
+    assert!(stdout.contains(&want), "want {want:?} in:\n{stdout}");
 }
