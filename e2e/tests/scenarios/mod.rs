@@ -682,6 +682,62 @@ pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: S
         "{stdout}"
     );
 
+    // Every demo flow, on the node where it meets Switchyard, against the rules the agents installed:
+    // the kernel agrees with the plan, and the exit status is what the real packets of that check show.
+    for check in example_checks() {
+        let (node, from) = match &check.from {
+            Place::Pod(name) => {
+                let pod = deployed.lab.pod(name).unwrap();
+                (pod.node.clone(), pod.ip.to_string())
+            }
+            Place::Node(name) => (name.clone(), "node".to_string()),
+            Place::Client => {
+                let owner = deployed
+                    .lab
+                    .nodes()
+                    .iter()
+                    .find(|n| std::net::IpAddr::V4(n.ip) == check.to.ip());
+                (
+                    owner.map_or("node-a".to_string(), |n| n.name.clone()),
+                    "192.168.10.200".to_string(),
+                )
+            }
+            Place::Fabric => continue,
+        };
+        let to = match check.proto {
+            Proto::Tcp => format!("{}/tcp", check.to),
+            Proto::Udp => format!("{}/udp", check.to),
+        };
+        let node_plan = deployed.plan_path(&node).display().to_string();
+        let argv = [
+            lab_binary.as_str(),
+            "agent",
+            "explain",
+            "--plan",
+            &node_plan,
+            "--to",
+            &to,
+            "--from",
+            &from,
+            "--kernel",
+        ];
+        let out = deployed.exec_in_node(&node, &argv).unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let forwarded = !matches!(check.expect, Expect::Refused | Expect::Dropped);
+        assert_eq!(
+            out.status.code(),
+            Some(if forwarded { 0 } else { 3 }),
+            "{}: {stdout}{}",
+            check.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("kernel: the installed rules take the same path as the plan"),
+            "{} on {node}: {stdout}",
+            check.name
+        );
+    }
+
     // Someone points default/apache's second pick somewhere else.
     let run = |argv: &[&str]| {
         let out = deployed.exec_in_node("node-a", argv).unwrap();
