@@ -307,10 +307,17 @@ pub struct LoadedPlan {
 
 /// Reads and parses a plan file.
 pub fn read_plan_file(path: &Path) -> Result<LoadedPlan, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::ReadPlan {
+    let read_error = |source| Error::ReadPlan {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    // `-` is standard input, so `switchyard-controller plan … --node N -o yaml | switchyard-agent …
+    // --plan -` works without a file.
+    let text = if path == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).map_err(read_error)?
+    } else {
+        std::fs::read_to_string(path).map_err(read_error)?
+    };
     let file = parse_plan_text(&text).map_err(|message| Error::ParsePlan {
         path: path.to_path_buf(),
         message,

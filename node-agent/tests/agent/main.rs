@@ -8,6 +8,8 @@
 //! treats their helpers as test code (unwrap allowed by clippy.toml).
 
 #[cfg(test)]
+mod explain_cli;
+#[cfg(test)]
 mod fixtures;
 #[cfg(test)]
 #[path = "../common/lab.rs"]

@@ -1,0 +1,52 @@
+//! `switchyard-agent explain` as a user runs it: a plan on standard input (piped from
+//! `switchyard-controller plan --node N -o yaml`), words on stdout, the exit status scripts test.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use switchyard_api::NodeForwardingPlan;
+use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+fn explain(plan_yaml: &str, to: &str, from: &str) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+        .args(["explain", "--plan", "-", "--to", to, "--from", from])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plan_yaml.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn a_piped_plan_is_explained_with_the_documented_exit_status() {
+    let spec = plan(
+        "node-a",
+        vec![
+            entry("ns1/web:http", "10.96.0.1", 80).with(ep("10.244.2.5", 8080)),
+            entry("ns1/none:http", "10.96.0.2", 80),
+        ],
+    );
+    let yaml = serde_saphyr::to_string(&NodeForwardingPlan::new("node-a", spec)).unwrap();
+    let (code, stdout) = explain(&yaml, "10.96.0.1:80", "10.244.1.7");
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("=> FORWARDED to 10.244.2.5:8080 (100%)"),
+        "{stdout}"
+    );
+    let (code, stdout) = explain(&yaml, "ns1/none", "node");
+    assert_eq!(code, Some(3), "{stdout}");
+    assert!(stdout.contains("=> REJECTED"), "{stdout}");
+    let (code, _) = explain("not a plan", "10.96.0.1:80", "node");
+    assert_eq!(code, Some(2));
+}
