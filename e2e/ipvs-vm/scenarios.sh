@@ -227,6 +227,15 @@ ipvsadm -A -t 192.0.2.1:80 -s rr
 kill $AGENT
 wait $AGENT 2>/dev/null
 check "stop: the rules stay when the agent stops" has_vs 10.96.0.10:80
+
+# explain --kernel reads the virtual server back: it agrees, then names a hand edit (no agent repairs it now).
+e=$(agent explain --plan $PLAN --to 10.96.0.11:80 --from 10.244.0.9 --kernel 2>&1)
+check "explain --kernel (ipvs): agrees with the plan" contains "$e" "kernel: the installed rules take the same path as the plan"
+check "explain --kernel (ipvs): shows the planned weights" contains "$e" "10.244.0.2:8080 (75%, weight 3"
+ipvsadm -e -t 10.96.0.11:80 -r 10.244.0.2:8080 -m -w 1
+e=$(agent explain --plan $PLAN --to 10.96.0.11:80 --from 10.244.0.9 --kernel 2>&1)
+check "explain --kernel (ipvs): names the changed weight" contains "$e" "real server 10.244.0.2:8080: kernel weight 1, plan 3"
+check "explain --kernel (ipvs): the outcome is the kernel's" contains "$e" "10.244.0.2:8080 (50%, weight 1"
 agent cleanup >/tmp/cleanup.out 2>&1
 check "cleanup: exits 0" test $? -eq 0
 check "cleanup: no virtual server of ours left" not sh -c "ipvsadm -Ln | grep -Eq '10\.96\.0\.|192\.168\.100\.1:'"

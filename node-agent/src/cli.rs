@@ -104,7 +104,8 @@ struct ExplainArgs {
     #[arg(long)]
     from: String,
     /// Also look at the rules installed on this host (root) and report where they differ from the plan:
-    /// iptables (the packet is traced through them) or nftables (the frontend's elements and chains).
+    /// iptables (the packet is traced through them), nftables (the frontend's elements and chains) or
+    /// IPVS (the frontend's virtual server and real servers).
     #[arg(long)]
     kernel: bool,
     /// With --kernel: which iptables to read.
@@ -665,16 +666,43 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             Ok(found) => explain::nft_kernel(&spec, &mut explanation, &packet, node_port_ips, found.as_ref()),
             Err(e) => return fail(EXIT_FAILED, &e),
         }
-    } else if let Some(local) = local {
-        if spec.backend != Backend::Iptables {
-            return fail(
-                EXIT_USAGE,
-                &format!(
-                    "--kernel reads iptables and nftables rules; node {}'s plan uses the {:?} backend",
-                    spec.node_name, spec.backend
-                ),
-            );
+    } else if let Some(local) = local.as_ref().filter(|_| spec.backend == Backend::Ipvs) {
+        use crate::ipvs::kernel::{Ipvs as _, VirtualKey};
+        let facts = crate::ipvs::IpvsFacts {
+            local_addrs: local.clone(),
+            ..Default::default()
+        };
+        let desired = crate::ipvs::render(
+            &spec,
+            &facts,
+            &switchyard_api::validate::validate(&spec).bad_entries(),
+        );
+        let key = VirtualKey {
+            addr: packet.dest,
+            protocol: packet.protocol,
+            port: packet.dest_port,
+        };
+        let kernel = crate::ipvs::netlink::NetlinkIpvs::connect().and_then(|mut ipvs| {
+            let service = ipvs.services()?.into_iter().find(|s| s.key() == Some(key));
+            match service {
+                Some(service) => {
+                    let reals = ipvs.destinations(&key)?;
+                    Ok(Some((service, reals)))
+                }
+                None => Ok(None),
+            }
+        });
+        match kernel {
+            Ok(kernel) => explain::ipvs_kernel(
+                &mut explanation,
+                desired.virtuals.get(&key),
+                kernel
+                    .as_ref()
+                    .map(|(service, reals)| (service, reals.as_slice())),
+            ),
+            Err(e) => return fail(EXIT_FAILED, &e),
         }
+    } else if let Some(local) = local {
         let family = switchyard_api::IpFamily::of(&packet.dest);
         let kernel = ExecIptables::detect(args.iptables_mode).and_then(|mut iptables| {
             use crate::iptables::kernel::Iptables as _;
