@@ -8,7 +8,7 @@
 //!                                            └──────────────── NodeForwardingPlanStatus ◄───────────────────────────┘
 //! ```
 //!
-//! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`], [`status`]),
+//! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`](mod@slice), [`status`]),
 //! the generated CRDs ([`crd`]), composing a node's state from its plan and slices ([`compose`]), object
 //! names and labels ([`names`]), the content-hash revisions ([`revision`]), lenient IP parsing shared with
 //! kube-proxy ([`ip`]), validation ([`validate`]) and, with the `runtime` feature, mapping watch events
