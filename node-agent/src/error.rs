@@ -95,7 +95,7 @@ pub enum Error {
     },
     /// The status could not be serialised.
     #[error("serialising the status: {0}")]
-    SerializeStatus(String),
+    SerializeStatus(#[source] serde_saphyr::SerializeError),
     /// The status file could not be written.
     #[error("writing status file {path}: {source}")]
     WriteStatus {
@@ -117,9 +117,6 @@ pub enum Error {
     /// The async runtime or a signal handler could not be set up.
     #[error("starting the runtime: {0}")]
     StartRuntime(#[source] std::io::Error),
-    /// The plan asks for a backend this agent cannot program yet.
-    #[error("backend {0} is not implemented by this agent yet")]
-    UnsupportedBackend(switchyard_api::Backend),
     /// The kernel has no usable IPVS (module missing and not loadable).
     #[error("IPVS is unavailable: {0}")]
     IpvsUnavailable(String),
@@ -283,7 +280,6 @@ impl Error {
             Self::WriteStatus { .. } => "write_status",
             Self::BindHealthCheck { .. } => "bind_health_check",
             Self::StartRuntime(_) => "start_runtime",
-            Self::UnsupportedBackend(_) => "unsupported_backend",
             Self::IpvsUnavailable(_) => "ipvs_unavailable",
             Self::IpvsRequest { .. } => "ipvs_request",
             Self::ParseIpset { .. } => "parse_ipset",

@@ -5,9 +5,11 @@
 //!   run --node-name: source::api (watch own plan + shards;            │    (plan problems: rejected whole;
 //!     deletion confirmed by GET 404) + source::cache at start         │     entry problems: skipped, reported)
 //!   run --plan-file / apply: planfile                                 ▼
-//!                                   sync::Dataplane (iptables::dataplane::IptablesDataplane)
-//!                                     render (pure) ─► stream ─► Iptables edge: iptables-restore --noflush
-//!                                                          │        (exec: real binaries; fake: the tracer)
+//!                                   sync::Dataplane, chosen per plan by spec.backend:
+//!                                     iptables: render (pure) ─► stream ─► iptables-restore --noflush
+//!                                     nftables: render (pure) ─► diff ─► one `nft -f` transaction
+//!                                     ipvs: render (pure) ─► netlink virtual servers + ipset/iptables glue
+//!                                       (falls back to iptables where the kernel has no IPVS)
 //!                                                          ├─► conntrack: stale UDP flows deleted
 //!                                                          ▼
 //!   status (observedRevision, conditions, counts) ─► status_writer (SSA of plans/<node>/status) │ status file
@@ -19,7 +21,8 @@
 //! edges, each a small trait with an in-memory fake: [`iptables::kernel::Iptables`] ([`iptables::exec`],
 //! [`iptables::fake`]), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
 //! is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the
-//! long-running loop and [`live`] wires it to its plan source.
+//! long-running loop and [`live`] wires it to its plan source; [`explain`] answers, for one connection,
+//! what the plan (and with `--kernel` the installed rules) make the node do.
 
 pub mod cli;
 pub mod command;

@@ -342,7 +342,7 @@ pub fn read_plan_file(path: &Path) -> Result<LoadedPlan, Error> {
 
 /// The status as YAML.
 pub fn status_yaml(status: &NodeForwardingPlanStatus) -> Result<String, Error> {
-    serde_saphyr::to_string(status).map_err(|e| Error::SerializeStatus(e.to_string()))
+    serde_saphyr::to_string(status).map_err(Error::SerializeStatus)
 }
 
 /// Writes the status as YAML to `path` atomically (a temporary file in the same directory, renamed).
