@@ -14,6 +14,7 @@
 //! kube-proxy ([`ip`]), validation ([`validate`]) and, with the `runtime` feature, mapping watch events
 //! ([`watch`]). No client, no async, no kernel.
 
+pub mod backend;
 pub mod compose;
 pub mod conditions;
 pub mod crd;

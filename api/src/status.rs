@@ -4,7 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::plan::Backend;
+use crate::backend::Backend;
 
 /// The most per-service failures a status lists; `failuresTotal` counts the rest.
 pub const MAX_LISTED_FAILURES: usize = 10;
