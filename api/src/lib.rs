@@ -18,6 +18,7 @@ pub mod backend;
 pub mod compose;
 pub mod conditions;
 pub mod crd;
+pub mod duration;
 pub mod error;
 pub mod ip;
 pub mod meta;

@@ -213,10 +213,8 @@ impl Config {
         }
         let min_plan_interval = match raw.min_plan_interval.as_deref() {
             None => defaults.min_plan_interval,
-            Some(text) => parse_duration(text).unwrap_or_else(|| {
-                problems.push(format!(
-                    "minPlanInterval: {text:?} is not a duration like 500ms, 1s or 2m"
-                ));
+            Some(text) => switchyard_api::duration::parse(text).unwrap_or_else(|why| {
+                problems.push(format!("minPlanInterval: {why}"));
                 defaults.min_plan_interval
             }),
         };
@@ -262,24 +260,6 @@ fn family(net: &IpNet) -> IpFamily {
 /// True when `ip` is inside a CIDR list entry that is not `/0`.
 pub fn in_any(ip: &IpAddr, cidrs: &[IpNet]) -> bool {
     cidrs.iter().any(|c| !is_zero_cidr(c) && c.contains(ip))
-}
-
-/// Parses `500ms`, `1s`, `2m`, `1h` or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(at) => text.split_at(at),
-        None => (text, "s"),
-    };
-    let value: f64 = number.parse().ok()?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return None,
-    };
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
 }
 
 #[cfg(test)]
@@ -369,13 +349,5 @@ mod tests {
     fn unknown_fields_and_yaml_11_booleans_are_rejected() {
         assert!(Config::parse("masqueradeAl: true\n").is_err());
         assert!(Config::parse("masqueradeAll: yes\n").is_err());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("1s"), Some(Duration::from_secs(1)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("5d"), None);
     }
 }

@@ -223,32 +223,9 @@ fn parse_mode(value: &str) -> Result<IptablesMode, String> {
     value.parse()
 }
 
-/// Parses `200ms`, `30s`, `5m`, `1h`, or a sum such as `1h30m`.
+/// The project's one duration grammar ([`switchyard_api::duration`]), for flags.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 200ms, 30s, 5m or 1h");
-    let mut total = Duration::ZERO;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let scale = match &rest[..unit] {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            _ => return Err(bad()),
-        };
-        total += scale
-            .checked_mul(u32::try_from(number).map_err(|_| bad())?)
-            .ok_or_else(bad)?;
-        rest = &rest[unit..];
-    }
-    Ok(total)
+    switchyard_api::duration::parse(text)
 }
 
 /// The agent's whole command line. Returns the process exit status.
@@ -815,20 +792,10 @@ mod tests {
     }
 
     #[test]
-    fn durations_parse_like_go() {
-        let cases = [
-            ("200ms", Duration::from_millis(200)),
-            ("30s", Duration::from_secs(30)),
-            ("5m", Duration::from_secs(300)),
-            ("1h", Duration::from_secs(3600)),
-            ("1h30m", Duration::from_secs(5400)),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_duration(text), Ok(want), "{text}");
-        }
-        for bad in ["", "30", "s", "1d", "-1s", "1.5s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
+    fn duration_flags_use_the_shared_grammar() {
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("30").is_err());
     }
 
     #[test]
