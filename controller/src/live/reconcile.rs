@@ -138,7 +138,9 @@ async fn while_leading<T>(
     }
 }
 
-/// Brings one object up to date.
+/// Brings one object up to date. Its log lines carry the object (`NodeForwardingPlan <node>` or
+/// `ForwardingSlice <name>`).
+#[tracing::instrument(skip_all, fields(object = %object))]
 pub async fn reconcile(
     object: Arc<ObjectRef>,
     trigger: Option<Timestamp>,
