@@ -371,7 +371,7 @@ pub fn explain(
         return Ok((
             Explanation {
                 node: spec.node_name.clone(),
-                backend: format!("{:?}", spec.backend).to_lowercase(),
+                backend: spec.backend.to_string(),
                 service: None,
                 steps,
                 outcome: Outcome::NotAService,
@@ -510,7 +510,7 @@ pub fn explain(
     Ok((
         Explanation {
             node: spec.node_name.clone(),
-            backend: format!("{:?}", spec.backend).to_lowercase(),
+            backend: spec.backend.to_string(),
             service: Some(entry.name.clone()),
             steps,
             outcome,
