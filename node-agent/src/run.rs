@@ -144,6 +144,8 @@ struct Loop {
     last_sync: Option<Instant>,
     next_drift_check: Instant,
     cleanup_not_before: Option<Instant>,
+    /// A deletion time may be recorded on disk (true at start: an earlier run may have left one).
+    deletion_recorded: bool,
     /// (uid, fingerprint) of the plan set in the cache file.
     cached: Option<(Option<String>, String)>,
     /// The fingerprint (plan revision and slices) last programmed from a new plan set, and when its
@@ -308,7 +310,23 @@ impl Loop {
             return;
         };
         let revision = spec.revision.clone();
-        if self.grace.deleted(now) {
+        // A deletion an earlier run of the agent recorded keeps its time; a new one is recorded.
+        let marker = self.config.cache_file.as_deref().map(grace::marker_path);
+        let since = marker.as_deref().and_then(|path| {
+            let text = std::fs::read_to_string(path).ok()?;
+            grace::recorded_since(&text, now, SystemTime::now())
+        });
+        if since.is_none()
+            && let Some(path) = &marker
+        {
+            match std::fs::write(path, grace::record(SystemTime::now())) {
+                Ok(()) => self.deletion_recorded = true,
+                Err(error) => {
+                    tracing::warn!(%error, path = %path.display(), "cannot record the deletion time; a restart would start the grace period again")
+                }
+            }
+        }
+        if self.grace.deleted(now, since) {
             self.metrics.plan_deleted.set(1);
             match self.grace.period() {
                 GracePeriod::For(period) => tracing::warn!(
@@ -325,11 +343,30 @@ impl Loop {
     }
 
     fn restored(&mut self) {
+        self.forget_deletion();
         if self.grace.restored() {
             self.metrics.plan_deleted.set(0);
             self.metrics.plan_deleted_seconds.set(0.0);
             self.cleanup_not_before = None;
             tracing::info!("this node's plan is back; applying it");
+        }
+    }
+
+    /// Removes the recorded deletion time (the plan is back, or its rules are gone).
+    fn forget_deletion(&mut self) {
+        if !self.deletion_recorded {
+            return;
+        }
+        let Some(path) = self.config.cache_file.as_deref().map(grace::marker_path) else {
+            self.deletion_recorded = false;
+            return;
+        };
+        match std::fs::remove_file(&path) {
+            Ok(()) => self.deletion_recorded = false,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => self.deletion_recorded = false,
+            Err(error) => {
+                tracing::warn!(%error, path = %path.display(), "cannot remove the recorded deletion time")
+            }
         }
     }
 
@@ -343,6 +380,7 @@ impl Loop {
                     "removed the rules of the deleted plan"
                 );
                 self.grace.removed();
+                self.forget_deletion();
                 self.after.servers.stop_all();
                 self.health.cleared();
                 self.programmed = None;
@@ -440,6 +478,7 @@ pub async fn run(
         last_sync: None,
         next_drift_check: Instant::now() + config.resync_period,
         cleanup_not_before: None,
+        deletion_recorded: true,
         cached: None,
         programmed: None,
         written_at: None,

@@ -6,8 +6,13 @@
 //!                                           │                                       └► Removed
 //! PlanUpdate::Objects ─► restored() ────────┴─ back to normal: the plan is applied as usual
 //! ```
+//!
+//! The time of the deletion is also written next to the plan cache (`<cache>.deleted-at`, Unix seconds),
+//! so an agent restarted inside the grace period resumes it instead of starting it again: a restart
+//! loop must not keep a deleted plan's rules forever.
 
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long a deleted plan's rules stay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +77,15 @@ impl Grace {
         }
     }
 
-    /// The plan is gone. False when it already was.
-    pub fn deleted(&mut self, now: Instant) -> bool {
+    /// The plan is gone (found at `now`, deleted at `since`: earlier when a previous run of the agent
+    /// recorded it). False when it already was.
+    pub fn deleted(&mut self, now: Instant, since: Option<Instant>) -> bool {
         if self.state != Deletion::None {
             return false;
         }
-        self.state = Deletion::Kept { since: now };
+        self.state = Deletion::Kept {
+            since: since.filter(|s| *s <= now).unwrap_or(now),
+        };
         true
     }
 
@@ -122,6 +130,28 @@ impl Grace {
     }
 }
 
+/// Where the time of a deletion is recorded for `cache` (the plan cache file).
+pub fn marker_path(cache: &Path) -> PathBuf {
+    let mut name = cache.as_os_str().to_owned();
+    name.push(".deleted-at");
+    PathBuf::from(name)
+}
+
+/// The recorded deletion as an [`Instant`] of this run (`now` is [`Instant::now`], `wall` the wall
+/// clock at the same moment): `None` without a readable record, or for one in the future.
+pub fn recorded_since(text: &str, now: Instant, wall: SystemTime) -> Option<Instant> {
+    let seconds: u64 = text.trim().parse().ok()?;
+    let at = UNIX_EPOCH.checked_add(Duration::from_secs(seconds))?;
+    let ago = wall.duration_since(at).ok()?;
+    now.checked_sub(ago)
+}
+
+/// The record of a deletion at `wall`.
+pub fn record(wall: SystemTime) -> String {
+    let seconds = wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{seconds}\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,8 +161,11 @@ mod tests {
         let start = Instant::now();
         let mut grace = Grace::new(GracePeriod::For(Duration::from_secs(60)));
         assert!(!grace.due(start));
-        assert!(grace.deleted(start));
-        assert!(!grace.deleted(start + Duration::from_secs(1)), "already deleted");
+        assert!(grace.deleted(start, None));
+        assert!(
+            !grace.deleted(start + Duration::from_secs(1), None),
+            "already deleted"
+        );
         assert!(!grace.due(start + Duration::from_secs(59)));
         assert!(grace.due(start + Duration::from_secs(60)));
         grace.removed();
@@ -146,8 +179,35 @@ mod tests {
         assert_eq!(grace.since(start), None);
 
         let mut never = Grace::new(GracePeriod::Never);
-        never.deleted(start);
+        never.deleted(start, None);
         assert!(!never.due(start + Duration::from_secs(1 << 30)));
+    }
+
+    #[test]
+    fn a_recorded_deletion_resumes_the_grace_period_of_an_earlier_run() {
+        let now = Instant::now() + Duration::from_secs(3600);
+        let wall = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let text = record(wall - Duration::from_secs(50));
+        assert_eq!(text, "1799999950\n");
+        let since = recorded_since(&text, now, wall);
+        assert_eq!(since, Some(now - Duration::from_secs(50)));
+        let mut grace = Grace::new(GracePeriod::For(Duration::from_secs(60)));
+        assert!(grace.deleted(now, since));
+        assert!(!grace.due(now + Duration::from_secs(9)));
+        assert!(
+            grace.due(now + Duration::from_secs(10)),
+            "60 s from the recorded deletion, not from now"
+        );
+        // Unreadable or future records start the period now.
+        assert_eq!(recorded_since("soon", now, wall), None);
+        assert_eq!(
+            recorded_since(&record(wall + Duration::from_secs(5)), now, wall),
+            None
+        );
+        assert_eq!(
+            marker_path(Path::new("/var/lib/switchyard/plan.yaml")),
+            PathBuf::from("/var/lib/switchyard/plan.yaml.deleted-at")
+        );
     }
 
     #[test]

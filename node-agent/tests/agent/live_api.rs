@@ -428,3 +428,38 @@ async fn explain_reads_the_plan_and_only_its_views_slices_from_the_api_server() 
         "{missing}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_inside_the_grace_period_resumes_it_instead_of_starting_again() {
+    use switchyard_agent::run::grace::{marker_path, record};
+    let server = FakeApiServer::new();
+    let spec = base();
+    put_plan(&server, &spec);
+    let iptables = FakeIptables::new(&local_addrs());
+    let dir = scratch("grace-restart");
+    let grace = GracePeriod::For(Duration::from_secs(900));
+    let first = Agent::start(server.client(), &iptables, config(Some(&dir), grace), writer()).await;
+    wait("the first sync", || observed(&server, &spec.revision)).await;
+    server.remove(Kind::Plan, NODE);
+    let marker = marker_path(&switchyard_agent::source::cache::cache_path(&dir));
+    wait("the deletion recorded on disk", || marker.exists()).await;
+    first.stop().await;
+    assert!(
+        iptables.dump(IpFamily::IPv4).contains("SWYD-"),
+        "rules kept through the stop"
+    );
+
+    // As if that deletion had happened 20 minutes ago: the restarted agent finds the plan still gone
+    // and the 15-minute grace already over, so the rules and the cache go now, not in 15 minutes.
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(1200);
+    std::fs::write(&marker, record(long_ago)).unwrap();
+    let second = Agent::start(server.client(), &iptables, config(Some(&dir), grace), writer()).await;
+    wait("the rules, the cache and the record to be removed", || {
+        !iptables.dump(IpFamily::IPv4).contains("SWYD-")
+            && !dir.join("plan.yaml").exists()
+            && !marker.exists()
+    })
+    .await;
+    second.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
