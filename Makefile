@@ -8,7 +8,7 @@ IMAGE_REGISTRY ?= ghcr.io/switchyard
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: help build install test unit lint fmt generate verify-generated demo plan bench e2e e2e-cluster image clean
+.PHONY: help build install test unit lint fmt generate verify-generated demo demo-cluster plan bench fuzz e2e e2e-cluster image clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -43,6 +43,12 @@ demo: ## The example cluster in the network-namespace lab: plans, agents, their 
 	$(CARGO) build -q --bins
 	./target/debug/switchyard-lab demo --cluster $(CLUSTER) --config $(CONFIG) $(DEMO_FLAGS)
 
+demo-cluster: ## The demo through the API server KUBECONFIG names (a cluster without Switchyard, or a bare kube-apiserver): CRDs, controller, agents, `kubectl get nfp`, checks, a change, all removed after (root)
+	@test -n "$$KUBECONFIG" || { echo "demo-cluster: set KUBECONFIG to the API server to use"; exit 2; }
+	@./e2e/demo-deps.sh
+	$(CARGO) build -q --bins
+	./target/debug/switchyard-lab demo-cluster --cluster $(CLUSTER) --config $(CONFIG) --kubeconfig "$$KUBECONFIG"
+
 plan: ## Plan the example cluster offline and print a table in `kubectl get nfp` columns
 	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
 
@@ -68,6 +74,10 @@ bench: ## All benchmarks (release build) and one summary table against the targe
 	fi; \
 	./scripts/bench-summary.sh "$$summary"; \
 	exit $$status
+
+fuzz: ## Fuzz the parsers for a bounded time (FUZZ_SECONDS=60 each): plan files, plan cache, IPVS netlink replies, controller config, cluster dumps (fuzz/README.md)
+	SWITCHYARD_FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60) $(CARGO) test --locked -p switchyard-agent --test fuzz -- --nocapture --test-threads=1
+	SWITCHYARD_FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60) $(CARGO) test --locked -p switchyard-controller --test fuzz -- --nocapture --test-threads=1
 
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests

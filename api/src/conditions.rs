@@ -37,4 +37,7 @@ pub mod reasons {
     pub const HEALTHY: &str = "Healthy";
     /// The plan was deleted; the rules stay until the grace period ends.
     pub const PLAN_DELETED: &str = "PlanDeleted";
+    /// The applied plan could not be written to the node's cache (disk full, read-only state
+    /// directory): forwarding is unaffected, but a restart without the API server starts empty.
+    pub const CACHE_WRITE_FAILED: &str = "CacheWriteFailed";
 }

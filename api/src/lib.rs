@@ -15,6 +15,7 @@
 //! ([`watch`]). No client, no async, no kernel.
 
 pub mod backend;
+pub mod bounded;
 pub mod compose;
 pub mod conditions;
 pub mod crd;
@@ -36,8 +37,9 @@ pub mod yaml;
 
 pub use error::Error;
 pub use plan::{
-    Backend, ClusterSettings, DetectLocalMode, EndpointRef, IpFamily, LocalEndpoints, NodeForwardingPlan,
-    NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan, TrafficPolicy,
+    Backend, ClusterSettings, DetectLocalMode, EndpointRef, EntryKey, IpFamily, LocalEndpoints,
+    NodeForwardingPlan, NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan,
+    TrafficPolicy,
 };
 pub use slice::{ForwardingSlice, ForwardingSliceSpec, View};
 pub use status::{NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceFailure, SyncMode};

@@ -169,7 +169,12 @@ pub struct NodeForwardingPlanSpec {
     pub views: Vec<String>,
     /// IPs of the endpoints that run on this node, sorted (with views only): entries taken from a view
     /// get `onNode` from this list, so a Service whose rules do not depend on locality needs no override.
-    #[serde(default, rename = "endpointsOnNode", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        rename = "endpointsOnNode",
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::bounded::addresses"
+    )]
     pub endpoints_on_node: Vec<String>,
     /// Counts, for `kubectl get` (of the entries this object carries itself; informational).
     #[serde(default)]
@@ -178,15 +183,28 @@ pub struct NodeForwardingPlanSpec {
     /// by entry key, sorted. The view entry is kept and these endpoints get `local`; so a Local-policy
     /// Service's endpoint changes elsewhere rewrite its slice, not the plans of every node hosting one of
     /// its endpoints.
-    #[serde(default, rename = "localEndpoints", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        rename = "localEndpoints",
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::bounded::entries"
+    )]
     pub local_endpoints: Vec<LocalEndpoints>,
     /// With views: the entries where this node's answer differs from its views in more than its Local
     /// endpoints (a topology hint names it, or an endpoint IP it hosts is listed elsewhere on another
     /// node), sorted. Each replaces the view entry with the same key.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::bounded::entries"
+    )]
     pub overrides: Vec<Arc<ServicePlan>>,
     /// Without views: every entry this node forwards, sorted. Empty in the controller's live plans.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::bounded::entries"
+    )]
     pub services: Vec<Arc<ServicePlan>>,
 }
 
@@ -213,6 +231,24 @@ impl LocalEndpoints {
     }
 }
 
+/// Identity of a plan entry, owned: kube-proxy's ServicePortName (`namespace/name:port`) plus protocol,
+/// and the family. [`ServicePlan::key`] borrows the same three.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryKey {
+    /// `namespace/name:port`.
+    pub name: String,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// IP family.
+    pub family: IpFamily,
+}
+
+impl From<&ServicePlan> for EntryKey {
+    fn from(entry: &ServicePlan) -> Self {
+        entry.entry_key()
+    }
+}
+
 /// An endpoint of an entry, by address and port.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 pub struct EndpointRef {
@@ -231,6 +267,12 @@ impl NodeForwardingPlanSpec {
         shrink_entries(&mut self.overrides);
         self.endpoints_on_node.shrink_to_fit();
         self.local_endpoints.shrink_to_fit();
+    }
+
+    /// Reads a `/0` source range as kube-proxy does, in every entry this object carries (see
+    /// [`open_zero_source_ranges`]). Returns how many entries were opened.
+    pub fn open_zero_source_ranges(&mut self) -> usize {
+        open_zero_source_ranges(&mut self.services) + open_zero_source_ranges(&mut self.overrides)
     }
 
     /// True when the plan needs no ForwardingSlices (no views).
@@ -468,10 +510,42 @@ pub fn shrink_entries(entries: &mut Vec<Arc<ServicePlan>>) {
     }
 }
 
+/// kube-proxy reads `loadBalancerSourceRanges` holding `0.0.0.0/0` (or `::/0`) as "every source is
+/// allowed": no firewall at all (`newBaseServiceInfo`). The controller plans such a Service with no source
+/// ranges; the agent gives every plan and slice it reads the same reading, so a hand-written `/0` costs no
+/// firewall rules, and IPVS (whose `hash:ip,port,net` sets cannot hold a zero prefix) programs it at all.
+/// Only a `/0` of the entry's own family opens it; one of the other family is left for validation to
+/// report. Returns how many entries were opened.
+pub fn open_zero_source_ranges(entries: &mut [Arc<ServicePlan>]) -> usize {
+    let mut opened = 0;
+    for entry in entries.iter_mut().filter(|e| e.allows_every_source()) {
+        Arc::make_mut(entry).source_ranges = Vec::new();
+        opened += 1;
+    }
+    opened
+}
+
 impl ServicePlan {
+    /// One of its source ranges is a `/0` of its family: kube-proxy then filters nothing.
+    pub fn allows_every_source(&self) -> bool {
+        self.source_ranges.iter().any(|range| {
+            crate::ip::parse_cidr_strict(range)
+                .is_some_and(|net| net.prefix_len() == 0 && IpFamily::of(&net.addr()) == self.family)
+        })
+    }
+
     /// The sort and identity key of an entry within a plan.
     pub fn key(&self) -> (&str, Protocol, IpFamily) {
         (&self.name, self.protocol, self.family)
+    }
+
+    /// The same key, owned: what the agent's backends and conntrack cleanup index entries by.
+    pub fn entry_key(&self) -> EntryKey {
+        EntryKey {
+            name: self.name.clone(),
+            protocol: self.protocol,
+            family: self.family,
+        }
     }
 
     /// `namespace/name` of the Service this entry belongs to.
@@ -511,6 +585,35 @@ impl ServicePlan {
 mod tests {
     use super::*;
     use crate::testing::{EntryExt, entry, ep};
+
+    #[test]
+    fn a_zero_source_range_of_the_family_opens_the_entry_as_kube_proxy_does() {
+        let cases = [
+            (vec!["0.0.0.0/0"], IpFamily::IPv4, true),
+            (vec!["198.51.100.0/24", "0.0.0.0/0"], IpFamily::IPv4, true),
+            (vec!["::/0"], IpFamily::IPv6, true),
+            (vec!["198.51.100.0/24"], IpFamily::IPv4, false),
+            // The other family's /0 is a wrong-family range: validation reports it.
+            (vec!["::/0"], IpFamily::IPv4, false),
+            (vec![], IpFamily::IPv4, false),
+        ];
+        for (ranges, family, opened) in cases {
+            let mut e = entry("ns/a:p", "10.96.0.1", 80);
+            e.family = family;
+            e.source_ranges = ranges.iter().map(|r| r.to_string()).collect();
+            let mut entries = vec![Arc::new(e)];
+            assert_eq!(
+                open_zero_source_ranges(&mut entries),
+                usize::from(opened),
+                "{ranges:?}"
+            );
+            assert_eq!(
+                entries[0].source_ranges.is_empty(),
+                opened || ranges.is_empty(),
+                "{ranges:?}"
+            );
+        }
+    }
 
     #[test]
     fn shrinking_releases_spare_capacity_of_entries_held_alone() {

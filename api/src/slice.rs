@@ -105,7 +105,11 @@ pub struct ForwardingSliceSpec {
     #[serde(default)]
     pub summary: PlanSummary,
     /// The entries, sorted by key, with no node's `onNode`/`local` flags set.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::bounded::entries"
+    )]
     pub entries: Vec<Arc<ServicePlan>>,
 }
 
@@ -113,6 +117,12 @@ impl ForwardingSliceSpec {
     /// Releases the spare capacity a parser leaves in its entries (see [`crate::plan::shrink_entries`]).
     pub fn shrink_to_fit(&mut self) {
         crate::plan::shrink_entries(&mut self.entries);
+    }
+
+    /// Reads a `/0` source range as kube-proxy does (see [`crate::plan::open_zero_source_ranges`]).
+    /// Returns how many entries were opened.
+    pub fn open_zero_source_ranges(&mut self) -> usize {
+        crate::plan::open_zero_source_ranges(&mut self.entries)
     }
 }
 

@@ -12,6 +12,10 @@
 //!
 //! Validation runs on every sync (10,000 entries on a large node), so the happy path allocates nothing
 //! per field: a problem's path is formatted only when there is a problem.
+//!
+//! Every list and string has a bound, so a hostile object (200,000 entries, a 10 MB name) is refused
+//! with a message naming the limit rather than programmed; values are quoted in messages cut to
+//! [`MAX_SHOWN`] bytes. Lists of entries are also bounded while they are read ([`crate::bounded`]).
 
 use std::{collections::HashSet, net::IpAddr, sync::Arc};
 
@@ -22,10 +26,22 @@ use crate::{
     slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, View},
 };
 
-/// Most entries one object may carry.
+/// Most entries one plan, slice or composed view may carry: ten times the 10,000-Service design scale.
 pub const MAX_ENTRIES: usize = 100_000;
-/// Most endpoints one entry may carry.
+/// Most endpoints one entry may carry (the CRD's `maxItems`).
 pub const MAX_ENDPOINTS_PER_ENTRY: usize = 10_000;
+/// Most externalIPs, LoadBalancer IPs or source ranges one entry may carry (each list).
+pub const MAX_ADDRESSES_PER_LIST: usize = 1_000;
+/// Longest namespace, Service name or port name (each a DNS label in Kubernetes).
+pub const MAX_NAME_PART: usize = 63;
+/// Longest node name (a DNS subdomain in Kubernetes).
+pub const MAX_NODE_NAME: usize = 253;
+/// Longest zone (a label value in Kubernetes).
+pub const MAX_ZONE: usize = 63;
+/// Longest revision (the CRD's `maxLength`).
+pub const MAX_REVISION: usize = 64;
+/// Longest value quoted whole in a problem's message; longer ones are cut and their length given.
+pub const MAX_SHOWN: usize = 64;
 /// Longest ClientIP affinity timeout the API allows (one day).
 pub const MAX_AFFINITY_SECONDS: u32 = 86_400;
 
@@ -72,6 +88,61 @@ impl Report {
     }
 }
 
+/// A value as a message quotes it: whole when short, else its start, `…` and its length.
+pub struct Shown<'a>(pub &'a str);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", Start(self.0))?;
+        if self.0.len() > MAX_SHOWN {
+            write!(f, " ({} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// A value as is when short (names and addresses in messages that always had them bare), else as
+/// [`Shown`].
+struct Bare<'a>(&'a str);
+
+impl std::fmt::Display for Bare<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.len() <= MAX_SHOWN {
+            f.write_str(self.0)
+        } else {
+            Shown(self.0).fmt(f)
+        }
+    }
+}
+
+/// A value quoted whole when short, else its start and `…` (the message gives the length itself).
+struct Start<'a>(&'a str);
+
+impl std::fmt::Display for Start<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0;
+        if text.len() <= MAX_SHOWN {
+            return write!(f, "{text:?}");
+        }
+        let mut end = MAX_SHOWN / 2;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        write!(f, "\"{}…\"", text[..end].escape_debug())
+    }
+}
+
+/// A problem when `text` is longer than `max` bytes.
+fn too_long(what: &str, text: &str, max: usize) -> Option<String> {
+    (text.len() > max).then(|| {
+        format!(
+            "{what} {} is {} bytes, longer than the {max} allowed",
+            Start(text),
+            text.len()
+        )
+    })
+}
+
 struct Collector<'a> {
     problems: &'a mut Vec<Problem>,
     /// `spec.` followed by this, e.g. `services`.
@@ -95,7 +166,7 @@ impl Collector<'_> {
     fn ip(&mut self, field: impl std::fmt::Display, text: &str, family: Option<IpFamily>) -> Option<IpAddr> {
         match parse_ip_strict(text) {
             None => {
-                self.push(field, format!("{text:?} is not a canonical IP address"));
+                self.push(field, format!("{} is not a canonical IP address", Shown(text)));
                 None
             }
             Some(ip) if family.is_some_and(|f| f != IpFamily::of(&ip)) => {
@@ -111,13 +182,28 @@ impl Collector<'_> {
 
     fn cidr(&mut self, field: impl std::fmt::Display, text: &str, family: Option<IpFamily>) {
         match parse_cidr_strict(text) {
-            None => self.push(field, format!("{text:?} is not a canonical CIDR")),
+            None => self.push(field, format!("{} is not a canonical CIDR", Shown(text))),
             Some(net) if family.is_some_and(|f| f != IpFamily::of(&net.addr())) => self.push(
                 field,
                 format!("{text} is not {:?}", family.unwrap_or(IpFamily::IPv4)),
             ),
             Some(_) => {}
         }
+    }
+
+    /// A problem when `text` is longer than `max` bytes.
+    fn length(&mut self, field: impl std::fmt::Display, what: &str, text: &str, max: usize) {
+        if let Some(message) = too_long(what, text, max) {
+            self.push(field, message);
+        }
+    }
+
+    /// A problem when `list` holds more than `max` items; true when it does (skip its items then).
+    fn count(&mut self, field: impl std::fmt::Display, what: &str, len: usize, max: usize) -> bool {
+        if len > max {
+            self.push(field, format!("{len} {what} exceed the limit of {max}"));
+        }
+        len > max
     }
 }
 
@@ -153,12 +239,26 @@ pub fn validate_slice_header(spec: &ForwardingSliceSpec) -> Report {
         field: "",
         index: None,
     };
+    c.length("view", "view", &spec.view, 63);
+    if let Some(zone) = &spec.zone {
+        c.length("zone", "zone", zone, MAX_ZONE);
+    }
+    if let Some(node) = &spec.node {
+        c.length("node", "node", node, MAX_NODE_NAME);
+    }
     if View::of_slice(spec).is_none() {
+        let shown = |value: &Option<String>| {
+            value
+                .as_deref()
+                .map_or("none".to_string(), |v| Shown(v).to_string())
+        };
         c.push(
             "view",
             format!(
-                "{:?} does not match zone {:?} and node {:?}",
-                spec.view, spec.zone, spec.node
+                "{} does not match zone {} and node {}",
+                Shown(&spec.view),
+                shown(&spec.zone),
+                shown(&spec.node)
             ),
         );
     }
@@ -177,12 +277,8 @@ pub fn validate_slice_header(spec: &ForwardingSliceSpec) -> Report {
     if spec.revision.is_empty() {
         c.push("revision", "must not be empty");
     }
-    if spec.entries.len() > MAX_ENTRIES {
-        c.push(
-            "entries",
-            format!("{} entries exceed the limit of {MAX_ENTRIES}", spec.entries.len()),
-        );
-    }
+    c.length("revision", "revision", &spec.revision, MAX_REVISION);
+    c.count("entries", "entries", spec.entries.len(), MAX_ENTRIES);
     report
 }
 
@@ -204,7 +300,9 @@ fn validate_entries(field: &'static str, entries: &[Arc<ServicePlan>]) -> Vec<(u
                 "name",
                 format!(
                     "duplicate entry {} {:?} {:?}",
-                    entry.name, entry.protocol, entry.family
+                    Bare(&entry.name),
+                    entry.protocol,
+                    entry.family
                 ),
             );
         }
@@ -222,19 +320,52 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
         field: "",
         index: None,
     };
-    if spec.node_name.is_empty() || spec.node_name.len() > 253 {
-        c.push("nodeName", "must be 1..253 characters");
+    if spec.node_name.is_empty() || spec.node_name.len() > MAX_NODE_NAME {
+        c.push(
+            "nodeName",
+            format!(
+                "must be 1..{MAX_NODE_NAME} characters, not {} ({})",
+                spec.node_name.len(),
+                Start(&spec.node_name)
+            ),
+        );
     }
     if spec.revision.is_empty() {
         c.push("revision", "must not be empty");
     }
-    for (i, ip) in spec.node_ips.iter().enumerate() {
+    c.length("revision", "revision", &spec.revision, MAX_REVISION);
+    if let Some(zone) = &spec.zone {
+        c.length("zone", "zone", zone, MAX_ZONE);
+    }
+    // At most one per family, 16 NodePort address values (the CRD's maxItems): the items of a longer
+    // list are not looked at.
+    let node_ips = !c.count("nodeIPs", "addresses", spec.node_ips.len(), 2);
+    let pod_cidrs = !c.count("podCIDRs", "CIDRs", spec.pod_cidrs.len(), 2);
+    let local_cidrs = !c.count(
+        "cluster.localTrafficCIDRs",
+        "CIDRs",
+        spec.cluster.local_traffic_cidrs.len(),
+        2,
+    );
+    let node_port_addresses = !c.count(
+        "cluster.nodePortAddresses",
+        "values",
+        spec.cluster.node_port_addresses.len(),
+        16,
+    );
+    for (i, ip) in spec.node_ips.iter().enumerate().filter(|_| node_ips) {
         c.ip(format_args!("nodeIPs[{i}]"), ip, None);
     }
-    for (i, cidr) in spec.pod_cidrs.iter().enumerate() {
+    for (i, cidr) in spec.pod_cidrs.iter().enumerate().filter(|_| pod_cidrs) {
         c.cidr(format_args!("podCIDRs[{i}]"), cidr, None);
     }
-    for (i, cidr) in spec.cluster.local_traffic_cidrs.iter().enumerate() {
+    for (i, cidr) in spec
+        .cluster
+        .local_traffic_cidrs
+        .iter()
+        .enumerate()
+        .filter(|_| local_cidrs)
+    {
         c.cidr(format_args!("cluster.localTrafficCIDRs[{i}]"), cidr, None);
     }
     if spec.cluster.masquerade_bit > 31 {
@@ -243,7 +374,13 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
             format!("{} is not in 0..31", spec.cluster.masquerade_bit),
         );
     }
-    for (i, value) in spec.cluster.node_port_addresses.iter().enumerate() {
+    for (i, value) in spec
+        .cluster
+        .node_port_addresses
+        .iter()
+        .enumerate()
+        .filter(|_| node_port_addresses)
+    {
         if value != "primary" {
             c.cidr(format_args!("cluster.nodePortAddresses[{i}]"), value, None);
         }
@@ -251,7 +388,10 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
     if let Some(s) = &spec.cluster.ipvs_scheduler
         && !IPVS_SCHEDULERS.contains(&s.as_str())
     {
-        c.push("cluster.ipvsScheduler", format!("unknown IPVS scheduler {s:?}"));
+        c.push(
+            "cluster.ipvsScheduler",
+            format!("unknown IPVS scheduler {}", Shown(s)),
+        );
     }
     if !spec.views.is_empty() && !spec.services.is_empty() {
         c.push("services", "a plan with views carries overrides, not services");
@@ -267,7 +407,7 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
         if !locals.insert(local.key()) {
             c.push(
                 format_args!("localEndpoints[{i}]"),
-                format!("duplicate entry {}", local.name),
+                format!("duplicate entry {}", Bare(&local.name)),
             );
         }
         if local.endpoints.len() > MAX_ENDPOINTS_PER_ENTRY {
@@ -301,12 +441,18 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
         );
     }
     let mut views = HashSet::new();
-    for (i, view) in spec.views.iter().enumerate() {
+    for (i, view) in spec.views.iter().take(8).enumerate() {
         if !views.insert(view) {
-            c.push(format_args!("views[{i}]"), format!("duplicate view {view:?}"));
+            c.push(
+                format_args!("views[{i}]"),
+                format!("duplicate view {}", Shown(view)),
+            );
         }
         if !valid_view_id(view) {
-            c.push(format_args!("views[{i}]"), format!("{view:?} is not a view id"));
+            c.push(
+                format_args!("views[{i}]"),
+                format!("{} is not a view id", Shown(view)),
+            );
         }
     }
     if spec.endpoints_on_node.len() > MAX_ENTRIES {
@@ -359,8 +505,8 @@ pub fn valid_view_id(id: &str) -> bool {
 
 fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
     let family = Some(entry.family);
-    if !valid_service_port_name(&entry.name) {
-        c.push("name", format!("{:?} is not namespace/name[:port]", entry.name));
+    if let Err(why) = check_service_port_name(&entry.name) {
+        c.push("name", why);
     }
     c.ip("clusterIP", &entry.cluster_ip, family);
     if entry.port == 0 {
@@ -372,14 +518,22 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
     if entry.health_check_node_port == Some(0) {
         c.push("healthCheckNodePort", "must be 1..65535");
     }
-    for (i, ip) in entry.external_ips.iter().enumerate() {
-        c.ip(format_args!("externalIPs[{i}]"), ip, family);
-    }
-    for (i, ip) in entry.load_balancer_ips.iter().enumerate() {
-        c.ip(format_args!("loadBalancerIPs[{i}]"), ip, family);
-    }
-    for (i, cidr) in entry.source_ranges.iter().enumerate() {
-        c.cidr(format_args!("sourceRanges[{i}]"), cidr, family);
+    let lists = [
+        ("externalIPs", "addresses", &entry.external_ips),
+        ("loadBalancerIPs", "addresses", &entry.load_balancer_ips),
+        ("sourceRanges", "CIDRs", &entry.source_ranges),
+    ];
+    for (field, what, list) in lists {
+        if c.count(field, what, list.len(), MAX_ADDRESSES_PER_LIST) {
+            continue;
+        }
+        for (i, text) in list.iter().enumerate() {
+            if what == "CIDRs" {
+                c.cidr(format_args!("{field}[{i}]"), text, family);
+            } else {
+                c.ip(format_args!("{field}[{i}]"), text, family);
+            }
+        }
     }
     if let Some(t) = entry.affinity_timeout_seconds
         && (t == 0 || t > MAX_AFFINITY_SECONDS)
@@ -392,7 +546,7 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
     if let Some(s) = &entry.scheduler
         && !IPVS_SCHEDULERS.contains(&s.as_str())
     {
-        c.push("scheduler", format!("unknown IPVS scheduler {s:?}"));
+        c.push("scheduler", format!("unknown IPVS scheduler {}", Shown(s)));
     }
     if entry.endpoints.len() > MAX_ENDPOINTS_PER_ENTRY {
         c.push(
@@ -425,7 +579,7 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
         if duplicate {
             c.push(
                 format_args!("endpoints[{i}]"),
-                format!("duplicate endpoint {}:{}", ep.ip, ep.port),
+                format!("duplicate endpoint {}:{}", Bare(&ep.ip), ep.port),
             );
         }
         if ep.local && !ep.on_node {
@@ -450,9 +604,22 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
     }
 }
 
-fn valid_service_port_name(name: &str) -> bool {
-    let (service, _port) = name.split_once(':').unwrap_or((name, ""));
-    matches!(service.split_once('/'), Some((ns, n)) if !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+/// `namespace/name[:port]`, each part at most [`MAX_NAME_PART`] bytes (Kubernetes DNS labels): the name
+/// goes into rule comments and chain-name hashes, and into status.
+fn check_service_port_name(name: &str) -> Result<(), String> {
+    let (service, port) = name.split_once(':').unwrap_or((name, ""));
+    let Some((ns, n)) = service
+        .split_once('/')
+        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+    else {
+        return Err(format!("{} is not namespace/name[:port]", Shown(name)));
+    };
+    for (what, part) in [("namespace", ns), ("Service name", n), ("port name", port)] {
+        if let Some(why) = too_long(what, part, MAX_NAME_PART) {
+            return Err(why);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -610,6 +777,39 @@ mod tests {
                 "spec.services[1].endpoints",
             ),
             (
+                "long Service name",
+                |e| e.name = format!("ns1/{}:p80", "s".repeat(MAX_NAME_PART + 1)),
+                "spec.services[1].name",
+            ),
+            (
+                "long port name",
+                |e| e.name = format!("ns1/svc2:{}", "p".repeat(MAX_NAME_PART + 1)),
+                "spec.services[1].name",
+            ),
+            (
+                "too many source ranges",
+                |e| e.source_ranges = vec!["198.51.100.0/24".into(); MAX_ADDRESSES_PER_LIST + 1],
+                "spec.services[1].sourceRanges",
+            ),
+            (
+                "too many externalIPs",
+                |e| e.external_ips = vec!["203.0.113.1".into(); MAX_ADDRESSES_PER_LIST + 1],
+                "spec.services[1].externalIPs",
+            ),
+            (
+                "IPv6 endpoint in an IPv4 entry",
+                |e| e.endpoints[0].ip = "fd00:10:244::1".into(),
+                "spec.services[1].endpoints[0].ip",
+            ),
+            (
+                "IPv4 endpoint in an IPv6 entry",
+                |e| {
+                    e.family = IpFamily::IPv6;
+                    e.cluster_ip = "fd00:10:96::1".into();
+                },
+                "spec.services[1].endpoints[0].ip",
+            ),
+            (
                 "flags without endpoints",
                 |e| e.has_endpoints = false,
                 "spec.services[1].endpoints[0]",
@@ -672,6 +872,14 @@ mod tests {
                 |s| s.endpoints_on_node = vec!["10.0.0.300".into()],
                 "spec.endpointsOnNode[0]",
             ),
+            (|s| s.revision = "r".repeat(MAX_REVISION + 1), "spec.revision"),
+            (|s| s.zone = Some("z".repeat(MAX_ZONE + 1)), "spec.zone"),
+            (|s| s.node_name = "n".repeat(MAX_NODE_NAME + 1), "spec.nodeName"),
+            (|s| s.node_ips = vec!["192.168.0.2".into(); 3], "spec.nodeIPs"),
+            (
+                |s| s.cluster.node_port_addresses = vec!["primary".into(); 17],
+                "spec.cluster.nodePortAddresses",
+            ),
         ];
         for (mutate, path) in cases {
             let mut s = spec(vec![entry()]);
@@ -723,6 +931,8 @@ mod tests {
                 |s| s.entries = (0..=MAX_ENTRIES).map(|_| Arc::new(entry())).collect(),
                 "spec.entries",
             ),
+            (|s| s.revision = "r".repeat(MAX_REVISION + 1), "spec.revision"),
+            (|s| s.zone = Some("z".repeat(MAX_ZONE + 1)), "spec.zone"),
         ];
         for (mutate, path) in cases {
             let mut s = good();
@@ -735,6 +945,117 @@ mod tests {
         let report = validate_slice(&s);
         assert!(report.plan.is_empty());
         assert_eq!(report.entries[0].1[0].path, "spec.entries[0].clusterIP");
+    }
+
+    #[test]
+    fn a_ten_megabyte_value_is_refused_in_a_message_that_stays_short() {
+        let huge = "a".repeat(10 << 20);
+        type Mutate = fn(&mut ServicePlan, &str);
+        let cases: Vec<(Mutate, &str, &str)> = vec![
+            (
+                |e, h| e.name = format!("ns1/{h}:p80"),
+                "spec.services[1].name",
+                "Service name \"aaaa",
+            ),
+            (
+                |e, h| e.name = format!("ns1/svc2:{h}"),
+                "spec.services[1].name",
+                "port name",
+            ),
+            (
+                |e, h| e.name = h.to_string(),
+                "spec.services[1].name",
+                "is not namespace/name[:port]",
+            ),
+            (
+                |e, h| e.cluster_ip = h.to_string(),
+                "spec.services[1].clusterIP",
+                "is not a canonical IP address",
+            ),
+            (
+                |e, h| e.scheduler = Some(h.to_string()),
+                "spec.services[1].scheduler",
+                "unknown IPVS scheduler",
+            ),
+            (
+                |e, h| e.endpoints[0].ip = h.to_string(),
+                "spec.services[1].endpoints[0].ip",
+                "is not a canonical IP address",
+            ),
+        ];
+        for (mutate, path, want) in cases {
+            let mut bad = entry();
+            bad.name = "ns1/svc2:p80".into();
+            mutate(&mut bad, &huge);
+            let report = validate(&spec(vec![entry(), bad]));
+            assert!(report.plan.is_empty(), "{path}: {:?}", report.plan);
+            let problem = report
+                .all()
+                .find(|p| p.path == path)
+                .unwrap_or_else(|| panic!("{path}"));
+            assert!(problem.message.contains(want), "{path}: {}", problem.message);
+            assert!(
+                problem.message.contains(&format!("{} bytes", 10 << 20))
+                    || problem.message.contains("bytes, longer than"),
+                "the length is said: {}",
+                problem.message
+            );
+            assert!(
+                problem.message.len() < 200,
+                "{path}: {} bytes",
+                problem.message.len()
+            );
+        }
+        let mut s = spec(vec![entry()]);
+        s.revision = huge.clone();
+        let report = validate(&s);
+        assert_eq!(report.plan.len(), 1, "{:?}", report.plan);
+        assert_eq!(report.plan[0].path, "spec.revision");
+        assert!(
+            report.plan[0]
+                .message
+                .contains("bytes, longer than the 64 allowed"),
+            "{}",
+            report.plan[0].message
+        );
+        assert!(report.plan[0].message.len() < 200);
+    }
+
+    #[test]
+    fn a_zero_source_range_is_a_valid_cidr() {
+        // kube-proxy reads it as "allow every source"; the agent opens such an entry when it reads the
+        // plan (plan::open_zero_source_ranges), and validation accepts it either way.
+        let mut e = entry();
+        e.load_balancer_ips = vec!["203.0.113.1".into()];
+        e.source_ranges = vec!["0.0.0.0/0".into()];
+        assert!(validate(&spec(vec![e.clone()])).is_clean());
+        e.source_ranges = vec!["::/0".into()];
+        let report = validate(&spec(vec![e]));
+        assert_eq!(report.all().next().unwrap().message, "::/0 is not IPv4");
+    }
+
+    #[test]
+    fn too_many_entries_are_refused_while_read() {
+        let mut s = spec(vec![]);
+        s.services = (0..=MAX_ENTRIES)
+            .map(|i| {
+                let mut e = entry();
+                e.name = format!("ns/s{i}");
+                Arc::new(e)
+            })
+            .collect();
+        assert!(validate(&s).plan.iter().any(|p| p.path == "spec.services"));
+        let json = serde_json::to_string(&s).unwrap();
+        let error = serde_json::from_str::<NodeForwardingPlanSpec>(&json)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("more than 100000 entries, the most one object may hold"),
+            "{error}"
+        );
+        s.services.truncate(MAX_ENTRIES);
+        let back: NodeForwardingPlanSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back.services.len(), MAX_ENTRIES);
     }
 
     #[test]

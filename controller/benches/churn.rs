@@ -91,15 +91,7 @@ fn seeded(shape: &Shape) -> FakeApiServer {
     server.count_only(Kind::Plan);
     server.count_only(Kind::ForwardingSlice);
     let snapshot = cluster(shape);
-    for n in &snapshot.nodes {
-        server.put(Kind::Node, n);
-    }
-    for s in &snapshot.services {
-        server.put(Kind::Service, s);
-    }
-    for s in &snapshot.slices {
-        server.put(Kind::EndpointSlice, s);
-    }
+    server.seed(&snapshot.nodes, &snapshot.services, &snapshot.slices);
     server
 }
 

@@ -136,6 +136,9 @@ impl Config {
         } else {
             let mut options = serde_saphyr::Options::default();
             options.strict_booleans = true;
+            // The default million replayed alias events take seconds: a few hundred bytes of nested
+            // aliases would stall the controller's start (found by fuzzing).
+            options.alias_limits.max_total_replayed_events = switchyard_api::yaml::MAX_ALIAS_EVENTS;
             serde_saphyr::from_str_with_options(text, options).map_err(|e| vec![e.to_string()])?
         };
         Self::validate(raw)
@@ -349,5 +352,28 @@ mod tests {
     fn unknown_fields_and_yaml_11_booleans_are_rejected() {
         assert!(Config::parse("masqueradeAl: true\n").is_err());
         assert!(Config::parse("masqueradeAll: yes\n").is_err());
+    }
+
+    /// Found by the config fuzzer: seven levels of nine aliases as a key took 4 s to refuse.
+    #[test]
+    fn an_alias_bomb_is_refused_at_once() {
+        let mut bomb = String::from("[&a0 [x, x, x, x, x, x, x, x, x]");
+        for level in 1..7 {
+            bomb.push_str(&format!(
+                ", &a{level} [{}]",
+                vec![format!("*a{}", level - 1); 9].join(", ")
+            ));
+        }
+        let started = std::time::Instant::now();
+        let problems = Config::parse(&format!("masqueradeBit: 14\n{bomb}]: 1\n")).unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            problems[0].contains("alias replay limit exceeded"),
+            "{problems:?}"
+        );
     }
 }

@@ -53,15 +53,7 @@ fn config(max_object_bytes: usize) -> Config {
 
 fn seed(server: &FakeApiServer, shape: &Shape) {
     let snapshot = cluster(shape);
-    for node in &snapshot.nodes {
-        server.put(Kind::Node, node);
-    }
-    for svc in &snapshot.services {
-        server.put(Kind::Service, svc);
-    }
-    for s in &snapshot.slices {
-        server.put(Kind::EndpointSlice, s);
-    }
+    server.seed(&snapshot.nodes, &snapshot.services, &snapshot.slices);
 }
 
 struct Controller {
@@ -888,4 +880,47 @@ async fn many_broken_services_get_events_at_the_rate_limit_only() {
         "{text}"
     );
     ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_dropped_run_stops_writing_instead_of_spinning() {
+    let server = FakeApiServer::new();
+    let shape = shape();
+    seed(&server, &shape);
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    settle(&ctl, Duration::from_millis(500)).await;
+    // Dropped without its shutdown future resolving (an embedding that aborts the task): the writer
+    // must take the closed stop channel as a stop, not as a reason to loop again.
+    ctl.task.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The runtime of this test is this thread: what its tasks burn while it sleeps is this thread's.
+    let before = thread_cpu_ticks();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let burnt = thread_cpu_ticks() - before;
+    assert!(
+        burnt < 20,
+        "{burnt} CPU ticks in 1 s of an aborted controller: a task spins"
+    );
+    server.clear_requests();
+    server.put(Kind::EndpointSlice, slice(50, &shape, 1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes: Vec<Recorded> = server
+        .requests()
+        .into_iter()
+        .filter(|r| (r.path.starts_with(PLANS) || r.path.starts_with(SLICES)) && r.is_write())
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "an aborted controller wrote {:?}",
+        names(&writes)
+    );
+}
+
+/// CPU time of the calling thread (user + system), in clock ticks (1/100 s).
+fn thread_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }

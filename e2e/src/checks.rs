@@ -125,7 +125,7 @@ impl Outcome {
     }
 }
 
-fn matches(pod: &str, wanted: &[String]) -> bool {
+pub(crate) fn matches(pod: &str, wanted: &[String]) -> bool {
     wanted.iter().any(|w| pod.starts_with(w.as_str()))
 }
 

@@ -200,16 +200,7 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
     );
     print!("{}", deployed.table(false)?);
     println!("\n== Traffic checks (real packets through each node's iptables rules)\n");
-    let mut failed = 0;
-    for check in example_checks() {
-        let outcome = checks::run(&deployed.lab, &check)?;
-        if !outcome.passed() {
-            failed += 1;
-        }
-        println!("{outcome}");
-    }
-    let total = example_checks().len();
-    println!("\n{} passed, {failed} failed", total - failed);
+    let failed = run_checks(&deployed.lab, &example_checks())?;
     let rules = deployed.exec_in_node("node-a", &["iptables-save", "-t", "nat"])?;
     let count = String::from_utf8_lossy(&rules.stdout)
         .lines()
@@ -222,6 +213,20 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
             "\nThe lab stays up: `ip netns list | grep {id}`; remove it with `switchyard-lab down {id}`."
         );
     }
+    Ok(failed)
+}
+
+/// Runs `checks`, printing each outcome and a summary line; returns how many failed.
+pub fn run_checks(lab: &crate::Lab, checks: &[Check]) -> Result<usize> {
+    let mut failed = 0;
+    for check in checks {
+        let outcome = checks::run(lab, check)?;
+        if !outcome.passed() {
+            failed += 1;
+        }
+        println!("{outcome}");
+    }
+    println!("\n{} passed, {failed} failed", checks.len() - failed);
     Ok(failed)
 }
 

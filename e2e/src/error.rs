@@ -36,6 +36,21 @@ pub enum LabError {
     /// The description parsed but cannot be turned into a lab (missing node IP, pod on no node, …).
     #[error("the cluster description cannot be built as a lab: {0}")]
     Layout(String),
+    /// A call to the API server failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Something that would touch what is not the lab's own, refused.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// A traffic flow names a destination that is not `IP:PORT`.
+    #[error("traffic flow destination {0:?} is not IP:PORT")]
+    FlowDestination(String),
     /// A name used by a lab API (node, pod) is not part of this lab.
     #[error("no {kind} named {name:?} in lab {lab}")]
     UnknownPlace {

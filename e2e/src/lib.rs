@@ -20,6 +20,7 @@
 
 pub mod checks;
 pub mod cluster;
+pub mod cluster_demo;
 pub mod command;
 pub mod demo;
 pub mod deployed;
@@ -34,6 +35,7 @@ mod pods;
 pub mod preflight;
 pub mod probe;
 mod registry;
+pub mod relay;
 mod script;
 pub mod serve;
 pub mod signals;
@@ -41,6 +43,7 @@ pub mod state;
 mod summary;
 mod supervisor;
 pub mod teardown;
+pub mod traffic;
 
 pub use cluster::ClusterDescription;
 pub use deployed::Deployed;

@@ -99,6 +99,23 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
+    /// The same through a real API server (a cluster without Switchyard, or a bare kube-apiserver): apply
+    /// crds/, the example's objects, the controller and one agent per lab node against it, `kubectl get
+    /// nfp`, traffic checks, a change, and everything created removed again.
+    DemoCluster {
+        /// The cluster description.
+        #[arg(long, default_value = "examples/cluster.yaml")]
+        cluster: PathBuf,
+        /// The controller configuration.
+        #[arg(long, default_value = "examples/controller-config.yaml")]
+        config: PathBuf,
+        /// The kubeconfig of the API server.
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: PathBuf,
+        /// The CRD directory.
+        #[arg(long, default_value = "crds")]
+        crds: PathBuf,
+    },
     /// Probe a destination and print the result as JSON.
     Probe {
         /// tcp or udp.
@@ -184,6 +201,34 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 keep,
             };
             let failed = switchyard_e2e::demo::run(&demo, options)?;
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::DemoCluster {
+            cluster,
+            config,
+            kubeconfig,
+            crds,
+        } => {
+            if !switchyard_e2e::preflight::is_root() {
+                eprintln!("switchyard-lab demo-cluster: the lab builds network namespaces and needs root");
+                return Ok(ExitCode::from(2));
+            }
+            install_teardown_on_signal()?;
+            let options = LabOptions {
+                state_dir: cli.state_dir,
+                ..LabOptions::default()
+            };
+            let demo = switchyard_e2e::cluster_demo::ClusterDemoOptions {
+                cluster,
+                config,
+                kubeconfig,
+                crds,
+            };
+            let failed = switchyard_e2e::cluster_demo::run(&demo, options)?;
             Ok(if failed == 0 {
                 ExitCode::SUCCESS
             } else {

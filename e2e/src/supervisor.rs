@@ -208,6 +208,20 @@ impl ChildHandle {
             .or_else(|| self.kill_and_reap())
     }
 
+    /// Kills it and every process of its group with SIGKILL at once (as the kubelet kills a pod's
+    /// container: no chance to clean up), then reaps it.
+    pub fn kill_group(&self) -> Option<ExitStatus> {
+        {
+            let _live = registry::lock();
+            let mut child = self.lock();
+            if let (Ok(None), Ok(pid)) = (child.try_wait(), i32::try_from(self.pid())) {
+                // The child leads its own process group (spawned with process_group(0)).
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        self.kill_and_reap()
+    }
+
     /// Waits until its stdout or stderr contains `needle` (e.g. an agent's "applied" log line).
     ///
     /// Fails early when it exits first, or after `timeout`.

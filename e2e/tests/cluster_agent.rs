@@ -29,12 +29,11 @@ mod cluster;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use cluster::{apply_crd, client_from_kubeconfig, composed, composition, repo, suffix, wait_for};
@@ -53,6 +52,7 @@ use switchyard_api::names::AGENT_FIELD_MANAGER;
 use switchyard_api::{ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanStatus};
 use switchyard_controller::Config;
 use switchyard_controller::live::run::{Options, run};
+use switchyard_e2e::relay::Relay;
 
 const AGENT_SA: &str = "system:serviceaccount:switchyard-system:switchyard-agent";
 const CONTROLLER_SA: &str = "system:serviceaccount:switchyard-system:switchyard-controller";
@@ -262,82 +262,6 @@ fn denied(result: Result<(), kube::Error>, what: &str) -> kube::core::Status {
 
 // === the agent in a network namespace ===
 
-/// Accepts inside the namespace at the API server's own address and pipes to the real server.
-struct Relay {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Relay {
-    fn start(netns: &str, targets: &[SocketAddr]) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for &target in targets {
-            // The socket belongs to the namespace of the thread that created it, wherever it is used.
-            let listener =
-                match switchyard_e2e::netns::in_netns(netns, move || TcpListener::bind(target)).unwrap() {
-                    Ok(listener) => listener,
-                    // A name may resolve to ::1 too, where the namespace may have no IPv6.
-                    Err(e) if targets.len() > 1 => {
-                        eprintln!("relay: not relaying {target}: {e}");
-                        continue;
-                    }
-                    Err(e) => panic!("relay: binding {target} in {netns}: {e}"),
-                };
-            listener.set_nonblocking(true).unwrap();
-            let stop = Arc::clone(&stop);
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => pipe(conn, target),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            eprintln!("relay: accept on {target}: {e}");
-                            return;
-                        }
-                    }
-                }
-            }));
-        }
-        assert!(
-            !threads.is_empty(),
-            "relay: no address of the API server could be bound in {netns}"
-        );
-        Self { stop, threads }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Copies both ways between a relayed connection and the real server (this thread is in the host
-/// namespace, so the connect reaches the real server).
-fn pipe(conn: TcpStream, target: SocketAddr) {
-    let Ok(server) = TcpStream::connect(target) else {
-        return;
-    };
-    let _ = conn.set_nonblocking(false);
-    let (Ok(conn2), Ok(server2)) = (conn.try_clone(), server.try_clone()) else {
-        return;
-    };
-    let copy = |mut from: TcpStream, mut to: TcpStream| {
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut from, &mut to);
-            let _ = to.shutdown(std::net::Shutdown::Write);
-        });
-    };
-    copy(conn, server);
-    copy(server2, conn2);
-}
-
 /// The namespace, its relay and the agent in it; all gone on drop.
 struct NetnsAgent {
     name: String,
@@ -432,7 +356,7 @@ async fn start_agent(id: &str, node: &str) -> NetnsAgent {
             netns.ip(&["addr", "add", &format!("{}/{prefix}", target.ip()), "dev", "lo"]);
         }
     }
-    netns.relay = Some(Relay::start(&netns.name, &targets));
+    netns.relay = Some(Relay::start(&netns.name, &targets).unwrap());
 
     let kubeconfig = netns.dir.join("kubeconfig");
     std::fs::write(&kubeconfig, agent_kubeconfig(node)).unwrap();

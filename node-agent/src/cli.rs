@@ -389,24 +389,29 @@ fn render_command(args: &RenderArgs) -> ExitCode {
         eprintln!("warning: skipping entry: {problem}");
     }
     let skip = report.bad_entries();
+    // The host's addresses, read here once so the renders below stay free of I/O: IPVS needs them for
+    // NodePorts, the others only when the plan restricts NodePort addresses.
+    let local = if backend == Backend::Ipvs || !spec.cluster.node_port_addresses.is_empty() {
+        NetlinkAddrs.local_addrs().unwrap_or_else(|e| {
+            eprintln!("warning: {e}; NodePort addresses resolved against no local address");
+            Vec::new()
+        })
+    } else {
+        Vec::new()
+    };
     if backend == Backend::Nftables {
-        print!("{}", crate::nftables::render_for_host(&spec, &skip));
+        print!("{}", crate::nftables::render_for_host(&spec, &skip, &local));
         return ExitCode::SUCCESS;
     }
     let version = crate::command::stdout_of(std::process::Command::new("iptables").arg("--version")).ok();
     let features = discover_features(version.clone());
     if backend == Backend::Ipvs {
-        print!("{}", crate::ipvs::setup::render_for_host(&spec, &skip, features));
+        print!(
+            "{}",
+            crate::ipvs::setup::render_for_host(&spec, &skip, features, &local)
+        );
         return ExitCode::SUCCESS;
     }
-    let local = if spec.cluster.node_port_addresses.is_empty() {
-        Vec::new()
-    } else {
-        NetlinkAddrs.local_addrs().unwrap_or_else(|e| {
-            eprintln!("warning: {e}; NodePort addresses resolved against no local address");
-            FixedAddrs::default().0
-        })
-    };
     print!(
         "{}",
         render_text(&spec, &skip, features, &local, version.as_deref())
@@ -582,7 +587,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ Error::KubeConfig(_)) => fail(EXIT_USAGE, &e),
+        Err(e @ Error::KubeConfig { .. }) => fail(EXIT_USAGE, &e),
         Err(e) => fail(EXIT_FAILED, &e),
     }
 }

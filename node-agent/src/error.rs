@@ -65,8 +65,12 @@ pub enum Error {
     #[error("no usable iptables: {0}")]
     FindIptables(String),
     /// The node's local addresses could not be listed over rtnetlink.
-    #[error("listing local addresses over rtnetlink: {0}")]
-    ListAddresses(String),
+    #[error("listing local addresses over rtnetlink: {source}")]
+    ListAddresses {
+        /// Why (the I/O, netlink or thread failure).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Output of `conntrack -L` could not be understood.
     #[error("parsing conntrack output line {line:?}: {reason}")]
     ParseConntrack {
@@ -191,8 +195,14 @@ pub enum Error {
         source: std::io::Error,
     },
     /// No Kubernetes client configuration could be loaded (kubeconfig or in-cluster).
-    #[error("loading the Kubernetes client configuration: {0}")]
-    KubeConfig(String),
+    #[error("loading the Kubernetes client configuration{}: {source}", from.as_ref().map(|p| format!(" from {}", p.display())).unwrap_or_default())]
+    KubeConfig {
+        /// The kubeconfig file, when one was named.
+        from: Option<std::path::PathBuf>,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Reading a plan or its slices from the API server failed (`explain --node`).
     #[error("reading {what} from the API server: {source}")]
     FetchPlan {
@@ -272,7 +282,7 @@ impl Error {
             Self::RunCommand { .. } => "run_command",
             Self::CommandFailed { .. } => "command_failed",
             Self::FindIptables(_) => "find_iptables",
-            Self::ListAddresses(_) => "list_addresses",
+            Self::ListAddresses { .. } => "list_addresses",
             Self::ParseConntrack { .. } => "parse_conntrack",
             Self::ReadPlan { .. } => "read_plan",
             Self::ParsePlan { .. } => "parse_plan",
@@ -289,7 +299,7 @@ impl Error {
             Self::ReadCache { .. } => "read_cache",
             Self::WriteStatusToApi { .. } => "write_status_to_api",
             Self::BindMetrics { .. } => "bind_metrics",
-            Self::KubeConfig(_) => "kube_config",
+            Self::KubeConfig { .. } => "kube_config",
             Self::FetchPlan { .. } => "fetch_plan",
             Self::NftTransaction { .. } => "nft_transaction",
             Self::NftListing { .. } => "nft_listing",

@@ -85,7 +85,9 @@ impl LocalAddrs for NetlinkAddrs {
     fn local_addrs(&mut self) -> Result<Vec<IpAddr>, Error> {
         std::thread::spawn(list_addresses)
             .join()
-            .map_err(|_| Error::ListAddresses("the netlink thread panicked".into()))?
+            .map_err(|_| Error::ListAddresses {
+                source: "the netlink thread panicked".into(),
+            })?
     }
 }
 
@@ -93,10 +95,10 @@ fn list_addresses() -> Result<Vec<IpAddr>, Error> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .map_err(|e| Error::ListAddresses(e.to_string()))?;
+        .map_err(|e| Error::ListAddresses { source: e.into() })?;
     runtime.block_on(async {
         let (connection, handle, _) =
-            rtnetlink::new_connection().map_err(|e| Error::ListAddresses(e.to_string()))?;
+            rtnetlink::new_connection().map_err(|e| Error::ListAddresses { source: e.into() })?;
         let task = tokio::spawn(connection);
         let mut messages = handle.address().get().execute();
         let mut addrs = Vec::new();
@@ -120,7 +122,7 @@ fn list_addresses() -> Result<Vec<IpAddr>, Error> {
                 Ok(None) => break,
                 Err(e) => {
                     task.abort();
-                    return Err(Error::ListAddresses(e.to_string()));
+                    return Err(Error::ListAddresses { source: e.into() });
                 }
             }
         }

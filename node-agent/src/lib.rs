@@ -1,8 +1,8 @@
 //! switchyard-agent: programs its node's `NodeForwardingPlan` into the kernel and reports status.
 //!
 //! ```text
-//! plan source ─► source::PlanUpdate (latest wins) ─► run loop ─► sync::Syncer ─► assemble shards ─► validate()
-//!   run --node-name: source::api (watch own plan + shards;            │    (plan problems: rejected whole;
+//! plan source ─► source::PlanUpdate (latest wins) ─► run loop ─► sync::Syncer ─► compose slices ─► validate()
+//!   run --node-name: source::api (watch own plan + its views' slices; │    (plan problems: rejected whole;
 //!     deletion confirmed by GET 404) + source::cache at start         │     entry problems: skipped, reported)
 //!   run --plan-file / apply: planfile                                 ▼
 //!                                   sync::Dataplane, chosen per plan by spec.backend:
@@ -34,6 +34,7 @@ pub mod host;
 pub mod iptables;
 pub mod ipvs;
 pub mod live;
+pub mod metrics;
 pub mod nftables;
 pub mod planfile;
 pub mod run;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use kube::Api;
 
 use crate::error::Error;
-use crate::run::metrics::LiveMetrics;
+use crate::metrics::LiveMetrics;
 use crate::run::{RunConfig, Wiring, run};
 use crate::source::api::ApiSource;
 use crate::source::file::FileSource;
@@ -48,17 +48,24 @@ pub enum PlanFrom {
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
     let config = match kubeconfig {
         Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| Error::KubeConfig(format!("{}: {e}", path.display())))?;
+            let failed = |source: kube::config::KubeconfigError| Error::KubeConfig {
+                from: Some(path.to_path_buf()),
+                source: source.into(),
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(failed)?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| Error::KubeConfig(format!("{}: {e}", path.display())))?
+                .map_err(failed)?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::KubeConfig(e.to_string()))?,
+        None => kube::Config::infer().await.map_err(|e| Error::KubeConfig {
+            from: None,
+            source: e.into(),
+        })?,
     };
-    kube::Client::try_from(config).map_err(|e| Error::KubeConfig(e.to_string()))
+    kube::Client::try_from(config).map_err(|e| Error::KubeConfig {
+        from: kubeconfig.map(Path::to_path_buf),
+        source: e.into(),
+    })
 }
 
 /// One read of `node`'s plan and its views' slices from the API server (for `explain`): the same
@@ -76,7 +83,7 @@ pub async fn fetch_plan(
     use kube::api::{Api, ListParams};
     use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
     let failed = |what: String| move |source: kube::Error| Error::FetchPlan { what, source };
-    let plan = Api::<NodeForwardingPlan>::all(client.clone())
+    let mut plan = Api::<NodeForwardingPlan>::all(client.clone())
         .get(node)
         .await
         .map_err(failed(format!("nodeforwardingplan {node}")))?;
@@ -87,11 +94,14 @@ pub async fn fetch_plan(
             .list(&ListParams::default().labels(&selector))
             .await
             .map_err(failed(format!("forwardingslices -l '{selector}'")))?;
-        for object in listed.items {
+        for mut object in listed.items {
             let name = object.metadata.name.clone().unwrap_or_default();
+            // As the agent reads them: a /0 source range allows every source.
+            object.spec.open_zero_source_ranges();
             slices.push((name, std::sync::Arc::new(object.spec)));
         }
     }
+    plan.spec.open_zero_source_ranges();
     Ok((plan.spec, slices))
 }
 

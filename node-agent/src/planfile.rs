@@ -1,25 +1,33 @@
 //! Plan files and status files on local disk.
 //!
 //! ```text
-//! file ─► parse_plan_text() ─► PlanFile { plan, slices }
+//! file ─► read_plan_bytes(): at most switchyard_api::yaml::MAX_PLAN_BYTES (64 MiB), a larger file is
+//!         refused by its size before it is read
+//!      ─► parse_plan_text() ─► PlanFile { plan, slices }
 //!           one NodeForwardingPlan object (YAML or JSON), or a bare spec: a self-contained plan
 //!           (`switchyard-controller plan --node N`), or a live plan with views
 //!           + ForwardingSlices (multi-document YAML or a `kind: List`, as `plan --objects --node N` or
 //!             `kubectl get nfp,fws -o yaml` print them): composed like the API source does
+//!      ─► every entry with a /0 source range opened, as kube-proxy reads it (no firewall)
 //! status ─► write_status() ─► <file>.tmp ─► rename ─► <file>   (readers never see half a file)
 //! ```
 //!
 //! JSON goes through serde_json (fastest, least memory for a 10,000-service plan); YAML through
 //! serde-saphyr with the limits of `switchyard_api::yaml` (its defaults stop at 250,000 nodes, which a
 //! 2,000-service plan already exceeds; an exceeded limit is reported in words). Files holding slices are dispatched by each document's
-//! kind (JSON specs parsed in place from the text, YAML through a generic tree); plan-only files are read
-//! straight into the typed spec.
+//! kind (JSON specs parsed in place from the text, YAML specs read straight into the type the document's
+//! `kind` names); plan-only files are read straight into the typed spec. Entry lists stop at their limit
+//! while they are read (`switchyard_api::bounded`), so no reading holds more than a plan may.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, de::DeserializeOwned};
-use serde_json::{Value, value::RawValue};
+use serde_json::value::RawValue;
+use switchyard_api::bounded;
+use switchyard_api::validate::MAX_NODE_NAME;
+use switchyard_api::yaml::MAX_PLAN_BYTES;
 use switchyard_api::{ForwardingSliceSpec, NodeForwardingPlanSpec, NodeForwardingPlanStatus};
 
 use crate::error::Error;
@@ -97,6 +105,9 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
         Err(e) => match switchyard_api::yaml::exceeded_limit(&e) {
             // Every reading below would stop at the same limit.
             Some(limit) => return Err(limit),
+            None if bounded::exceeded(&e.to_string()) => {
+                return Err(format!("not a valid NodeForwardingPlan object: {e}"));
+            }
             None => e.to_string(),
         },
     };
@@ -113,6 +124,10 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
 fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
     let object_error = match serde_json::from_str::<Object>(text) {
         Ok(object) => return Ok(vec![object.spec]),
+        // Every reading below would stop at the same list.
+        Err(e) if bounded::exceeded(&e.to_string()) => {
+            return Err(format!("not a valid NodeForwardingPlan object: {e}"));
+        }
         Err(e) => e.to_string(),
     };
     if let Ok(list) = serde_json::from_str::<List>(text) {
@@ -129,8 +144,8 @@ fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
 
 /// A file with ForwardingSlices: documents (or List items) dispatched by kind. JSON is read in place:
 /// each document's `spec` is parsed straight from its text into the typed spec (a generic JSON tree of
-/// 10,000 entries would take several times the memory of the typed one); YAML goes through a generic
-/// tree, moved rather than copied.
+/// 10,000 entries would take several times the memory of the typed one); YAML documents likewise, by
+/// their `kind` ([`YamlDocument`]).
 fn parse_documents(text: &str) -> Result<PlanFile, String> {
     let trimmed = text.trim_start();
     let mut found = Found::default();
@@ -140,10 +155,10 @@ fn parse_documents(text: &str) -> Result<PlanFile, String> {
         }
     } else {
         let documents =
-            serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()).map_err(|e| {
-                switchyard_api::yaml::exceeded_limit(&e).unwrap_or_else(|| format!("invalid YAML: {e}"))
-            })?;
-        for document in documents {
+            serde_saphyr::from_multiple_with_options::<Option<YamlDocument>>(text, yaml_options()).map_err(
+                |e| switchyard_api::yaml::exceeded_limit(&e).unwrap_or_else(|| format!("invalid YAML: {e}")),
+            )?;
+        for document in documents.into_iter().flatten() {
             found.take(document)?;
         }
     }
@@ -180,14 +195,21 @@ impl Found {
                 }
             }
             "NodeForwardingPlan" => self.plans.push(
-                D::decode(parts.spec)
+                D::plan(parts.spec)
                     .map_err(|e| format!("NodeForwardingPlan {}: not a valid spec: {e}", parts.name))?,
             ),
             "ForwardingSlice" => {
-                let spec: ForwardingSliceSpec = D::decode(parts.spec)
+                let spec = D::slice(parts.spec)
                     .map_err(|e| format!("ForwardingSlice {}: not a valid spec: {e}", parts.name))?;
                 if parts.name.is_empty() {
                     return Err("a ForwardingSlice without metadata.name".into());
+                }
+                // Object names are DNS subdomains in Kubernetes; the name goes into status and logs.
+                if parts.name.len() > MAX_NODE_NAME {
+                    return Err(format!(
+                        "a ForwardingSlice name is {} bytes, longer than the {MAX_NODE_NAME} Kubernetes allows",
+                        parts.name.len()
+                    ));
                 }
                 self.slices.push((parts.name, spec));
             }
@@ -198,19 +220,23 @@ impl Found {
 }
 
 /// What the dispatch reads of one document.
-struct Parts<D> {
+struct Parts<D: Document> {
     kind: String,
     name: String,
-    spec: Option<D>,
+    spec: Option<D::Spec>,
     items: Vec<D>,
 }
 
-/// A document of a plan file: JSON text in place, or a YAML document's generic tree.
+/// A document of a plan file: JSON text in place, or a YAML document read into typed specs.
 trait Document: Sized {
+    /// Its spec as read so far.
+    type Spec;
     /// Its kind, name, spec and List items; `None` for an empty document.
     fn parts(self) -> Result<Option<Parts<Self>>, String>;
-    /// A spec (missing: an error).
-    fn decode<T: DeserializeOwned>(spec: Option<Self>) -> Result<T, String>;
+    /// The spec of a NodeForwardingPlan (missing: an error).
+    fn plan(spec: Option<Self::Spec>) -> Result<NodeForwardingPlanSpec, String>;
+    /// The spec of a ForwardingSlice (missing: an error).
+    fn slice(spec: Option<Self::Spec>) -> Result<ForwardingSliceSpec, String>;
 }
 
 /// The fields of a JSON document, borrowed from the file's text.
@@ -233,6 +259,8 @@ struct RawMetadata {
 }
 
 impl<'a> Document for &'a RawValue {
+    type Spec = &'a RawValue;
+
     fn parts(self) -> Result<Option<Parts<Self>>, String> {
         if self.get() == "null" {
             return Ok(None);
@@ -247,40 +275,134 @@ impl<'a> Document for &'a RawValue {
         }))
     }
 
-    fn decode<T: DeserializeOwned>(spec: Option<Self>) -> Result<T, String> {
-        serde_json::from_str(spec.map_or("null", RawValue::get)).map_err(|e| e.to_string())
+    fn plan(spec: Option<Self::Spec>) -> Result<NodeForwardingPlanSpec, String> {
+        decode_json(spec)
+    }
+
+    fn slice(spec: Option<Self::Spec>) -> Result<ForwardingSliceSpec, String> {
+        decode_json(spec)
     }
 }
 
-impl Document for Value {
-    fn parts(mut self) -> Result<Option<Parts<Self>>, String> {
-        if self.is_null() {
-            return Ok(None);
+fn decode_json<T: DeserializeOwned>(spec: Option<&RawValue>) -> Result<T, String> {
+    serde_json::from_str(spec.map_or("null", RawValue::get)).map_err(|e| e.to_string())
+}
+
+/// One YAML document (or List item), its spec read straight into the type its `kind` names: no generic
+/// tree of the file is built (one would take ~9 times the file's size: 233 MiB for 200,000 entries), and
+/// the spec's entry lists stop at their limit while they are read. So `kind` must come before `spec`, as
+/// kubectl, `switchyard-controller` and every Kubernetes serializer write it.
+#[derive(Default)]
+struct YamlDocument {
+    kind: String,
+    name: String,
+    spec: Option<YamlSpec>,
+    items: Vec<YamlDocument>,
+}
+
+/// The spec of a YAML document, by its kind.
+enum YamlSpec {
+    Plan(Box<NodeForwardingPlanSpec>),
+    Slice(Box<ForwardingSliceSpec>),
+    /// The spec of another kind, read past (the dispatch refuses the kind).
+    Other,
+}
+
+impl<'de> Deserialize<'de> for YamlDocument {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(YamlDocumentVisitor)
+    }
+}
+
+struct YamlDocumentVisitor;
+
+impl<'de> serde::de::Visitor<'de> for YamlDocumentVisitor {
+    type Value = YamlDocument;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a Kubernetes object (a map with kind, metadata and spec, or a List with items)")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<YamlDocument, A::Error> {
+        use serde::de::{Error as _, IgnoredAny};
+        let mut document = YamlDocument::default();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "kind" => document.kind = map.next_value::<Option<String>>()?.unwrap_or_default(),
+                "metadata" => {
+                    document.name = map
+                        .next_value::<Option<RawMetadata>>()?
+                        .and_then(|m| m.name)
+                        .unwrap_or_default();
+                }
+                "spec" => {
+                    let invalid = |e: A::Error| {
+                        A::Error::custom(format_args!(
+                            "{} {}: not a valid spec: {e}",
+                            document.kind, document.name
+                        ))
+                    };
+                    document.spec = match document.kind.as_str() {
+                        "NodeForwardingPlan" => map
+                            .next_value::<Option<NodeForwardingPlanSpec>>()
+                            .map_err(invalid)?
+                            .map(|spec| YamlSpec::Plan(Box::new(spec))),
+                        "ForwardingSlice" => map
+                            .next_value::<Option<ForwardingSliceSpec>>()
+                            .map_err(invalid)?
+                            .map(|spec| YamlSpec::Slice(Box::new(spec))),
+                        "" => {
+                            return Err(A::Error::custom(
+                                "`spec` comes before `kind`: write `kind` first, as kubectl does",
+                            ));
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                            Some(YamlSpec::Other)
+                        }
+                    };
+                }
+                "items" => {
+                    document.items = map
+                        .next_value::<Option<Vec<Option<YamlDocument>>>>()?
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
         }
-        let kind = self
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let name = self
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let items = match self.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) => items,
-            _ => Vec::new(),
-        };
+        Ok(document)
+    }
+}
+
+impl Document for YamlDocument {
+    type Spec = YamlSpec;
+
+    fn parts(self) -> Result<Option<Parts<Self>>, String> {
         Ok(Some(Parts {
-            kind,
-            name,
-            spec: self.get_mut("spec").map(Value::take),
-            items,
+            kind: self.kind,
+            name: self.name,
+            spec: self.spec,
+            items: self.items,
         }))
     }
 
-    fn decode<T: DeserializeOwned>(spec: Option<Self>) -> Result<T, String> {
-        serde_json::from_value(spec.unwrap_or(Value::Null)).map_err(|e| e.to_string())
+    fn plan(spec: Option<Self::Spec>) -> Result<NodeForwardingPlanSpec, String> {
+        match spec {
+            Some(YamlSpec::Plan(spec)) => Ok(*spec),
+            _ => decode_json(None),
+        }
+    }
+
+    fn slice(spec: Option<Self::Spec>) -> Result<ForwardingSliceSpec, String> {
+        match spec {
+            Some(YamlSpec::Slice(spec)) => Ok(*spec),
+            _ => decode_json(None),
+        }
     }
 }
 
@@ -305,38 +427,88 @@ pub struct LoadedPlan {
     pub slices: Vec<SliceObject>,
 }
 
-/// Reads and parses a plan file.
-pub fn read_plan_file(path: &Path) -> Result<LoadedPlan, Error> {
+/// Reads a plan file (`-`: standard input) whole, refusing one over [`MAX_PLAN_BYTES`]: a regular file
+/// by its size, before anything is read; a pipe as soon as it passes the limit. What a larger plan
+/// would cost is never allocated.
+pub fn read_plan_bytes(path: &Path) -> Result<Vec<u8>, Error> {
     let read_error = |source| Error::ReadPlan {
         path: path.to_path_buf(),
         source,
     };
+    let too_large = |size: String| {
+        read_error(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "the file is {size} bytes, more than the {MAX_PLAN_BYTES} ({} MiB) a plan file may hold \
+                 (a 10,000-Service plan is about 5 MB)",
+                MAX_PLAN_BYTES >> 20
+            ),
+        ))
+    };
+    let limit = MAX_PLAN_BYTES as u64 + 1;
+    let mut bytes = Vec::new();
     // `-` is standard input, so `switchyard-controller plan … --node N -o yaml | switchyard-agent …
     // --plan -` works without a file.
-    let text = if path == Path::new("-") {
-        std::io::read_to_string(std::io::stdin()).map_err(read_error)?
+    if path == Path::new("-") {
+        std::io::stdin()
+            .lock()
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
     } else {
-        std::fs::read_to_string(path).map_err(read_error)?
-    };
-    let file = parse_plan_text(&text).map_err(|message| Error::ParsePlan {
+        let file = std::fs::File::open(path).map_err(read_error)?;
+        let size = file.metadata().map_err(read_error)?.len();
+        if size > MAX_PLAN_BYTES as u64 {
+            return Err(too_large(size.to_string()));
+        }
+        bytes.reserve_exact(size as usize + 1);
+        file.take(limit).read_to_end(&mut bytes).map_err(read_error)?;
+    }
+    if bytes.len() > MAX_PLAN_BYTES {
+        return Err(too_large(format!("more than {MAX_PLAN_BYTES}")));
+    }
+    Ok(bytes)
+}
+
+/// Reads and parses a plan file.
+pub fn read_plan_file(path: &Path) -> Result<LoadedPlan, Error> {
+    parse_plan_bytes(path, read_plan_bytes(path)?)
+}
+
+/// Parses the bytes of the plan file `path` (see [`read_plan_bytes`]), consuming them: the text is
+/// dropped before the plan is handed on, so one copy of a large plan is held at a time.
+pub fn parse_plan_bytes(path: &Path, bytes: Vec<u8>) -> Result<LoadedPlan, Error> {
+    let parse_error = |message: String| Error::ParsePlan {
         path: path.to_path_buf(),
         message,
-    })?;
+    };
+    let text =
+        String::from_utf8(bytes).map_err(|e| parse_error(format!("the file is not UTF-8 text: {e}")))?;
+    let file = parse_plan_text(&text).map_err(parse_error)?;
     drop(text);
     let mut plan = file.plan;
     // The parser grows lists by doubling: unshrunk, ~20% of a 10,000-entry plan's memory would be spare
     // capacity for the agent's life.
     plan.shrink_to_fit();
+    let mut opened = plan.open_zero_source_ranges();
+    let slices = file
+        .slices
+        .into_iter()
+        .map(|(name, mut spec)| {
+            spec.shrink_to_fit();
+            opened += spec.open_zero_source_ranges();
+            (name, Arc::new(spec))
+        })
+        .collect();
+    if opened > 0 {
+        tracing::debug!(
+            entries = opened,
+            "a source range of /0 allows every source (as in kube-proxy): those entries are not filtered"
+        );
+    }
     Ok(LoadedPlan {
         plan: Arc::new(plan),
-        slices: file
-            .slices
-            .into_iter()
-            .map(|(name, mut spec)| {
-                spec.shrink_to_fit();
-                (name, Arc::new(spec))
-            })
-            .collect(),
+        slices,
     })
 }
 
@@ -526,6 +698,260 @@ mod tests {
             err.contains("2 NodeForwardingPlans, want one") && err.contains("--node NAME"),
             "{err}"
         );
+    }
+
+    /// What the agent makes of a plan file's text: refused before validation (unreadable), rejected whole
+    /// by validation, applied without some entries, or applied.
+    #[derive(Debug)]
+    enum Outcome {
+        Refused(String),
+        Rejected(Vec<String>),
+        Skipped(Vec<String>),
+        Applied(Arc<NodeForwardingPlanSpec>),
+    }
+
+    /// As the agent's file source and syncer see `text`: parsed (and opened), composed with the slice
+    /// headers validated, validated.
+    fn outcome(text: String) -> Outcome {
+        use crate::sync::{Composition, LastGood, compose_plan};
+        let loaded = match parse_plan_bytes(Path::new("plan.yaml"), text.into_bytes()) {
+            Ok(loaded) => loaded,
+            Err(e) => return Outcome::Refused(e.to_string()),
+        };
+        let spec = match compose_plan(&loaded.plan, &loaded.slices, &mut LastGood::default()) {
+            Composition::Ready { spec, .. } => spec,
+            Composition::Incomplete(why) => return Outcome::Rejected(vec![why]),
+        };
+        let report = switchyard_api::validate::validate(&spec);
+        if !report.plan.is_empty() {
+            return Outcome::Rejected(report.plan.iter().map(ToString::to_string).collect());
+        }
+        if !report.entries.is_empty() {
+            return Outcome::Skipped(report.all().map(ToString::to_string).collect());
+        }
+        Outcome::Applied(spec)
+    }
+
+    /// What a hostile input must come to, and a piece of what the agent must say.
+    enum Want {
+        Refused(&'static str),
+        Rejected(&'static str),
+        Skipped(&'static str),
+    }
+
+    impl Want {
+        fn met_by(&self, got: &Outcome) -> bool {
+            match (self, got) {
+                (Want::Refused(want), Outcome::Refused(said)) => said.contains(want),
+                (Want::Rejected(want), Outcome::Rejected(said))
+                | (Want::Skipped(want), Outcome::Skipped(said)) => said.iter().any(|s| s.contains(want)),
+                _ => false,
+            }
+        }
+    }
+
+    fn good_entry(i: usize) -> switchyard_api::ServicePlan {
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        entry(&format!("ns/s{i}:p"), &ip, 80).with(ep("10.244.2.1", 80))
+    }
+
+    fn three() -> NodeForwardingPlanSpec {
+        plan("node-a", (0..3).map(good_entry).collect())
+    }
+
+    fn yaml(spec: NodeForwardingPlanSpec) -> String {
+        serde_saphyr::to_string(&object(spec)).unwrap()
+    }
+
+    fn with_entry(mutate: impl FnOnce(&mut switchyard_api::ServicePlan)) -> NodeForwardingPlanSpec {
+        let mut spec = three();
+        mutate(Arc::make_mut(&mut spec.services[1]));
+        spec
+    }
+
+    /// A live plan and one slice of view `all` holding `entries`, as YAML documents (`json`: a JSON List).
+    fn with_slice(entries: Vec<switchyard_api::ServicePlan>, json: bool) -> String {
+        let (name, all) = slice("all", 0, 1, entries);
+        let slice_object = ForwardingSlice::new(&name, all);
+        let live = object(live_plan("node-a", &["all"], vec![]));
+        if json {
+            return serde_json::json!({"kind": "List", "items": [slice_object, live]}).to_string();
+        }
+        format!(
+            "{}---\n{}",
+            serde_saphyr::to_string(&slice_object).unwrap(),
+            serde_saphyr::to_string(&live).unwrap()
+        )
+    }
+
+    /// Fault 7 of the fault suite, below the kernel: every hostile input is refused or rejected whole
+    /// (the last good rules stay), or costs only its own entry, with a message naming what and the limit.
+    #[test]
+    fn hostile_plans_are_refused_or_bounded_with_a_message_naming_the_limit() {
+        let huge = "a".repeat(10 << 20);
+        let many = |n: usize| -> Vec<Arc<switchyard_api::ServicePlan>> {
+            (0..n).map(|i| Arc::new(good_entry(i))).collect()
+        };
+        let mut big = three();
+        big.services = many(200_000);
+        let big_json = serde_json::to_string(&object(big)).unwrap();
+        let good = yaml(three());
+        let good_json = serde_json::to_string(&object(three())).unwrap();
+        let v6 = entry("ns/v6:p", "fd00:10:96::1", 80).with(ep("10.244.2.1", 80));
+        let mut lb = good_entry(1);
+        lb.load_balancer_ips = vec!["203.0.113.1".into()];
+        lb.source_ranges = vec!["198.51.100.0/24".into(), "0.0.0.0/0".into()];
+        let cases: Vec<(&str, String, Want)> = vec![
+            (
+                "200,000 entries",
+                big_json,
+                Want::Refused("more than 100000 entries, the most one object may hold"),
+            ),
+            (
+                "10 MB Service name",
+                yaml(with_entry(|e| e.name = format!("ns/{huge}:p"))),
+                Want::Skipped("spec.services[1].name: Service name \"aaaa"),
+            ),
+            (
+                "10 MB port name",
+                yaml(with_entry(|e| e.name = format!("ns/s1:{huge}"))),
+                Want::Skipped("bytes, longer than the 63 allowed"),
+            ),
+            (
+                "10 MB clusterIP",
+                yaml(with_entry(|e| e.cluster_ip = huge.clone())),
+                Want::Skipped("(10485760 bytes) is not a canonical IP address"),
+            ),
+            (
+                "10 MB revision",
+                yaml(NodeForwardingPlanSpec {
+                    revision: huge.clone(),
+                    ..three()
+                }),
+                Want::Rejected("spec.revision: revision \"aaaa"),
+            ),
+            (
+                "10 MB zone",
+                yaml(NodeForwardingPlanSpec {
+                    zone: Some(huge.clone()),
+                    ..three()
+                }),
+                Want::Rejected("longer than the 63 allowed"),
+            ),
+            (
+                "duplicate YAML key",
+                good.replacen("    port: 80\n", "    port: 80\n    port: 81\n", 1),
+                Want::Refused("duplicate mapping key: port"),
+            ),
+            (
+                "duplicate JSON key",
+                good_json.replacen("\"port\":80,", "\"port\":80,\"port\":81,", 1),
+                Want::Refused("duplicate field `port`"),
+            ),
+            (
+                "duplicate entry",
+                yaml(with_entry(|e| *e = good_entry(0))),
+                Want::Skipped("spec.services[1].name: duplicate entry ns/s0:p TCP IPv4"),
+            ),
+            (
+                "port 0",
+                yaml(with_entry(|e| e.port = 0)),
+                Want::Skipped("spec.services[1].port: must be 1..65535"),
+            ),
+            (
+                "port 65536",
+                good.replacen("    port: 80\n", "    port: 65536\n", 1),
+                Want::Refused("invalid u16"),
+            ),
+            (
+                "nodePort 0",
+                yaml(with_entry(|e| e.node_port = Some(0))),
+                Want::Skipped("nodePort: must be 1..65535"),
+            ),
+            (
+                "endpoint port 65536",
+                good_json.replacen("\"port\":80,\"cluster\"", "\"port\":65536,\"cluster\"", 1),
+                Want::Refused("invalid value: integer `65536`, expected u16"),
+            ),
+            (
+                "IPv4 endpoint in an IPv6 entry",
+                yaml(NodeForwardingPlanSpec {
+                    services: vec![Arc::new(v6)],
+                    ..three()
+                }),
+                Want::Skipped("spec.services[0].endpoints[0].ip: 10.244.2.1 is not IPv6"),
+            ),
+            (
+                "IPv6 endpoint in an IPv4 entry",
+                yaml(with_entry(|e| e.endpoints[0].ip = "fd00:10:244::1".into())),
+                Want::Skipped("fd00:10:244::1 is not IPv4"),
+            ),
+            (
+                "unknown backend",
+                good.replacen("backend: iptables", "backend: bpf", 1),
+                Want::Refused("unknown variant `bpf`, expected one of iptables, ipvs, nftables"),
+            ),
+            (
+                "slice of 200,000 entries",
+                with_slice((0..200_000).map(good_entry).collect(), true),
+                Want::Refused("ForwardingSlice all-0000: not a valid spec: more than 100000 entries"),
+            ),
+            (
+                "slice entry with a 10 MB name",
+                with_slice(
+                    vec![good_entry(0), {
+                        let mut e = good_entry(1);
+                        e.name = format!("ns/{huge}");
+                        e
+                    }],
+                    false,
+                ),
+                Want::Skipped("Service name \"aaaa"),
+            ),
+            (
+                "slice entry with port 0",
+                with_slice(
+                    vec![good_entry(0), {
+                        let mut e = good_entry(1);
+                        e.port = 0;
+                        e
+                    }],
+                    false,
+                ),
+                Want::Skipped("spec.services[1].port: must be 1..65535"),
+            ),
+            (
+                "slice with a 10 MB revision",
+                with_slice(vec![good_entry(0)], false).replacen(
+                    "  revision: ",
+                    &format!("  revision: {huge}"),
+                    1,
+                ),
+                Want::Rejected("ForwardingSlice all-0000: rejected: spec.revision: revision \"aaaa"),
+            ),
+        ];
+        for (name, text, want) in cases {
+            let got = outcome(text);
+            let shown = format!("{got:?}");
+            assert!(want.met_by(&got), "{name}: {}", &shown[..shown.len().min(2000)]);
+            if let Outcome::Refused(m) = &got {
+                assert!(m.len() < 2_000, "{name}: a {} byte message", m.len());
+            }
+            for message in match &got {
+                Outcome::Rejected(m) | Outcome::Skipped(m) => m.clone(),
+                _ => vec![],
+            } {
+                assert!(message.len() < 1_000, "{name}: a {} byte message", message.len());
+            }
+        }
+
+        // A /0 source range allows every source, as in kube-proxy: the entry is applied unfiltered.
+        let mut open = three();
+        open.services[1] = Arc::new(lb);
+        match outcome(yaml(open)) {
+            Outcome::Applied(spec) => assert!(spec.services[1].source_ranges.is_empty(), "{spec:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

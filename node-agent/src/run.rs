@@ -20,7 +20,6 @@
 pub mod grace;
 pub mod health;
 pub mod http;
-pub mod metrics;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -33,13 +32,13 @@ use switchyard_api::ServiceFailure;
 
 use crate::error::Error;
 use crate::healthcheck::{self, HealthServers};
+use crate::metrics::{self, LiveMetrics};
 use crate::planfile::write_status;
 use crate::source::{Origin, PlanSet, PlanSource, PlanUpdate, cache};
 use crate::status_writer::{StatusReport, StatusSink};
 use crate::sync::{SyncResult, Syncer, SystemClock};
 use grace::{Deletion, Grace, GracePeriod};
 use health::AgentHealth;
-use metrics::LiveMetrics;
 
 /// How often the loop looks at its timers (retries, resyncs, drift checks, the grace period).
 const TICK: Duration = Duration::from_millis(100);
@@ -273,9 +272,11 @@ impl Loop {
                 Ok(()) => {
                     self.metrics.cache_writes.inc();
                     self.cached = key;
+                    self.syncer.set_cache_problem(None);
                 }
                 Err(error) => {
                     self.metrics.cache_write_failures.inc();
+                    self.syncer.set_cache_problem(Some(error.to_string()));
                     tracing::warn!(%error, "cannot cache the applied plan; a restart without the API server would start without rules");
                 }
             }

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::run::metrics::LiveMetrics;
+use crate::metrics::LiveMetrics;
 use crate::sync::backoff::Backoff;
 
 /// What the loop wants written.

@@ -391,10 +391,16 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
             return;
         }
         if !*leader.borrow() {
-            tokio::select! {
-                _ = leader.changed() => continue,
-                _ = stop.changed() => continue,
+            // A closed channel is a stop too: `run` was dropped (or the election ended) without
+            // saying so, and a loop that `continue`d on the error would spin.
+            let open = tokio::select! {
+                changed = leader.changed() => changed.is_ok(),
+                changed = stop.changed() => changed.is_ok(),
+            };
+            if !open {
+                return;
             }
+            continue;
         }
         let now = tokio::time::Instant::now();
         let (next, retry_at) = match ctx.engine.lock() {
@@ -406,10 +412,13 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
                 at.saturating_duration_since(now)
                     .clamp(Duration::from_millis(10), Duration::from_secs(1))
             });
-            tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
-                _ = stop.changed() => {}
+            let open = tokio::select! {
+                _ = wake.notified() => true,
+                _ = tokio::time::sleep(wait) => true,
+                changed = stop.changed() => changed.is_ok(),
+            };
+            if !open {
+                return;
             }
             continue;
         };

@@ -99,6 +99,8 @@ pub enum Kind {
     Lease,
     /// events.k8s.io/v1 Events.
     Event,
+    /// apiextensions.k8s.io/v1 CustomResourceDefinitions (established as soon as they are stored).
+    CustomResourceDefinition,
 }
 
 impl Kind {
@@ -109,6 +111,7 @@ impl Kind {
             Self::Plan | Self::ForwardingSlice => "switchyard.io/v1alpha2",
             Self::Lease => "coordination.k8s.io/v1",
             Self::Event => "events.k8s.io/v1",
+            Self::CustomResourceDefinition => "apiextensions.k8s.io/v1",
         }
     }
 
@@ -121,6 +124,7 @@ impl Kind {
             Self::ForwardingSlice => "ForwardingSlice",
             Self::Lease => "Lease",
             Self::Event => "Event",
+            Self::CustomResourceDefinition => "CustomResourceDefinition",
         }
     }
 }
@@ -160,6 +164,7 @@ fn parse_path(path: &str) -> Option<Target> {
         "forwardingslices" => Kind::ForwardingSlice,
         "leases" => Kind::Lease,
         "events" => Kind::Event,
+        "customresourcedefinitions" => Kind::CustomResourceDefinition,
         _ => return None,
     };
     Some(Target {
@@ -341,6 +346,8 @@ struct Hang {
     path_contains: String,
     /// One `key=value` pair the query must hold, if any.
     query_pair: Option<String>,
+    /// How long the answer is held back; `None`: for good.
+    delay: Option<std::time::Duration>,
 }
 
 impl Hang {
@@ -364,6 +371,24 @@ struct State {
     hangs: Vec<Hang>,
     /// Kinds whose writes are only counted (scale simulations): bodies are neither kept nor parsed.
     count_only: Vec<Kind>,
+    /// The last events (resource version, kind, watch line, object), replayed to a watch that starts
+    /// from an older resource version, as the API server's watch cache does.
+    history: std::collections::VecDeque<(u64, Kind, String, Value)>,
+    /// Events up to this resource version are gone (history full, or [`FakeApiServer::expire_watches`]):
+    /// a watch from there or older gets `410 Gone`.
+    compacted_through: u64,
+}
+
+/// How many events the watch cache keeps.
+const WATCH_HISTORY: usize = 10_000;
+
+/// The watch event a real API server sends for a resource version it no longer has.
+fn gone_line() -> String {
+    format!(
+        "{}\n",
+        json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Expired", "message": "too old resource version", "code": 410}})
+    )
 }
 
 impl State {
@@ -380,7 +405,20 @@ impl State {
     }
 
     fn notify(&mut self, kind: Kind, event: &str, object: &Value) {
+        let mut object = object.clone();
+        // As the real server: a DELETED event carries the deletion's resource version.
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), json!(self.resource_version.to_string()));
+        }
         let line = format!("{}\n", json!({"type": event, "object": object}));
+        if self.history.len() == WATCH_HISTORY
+            && let Some((dropped, ..)) = self.history.pop_front()
+        {
+            self.compacted_through = dropped;
+        }
+        self.history
+            .push_back((self.resource_version, kind, line.clone(), object.clone()));
+        let object = &object;
         self.watchers.retain(|w| {
             if w.kind != kind || !matches_selectors(object, w.labels.as_deref(), w.fields.as_deref()) {
                 return !w.tx.is_closed();
@@ -410,6 +448,14 @@ impl State {
         if let Some(map) = object.as_object_mut() {
             map.insert("apiVersion".into(), json!(kind.api_version()));
             map.insert("kind".into(), json!(kind.kind()));
+            // The real server's CRD controller marks a definition Established within moments.
+            if kind == Kind::CustomResourceDefinition {
+                map.insert(
+                    "status".into(),
+                    json!({"conditions": [{"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                        "message": "the initial names have been accepted", "lastTransitionTime": "2026-11-29T00:00:00Z"}]}),
+                );
+            }
         }
         self.objects.entry(kind).or_default().insert(key, object.clone());
         self.notify(kind, if created { "ADDED" } else { "MODIFIED" }, &object);
@@ -557,6 +603,25 @@ impl FakeApiServer {
         }
     }
 
+    /// Puts a cluster's Nodes, Services and EndpointSlices (as their controllers would have written
+    /// them).
+    pub fn seed(
+        &self,
+        nodes: &[k8s_openapi::api::core::v1::Node],
+        services: &[k8s_openapi::api::core::v1::Service],
+        slices: &[k8s_openapi::api::discovery::v1::EndpointSlice],
+    ) {
+        for node in nodes {
+            self.put(Kind::Node, node);
+        }
+        for service in services {
+            self.put(Kind::Service, service);
+        }
+        for slice in slices {
+            self.put(Kind::EndpointSlice, slice);
+        }
+    }
+
     /// Deletes an object (as if someone else did); watchers see it.
     pub fn remove(&self, kind: Kind, key: &str) {
         if let Ok(mut state) = self.state.lock()
@@ -618,7 +683,30 @@ impl FakeApiServer {
                 method,
                 path_contains: path_contains.to_string(),
                 query_pair: query_pair.map(str::to_string),
+                delay: None,
             });
+        }
+    }
+
+    /// Answers every later request with this method whose path contains `path_contains` only after
+    /// `delay` (a slow API server); [`Self::clear_faults`] ends it.
+    pub fn slow(&self, method: Method, path_contains: &str, delay: std::time::Duration) {
+        if let Ok(mut state) = self.state.lock() {
+            state.hangs.push(Hang {
+                method,
+                path_contains: path_contains.to_string(),
+                query_pair: None,
+                delay: Some(delay),
+            });
+        }
+    }
+
+    /// Removes every injected failure, hang and delay: the server answers normally again (requests
+    /// already hanging stay so).
+    pub fn clear_faults(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.failures.clear();
+            state.hangs.clear();
         }
     }
 
@@ -651,11 +739,10 @@ impl FakeApiServer {
     /// API server does after etcd compaction: watchers must relist.
     pub fn expire_watches(&self) {
         if let Ok(mut state) = self.state.lock() {
-            let line = format!(
-                "{}\n",
-                json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "Expired", "message": "too old resource version", "code": 410}})
-            );
+            // Compaction: nothing before now can be watched from any more.
+            state.compacted_through = state.resource_version;
+            state.history.clear();
+            let line = gone_line();
             for watcher in state.watchers.drain(..) {
                 let _ = watcher.tx.send(Bytes::from(line.clone()));
             }
@@ -708,7 +795,7 @@ impl FakeApiServer {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let hung = match self.state.lock() {
+        let held: Option<Option<std::time::Duration>> = match self.state.lock() {
             Ok(mut state) => {
                 state.log.push(Recorded {
                     method: parts.method.clone(),
@@ -722,12 +809,15 @@ impl FakeApiServer {
                 state
                     .hangs
                     .iter()
-                    .any(|h| h.matches(&parts.method, &path, &query))
+                    .find(|h| h.matches(&parts.method, &path, &query))
+                    .map(|h| h.delay)
             }
-            Err(_) => false,
+            Err(_) => None,
         };
-        if hung {
-            return std::future::pending().await;
+        match held {
+            Some(None) => return std::future::pending().await,
+            Some(Some(delay)) => tokio::time::sleep(delay).await,
+            None => {}
         }
         let Ok(mut state) = self.state.lock() else {
             return status_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "poisoned");
@@ -865,8 +955,17 @@ impl FakeApiServer {
                         if status_only {
                             current["status"] = patch.get("status").cloned().unwrap_or(Value::Null);
                         } else {
-                            if let Some(spec) = patch.get("spec") {
-                                current["spec"] = spec.clone();
+                            // Every top-level field but the server's own: `spec`, and for kinds
+                            // without one (EndpointSlice) their `endpoints`, `ports`, … .
+                            if let Some(fields) = patch.as_object() {
+                                for (field, value) in fields {
+                                    if !matches!(
+                                        field.as_str(),
+                                        "metadata" | "status" | "apiVersion" | "kind"
+                                    ) {
+                                        current[field.as_str()] = value.clone();
+                                    }
+                                }
                             }
                             for field in ["labels", "annotations", "ownerReferences"] {
                                 if let Some(value) = patch.pointer(&format!("/metadata/{field}")) {
@@ -917,6 +1016,25 @@ impl FakeApiServer {
             || query_param(query, "watch").as_deref() == Some("1")
         {
             let (tx, rx) = mpsc::unbounded_channel();
+            // A watch from a resource version gets what happened after it (the watch cache), or
+            // 410 Gone when that is no longer known; "0" or none means "from now".
+            let from = query_param(query, "resourceVersion")
+                .and_then(|rv| rv.parse::<u64>().ok())
+                .filter(|rv| *rv > 0);
+            if let Some(from) = from {
+                if from < state.compacted_through {
+                    let _ = tx.send(Bytes::from(gone_line()));
+                } else {
+                    for (rv, kind, line, object) in &state.history {
+                        if *rv > from
+                            && *kind == target.kind
+                            && matches_selectors(object, labels.as_deref(), fields.as_deref())
+                        {
+                            let _ = tx.send(Bytes::from(line.clone()));
+                        }
+                    }
+                }
+            }
             state.watchers.push(Watcher {
                 kind: target.kind,
                 labels,
@@ -1008,6 +1126,101 @@ mod tests {
         server.put(Kind::Node, json!({"metadata": {"name": "b"}}));
         let event = stream.next().await.unwrap().unwrap();
         assert!(matches!(event, kube::api::WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("b")));
+    }
+
+    #[tokio::test]
+    async fn an_apply_replaces_top_level_fields_of_kinds_without_a_spec_and_drops_status_on_create() {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let server = FakeApiServer::new();
+        let slices: Api<EndpointSlice> = Api::namespaced(server.client(), "default");
+        let apply = kube::api::PatchParams::apply("test").force();
+        let slice = |ready: bool| {
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                   "metadata": {"name": "s", "namespace": "default"},
+                   "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": ready}}]})
+        };
+        slices
+            .patch("s", &apply, &kube::api::Patch::Apply(slice(false)))
+            .await
+            .unwrap();
+        slices
+            .patch("s", &apply, &kube::api::Patch::Apply(slice(true)))
+            .await
+            .unwrap();
+        let stored = slices.get("s").await.unwrap();
+        assert_eq!(stored.endpoints.unwrap()[0].conditions.as_ref().unwrap().ready, Some(true));
+
+        let nodes: Api<Node> = Api::all(server.client());
+        let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+                          "status": {"addresses": [{"type": "InternalIP", "address": "10.1.1.1"}]}});
+        nodes
+            .patch("n", &apply, &kube::api::Patch::Apply(node.clone()))
+            .await
+            .unwrap();
+        assert!(
+            nodes.get("n").await.unwrap().status.is_none(),
+            "a create keeps no status"
+        );
+        nodes
+            .patch_status("n", &apply, &kube::api::Patch::Apply(node))
+            .await
+            .unwrap();
+        assert!(nodes.get("n").await.unwrap().status.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_watch_from_an_old_resource_version_replays_what_it_missed_or_gets_410() {
+        let server = FakeApiServer::new();
+        server.put(
+            Kind::Node,
+            json!({"metadata": {"name": "a", "labels": {"zone": "z1"}}}),
+        );
+        let nodes: Api<Node> = Api::all(server.client());
+        let seen = nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
+        // While nobody watches: one change that matches the selector, one that does not, a delete.
+        server.put(
+            Kind::Node,
+            json!({"metadata": {"name": "b", "labels": {"zone": "z1"}}}),
+        );
+        server.put(
+            Kind::Node,
+            json!({"metadata": {"name": "c", "labels": {"zone": "z2"}}}),
+        );
+        server.remove(Kind::Node, "a");
+        let params = kube::api::WatchParams::default().labels("zone=z1");
+        let mut stream = nodes.watch(&params, &seen).await.unwrap().boxed();
+        let added = stream.next().await.unwrap().unwrap();
+        assert!(matches!(added, kube::api::WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("b")));
+        let deleted = stream.next().await.unwrap().unwrap();
+        let kube::api::WatchEvent::Deleted(gone) = deleted else {
+            panic!("want DELETED of a, got {deleted:?}");
+        };
+        assert_eq!(gone.metadata.name.as_deref(), Some("a"));
+        // The deletion carries its own resource version, after the one of b's creation.
+        let rv = |n: &Node| {
+            n.metadata
+                .resource_version
+                .clone()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        };
+        assert!(rv(&gone) > seen.parse::<u64>().unwrap() + 2);
+
+        // After compaction the old resource version is gone: 410, so the client relists.
+        server.expire_watches();
+        let mut stream = nodes.watch(&params, &seen).await.unwrap().boxed();
+        let event = stream.next().await.unwrap().unwrap();
+        assert!(
+            matches!(event, kube::api::WatchEvent::Error(ref e) if e.code == 410),
+            "{event:?}"
+        );
     }
 
     #[tokio::test]

@@ -11,10 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
-use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol, ServicePlan};
+use switchyard_api::{EntryKey, IpFamily, NodeForwardingPlanSpec, Protocol, ServicePlan};
 
 use super::Flow;
-use crate::iptables::EntryKey;
 
 /// The UDP frontends of a plan with the endpoint IPs that may answer them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,7 +109,7 @@ pub fn udp_fingerprints(spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) ->
             entry.node_port.hash(&mut hasher);
             entry.external_ips.hash(&mut hasher);
             entry.load_balancer_ips.hash(&mut hasher);
-            (EntryKey::of(entry), hasher.finish())
+            (entry.entry_key(), hasher.finish())
         })
         .collect()
 }

@@ -47,7 +47,7 @@ pub mod save;
 pub mod stream;
 pub mod tracer;
 
-pub use payload::{Chain, EntryKey, Ruleset, RulesetDigest, ServiceChains, Table};
+pub use payload::{Chain, Ruleset, RulesetDigest, ServiceChains, Table};
 pub use render::{
     HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_groups,
     render_selected,

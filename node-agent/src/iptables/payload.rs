@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use switchyard_api::{IpFamily, Protocol, ServicePlan};
+use switchyard_api::{EntryKey, IpFamily};
 
 use super::names;
 
@@ -71,34 +71,6 @@ impl Chain {
             name: name.into(),
             rules: Vec::new(),
         }
-    }
-}
-
-/// Identity of a plan entry: kube-proxy's ServicePortName plus protocol, and the family.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EntryKey {
-    /// `namespace/name:port`.
-    pub name: String,
-    /// Transport protocol.
-    pub protocol: Protocol,
-    /// IP family.
-    pub family: IpFamily,
-}
-
-impl EntryKey {
-    /// The key of a plan entry.
-    pub fn of(entry: &ServicePlan) -> Self {
-        Self {
-            name: entry.name.clone(),
-            protocol: entry.protocol,
-            family: entry.family,
-        }
-    }
-}
-
-impl From<&ServicePlan> for EntryKey {
-    fn from(entry: &ServicePlan) -> Self {
-        Self::of(entry)
     }
 }
 

@@ -43,7 +43,7 @@ use ipnet::IpNet;
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, ServicePlan, TrafficPolicy};
 
 use super::names;
-use super::payload::{Chain, EntryKey, Ruleset, ServiceChains, Table};
+use super::payload::{Chain, Ruleset, ServiceChains, Table};
 
 /// What the apply edge discovered about the host; plain data so the render stays pure.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -758,7 +758,7 @@ fn render_entry(
     }
 
     Some(ServiceChains {
-        key: EntryKey::of(entry),
+        key: entry.entry_key(),
         chains,
         // Set by the caller, which sees the top-level rules this entry added.
         frontends: 0,

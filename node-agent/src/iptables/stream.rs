@@ -52,10 +52,10 @@ use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 use std::sync::Arc;
 
-use switchyard_api::{IpFamily, NodeForwardingPlanSpec, ServicePlan};
+use switchyard_api::{EntryKey, IpFamily, NodeForwardingPlanSpec, ServicePlan};
 
 use super::names;
-use super::payload::{Chain, EntryKey, ServiceChains, Table, write_declaration, write_rules};
+use super::payload::{Chain, ServiceChains, Table, write_declaration, write_rules};
 use super::render::{HostFacts, JumpRule, render_each, render_groups, render_selected};
 
 /// One entry's chains with their rule counts, shared so partial syncs carry unchanged entries over.
@@ -234,7 +234,7 @@ impl PayloadJob<'_> {
                 .entries()
                 .filter(|(index, entry)| unchanged(*index, entry))
                 .filter_map(|(index, entry)| {
-                    let key = EntryKey::of(entry);
+                    let key = entry.entry_key();
                     let group = previous.groups.get(&key)?;
                     streamed.programmed.groups.insert(key, group.clone());
                     Some(index)

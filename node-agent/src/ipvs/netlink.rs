@@ -4,7 +4,7 @@
 //! connect ─► nlctrl GETFAMILY "IPVS" ─► family id ──────────────────────────────┐
 //!    └ ENOENT (ip_vs not loaded) ─► modprobe ip_vs ─► again ─► else Unavailable  │
 //! request(IpvsMessage, flags) ─► GenlMessage ─► NetlinkMessage{seq} ─► send      ▼
-//!                             ◄─ recv … InnerMessage* … ACK (error 0) | DONE | error -errno
+//!                             ◄─ recv ─► decode_datagram: InnerMessage* … ACK (error 0) | DONE | -errno
 //! ```
 //!
 //! Requests run one at a time on the calling thread (the sync path is blocking code already); each
@@ -30,11 +30,13 @@ use crate::error::Error;
 /// `ENOENT`: what nlctrl answers for a family nobody registered.
 const ENOENT: i32 = 2;
 
-/// A failed netlink request: the errno the kernel answered with, or a transport problem.
+/// A failed netlink request: the errno the kernel answered with, or a transport or decode problem.
 #[derive(Debug)]
-struct Failure {
-    errno: Option<i32>,
-    reason: String,
+pub struct Failure {
+    /// The errno, when the kernel answered with one (or the socket failed with one).
+    pub errno: Option<i32>,
+    /// What went wrong, in words.
+    pub reason: String,
 }
 
 impl Failure {
@@ -171,38 +173,59 @@ impl NetlinkIpvs {
         let mut replies = Vec::new();
         loop {
             let (data, _) = self.socket.recv_from_full().map_err(Failure::io)?;
-            let mut offset = 0;
-            while offset < data.len() {
-                let reply = NetlinkMessage::<GenlMessage<F>>::deserialize(&data[offset..])
-                    .map_err(Failure::decode)?;
-                let length = reply.header.length as usize;
-                if length == 0 {
-                    return Err(Failure::decode("a zero-length message"));
-                }
-                offset += length.next_multiple_of(usize::from(NLMSG_ALIGNTO));
-                if reply.header.sequence_number != sequence {
-                    continue;
-                }
-                match reply.payload {
-                    NetlinkPayload::InnerMessage(genl) => replies.push(genl.payload),
-                    NetlinkPayload::Done(_) => return Ok(replies),
-                    NetlinkPayload::Error(error) => {
-                        return match error.code {
-                            None => Ok(replies),
-                            Some(code) => {
-                                let errno = code.get().saturating_neg();
-                                Err(Failure {
-                                    errno: Some(errno),
-                                    reason: std::io::Error::from_raw_os_error(errno).to_string(),
-                                })
-                            }
-                        };
-                    }
-                    _ => {}
-                }
+            if decode_datagram(&data, sequence, &mut replies)? == Received::Finished {
+                return Ok(replies);
             }
         }
     }
+}
+
+/// Whether a request's replies are complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// More datagrams follow (a dump in progress).
+    More,
+    /// The acknowledgement or the end of the dump arrived.
+    Finished,
+}
+
+/// Decodes one received datagram: the messages answering request `sequence` are appended to `replies`
+/// (others are skipped); an error message ends the request with its errno, an undecodable message
+/// with a decode failure. What the kernel sends is trusted no more than a file: this never panics.
+pub fn decode_datagram<F>(data: &[u8], sequence: u32, replies: &mut Vec<F>) -> Result<Received, Failure>
+where
+    F: GenlFamily + Emitable + ParseableParametrized<[u8], GenlHeader> + Debug,
+{
+    let mut offset = 0;
+    while let Some(rest) = data.get(offset..).filter(|rest| !rest.is_empty()) {
+        let reply = NetlinkMessage::<GenlMessage<F>>::deserialize(rest).map_err(Failure::decode)?;
+        let length = reply.header.length as usize;
+        if length == 0 {
+            return Err(Failure::decode("a zero-length message"));
+        }
+        offset = offset.saturating_add(length.next_multiple_of(usize::from(NLMSG_ALIGNTO)));
+        if reply.header.sequence_number != sequence {
+            continue;
+        }
+        match reply.payload {
+            NetlinkPayload::InnerMessage(genl) => replies.push(genl.payload),
+            NetlinkPayload::Done(_) => return Ok(Received::Finished),
+            NetlinkPayload::Error(error) => {
+                return match error.code {
+                    None => Ok(Received::Finished),
+                    Some(code) => {
+                        let errno = code.get().saturating_neg();
+                        Err(Failure {
+                            errno: Some(errno),
+                            reason: std::io::Error::from_raw_os_error(errno).to_string(),
+                        })
+                    }
+                };
+            }
+            _ => {}
+        }
+    }
+    Ok(Received::More)
 }
 
 impl Ipvs for NetlinkIpvs {
@@ -288,6 +311,54 @@ fn describe(service: &Service) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One datagram: `messages` (type, sequence, genl payload) back to back, each padded to 4 bytes.
+    fn datagram(messages: &[(u16, u32, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (kind, sequence, payload) in messages {
+            let length = 16 + payload.len() as u32;
+            out.extend_from_slice(&length.to_le_bytes());
+            out.extend_from_slice(&kind.to_le_bytes());
+            out.extend_from_slice(&2u16.to_le_bytes());
+            out.extend_from_slice(&sequence.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(payload);
+            out.resize(out.len().next_multiple_of(4), 0);
+        }
+        out
+    }
+
+    #[test]
+    fn datagrams_decode_to_replies_the_end_of_a_dump_or_the_errno() {
+        // GET_SERVICE reply: genlmsghdr, then SERVICE { AF 2, FWMARK 7 }.
+        let service: &[u8] = &[
+            1, 1, 0, 0, 20, 0, 1, 0, 6, 0, 1, 0, 2, 0, 0, 0, 8, 0, 5, 0, 7, 0, 0, 0,
+        ];
+        let done: &[u8] = &[0, 0, 0, 0];
+        let enoent: &[u8] = &(-2i32).to_le_bytes();
+        let mut replies: Vec<IpvsMessage> = Vec::new();
+        let data = datagram(&[(0x1c, 9, service), (0x1c, 8, service), (0x1c, 9, service)]);
+        assert_eq!(decode_datagram(&data, 9, &mut replies).unwrap(), Received::More);
+        assert_eq!(replies.len(), 2, "the message of another request is skipped");
+        assert_eq!(
+            codec::service_of(&replies[0]).unwrap().target,
+            crate::ipvs::kernel::Target::Fwmark(7)
+        );
+        let data = datagram(&[(3, 9, done)]);
+        assert_eq!(
+            decode_datagram(&data, 9, &mut replies).unwrap(),
+            Received::Finished
+        );
+        let failure = decode_datagram(&datagram(&[(2, 9, enoent)]), 9, &mut replies).unwrap_err();
+        assert_eq!(failure.errno, Some(2));
+        // Cut short, or a length field past the end: a decode failure, not a panic.
+        let mut data = datagram(&[(0x1c, 9, service)]);
+        data.truncate(20);
+        assert_eq!(decode_datagram(&data, 9, &mut replies).unwrap_err().errno, None);
+        let mut data = datagram(&[(0x1c, 9, service), (0x1c, 9, service)]);
+        data[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_datagram(&data, 9, &mut replies).is_err());
+    }
 
     #[test]
     fn a_kernel_without_ipvs_is_reported_as_unavailable() {

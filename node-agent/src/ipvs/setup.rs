@@ -112,18 +112,11 @@ pub fn render_for_host(
     spec: &switchyard_api::NodeForwardingPlanSpec,
     skip: &std::collections::HashSet<usize>,
     features: HostFeatures,
+    local: &[std::net::IpAddr],
 ) -> String {
-    use crate::host::LocalAddrs;
+    // Service addresses already on the dummy interface are not the node's own.
     let bound = NetlinkDummy.addresses().unwrap_or_default();
-    let local_addrs: Vec<std::net::IpAddr> = NetlinkAddrs
-        .local_addrs()
-        .unwrap_or_else(|e| {
-            eprintln!("warning: {e}; NodePorts resolved against no local address");
-            Vec::new()
-        })
-        .into_iter()
-        .filter(|ip| !bound.contains(ip))
-        .collect();
+    let local_addrs: Vec<std::net::IpAddr> = local.iter().copied().filter(|ip| !bound.contains(ip)).collect();
     let facts = super::IpvsFacts {
         local_addrs,
         random_fully: features.random_fully,

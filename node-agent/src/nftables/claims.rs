@@ -17,7 +17,28 @@
 use std::collections::HashMap;
 
 use super::model::{ChainDef, Claim, Key, SetDecl, SetId, SetState, TableState, Value};
-use super::render::Contribution;
+
+/// What one entry adds to the table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contribution {
+    /// Elements of the sets with a fixed role, each key at most once.
+    pub elements: Vec<(SetId, Key, Value)>,
+    /// The entry's own chains.
+    pub chains: Vec<(String, ChainDef)>,
+    /// The entry's own (affinity) sets.
+    pub sets: Vec<(String, SetDecl)>,
+}
+
+impl Contribution {
+    /// Adds an element; a key the entry already added keeps its first value.
+    pub(super) fn push(&mut self, id: SetId, key: Key, value: Value) {
+        // Keys repeat within an entry only when the plan repeats an address (an externalIP listed
+        // twice, or also a LoadBalancer IP): the first use wins, as the first iptables rule would.
+        if !self.elements.iter().any(|(i, k, _)| *i == id && *k == key) {
+            self.elements.push((id, key, value));
+        }
+    }
+}
 
 /// Adds a contribution during a full render: new keys are claimed, existing ones counted (a map keeps
 /// its first value).

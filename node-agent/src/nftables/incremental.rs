@@ -32,7 +32,7 @@ pub struct Delta {
     pub entries: usize,
 }
 
-type EntryKey<'a> = (&'a str, Protocol, IpFamily);
+type Key<'a> = (&'a str, Protocol, IpFamily);
 
 /// Updates `state` from the `previous` entries to the `current` ones and returns the transaction that
 /// makes the same change in the kernel.
@@ -44,8 +44,8 @@ pub fn delta(
 ) -> Result<Delta, Conflict> {
     // Entries compare as `Arc`s: one shared with the previous plan (composed from an unchanged slice)
     // is equal by pointer, without comparing its fields.
-    let old: HashMap<EntryKey<'_>, &Arc<ServicePlan>> = previous.iter().map(|e| (e.key(), *e)).collect();
-    let new: HashMap<EntryKey<'_>, &Arc<ServicePlan>> = current.iter().map(|e| (e.key(), *e)).collect();
+    let old: HashMap<Key<'_>, &Arc<ServicePlan>> = previous.iter().map(|e| (e.key(), *e)).collect();
+    let new: HashMap<Key<'_>, &Arc<ServicePlan>> = current.iter().map(|e| (e.key(), *e)).collect();
     let mut touched = Touched::default();
     let mut entries = 0;
     // All releases before any claim, so an element moving between entries is released first.

@@ -99,27 +99,19 @@ pub fn render_text(
 }
 
 /// What `switchyard-agent render --backend nftables` prints: per family a header and the `nft -f` text
-/// that creates the table from nothing. NodePort addresses are resolved against this host's addresses
-/// when the plan restricts them.
+/// that creates the table from nothing. `local` is this host's addresses (the caller reads them), for
+/// plans that restrict NodePort addresses.
 pub fn render_for_host(
     spec: &switchyard_api::NodeForwardingPlanSpec,
     skip: &std::collections::HashSet<usize>,
+    local: &[std::net::IpAddr],
 ) -> String {
-    use crate::host::LocalAddrs;
-    let local = if spec.cluster.node_port_addresses.is_empty() {
-        Vec::new()
-    } else {
-        crate::host::NetlinkAddrs.local_addrs().unwrap_or_else(|e| {
-            eprintln!("warning: {e}; NodePort addresses resolved against no local address");
-            Vec::new()
-        })
-    };
     let mut out = format!(
         "# switchyard-agent render: node {}, revision {}, backend nftables\n",
         spec.node_name, spec.revision
     );
     for family in crate::iptables::dataplane::families_of(spec) {
-        let node_port_ips = crate::iptables::node_port_ips(spec, family, &local);
+        let node_port_ips = crate::iptables::node_port_ips(spec, family, local);
         let nodeports = match &node_port_ips {
             None => "every local address but loopback".to_string(),
             Some(ips) => format!("{ips:?}"),

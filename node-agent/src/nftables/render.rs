@@ -33,7 +33,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, ServicePlan, TrafficPolicy};
 
-use super::claims;
+use super::claims::{self, Contribution};
 use super::model::{
     ChainBody, ChainDef, ChainType, Claim, Hook, Key, SetDecl, SetId, SetState, TableState, Value,
     family_keyword,
@@ -99,27 +99,6 @@ impl Env {
 
     fn mark(&self) -> String {
         format!("{:#x}", self.mark)
-    }
-}
-
-/// What one entry adds to the table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Contribution {
-    /// Elements of the sets with a fixed role, each key at most once.
-    pub elements: Vec<(SetId, Key, Value)>,
-    /// The entry's own chains.
-    pub chains: Vec<(String, ChainDef)>,
-    /// The entry's own (affinity) sets.
-    pub sets: Vec<(String, SetDecl)>,
-}
-
-impl Contribution {
-    fn push(&mut self, id: SetId, key: Key, value: Value) {
-        // Keys repeat within an entry only when the plan repeats an address (an externalIP listed
-        // twice, or also a LoadBalancer IP): the first use wins, as the first iptables rule would.
-        if !self.elements.iter().any(|(i, k, _)| *i == id && *k == key) {
-            self.elements.push((id, key, value));
-        }
     }
 }
 

@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
+use switchyard_api::yaml::MAX_PLAN_BYTES;
 use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
 
 use super::store::{Decision, Store};
@@ -131,19 +132,25 @@ pub fn write(path: &Path, set: &PlanSet) -> Result<(), Error> {
 
 /// Reads the cache for `node`: `None` when there is no file; an error when it cannot be used.
 pub fn read(path: &Path, node: &str) -> Result<Option<PlanSet>, Error> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(Error::ReadCache {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            });
-        }
-    };
     let fail = |message: String| Error::ReadCache {
         path: path.to_path_buf(),
         message,
+    };
+    // The cache holds what the API server served, but it is a file: bounded as a plan file is.
+    let size = match std::fs::metadata(path) {
+        Ok(metadata) => metadata.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail(e.to_string())),
+    };
+    if size > MAX_PLAN_BYTES as u64 {
+        return Err(fail(format!(
+            "the file is {size} bytes, more than the {MAX_PLAN_BYTES} a plan file may hold"
+        )));
+    }
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail(e.to_string())),
     };
     let list: ReadList<'_> = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
     let mut store = Store::new(node);

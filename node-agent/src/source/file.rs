@@ -1,7 +1,8 @@
 //! `run --plan-file`: the plan file polled for changes.
 //!
 //! ```text
-//! every poll interval: stat ─► (inode, size, mtime, ctime) changed? ─► read file ─► content hash
+//! every poll interval: stat ─► (inode, size, mtime, ctime) changed? ─► read file (over 64 MiB: refused
+//!                      by its size, unread) ─► content hash
 //!                      changed? ─► parse (a plan, or a plan and its slices) ─► PlanUpdate::Objects
 //!                                                               └──► PlanUpdate::Invalid (rules stay)
 //!                      unreadable ─► PlanUpdate::Invalid (and the next readable content is applied
@@ -15,8 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{PlanSet, PlanSource, PlanUpdate, UpdateSender};
-use crate::error::Error;
-use crate::planfile::read_plan_file;
+use crate::planfile::{parse_plan_bytes, read_plan_bytes};
 
 /// Polls a plan file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,13 +67,9 @@ impl PlanFile {
             return None;
         }
         self.stamp = stamp;
-        let bytes = match std::fs::read(path) {
+        let bytes = match read_plan_bytes(path) {
             Ok(bytes) => bytes,
-            Err(source) => {
-                let e = Error::ReadPlan {
-                    path: path.to_path_buf(),
-                    source,
-                };
+            Err(e) => {
                 // Whatever comes back later, even the same content, must be parsed and applied again.
                 self.hash = None;
                 self.stamp = None;
@@ -87,9 +83,8 @@ impl PlanFile {
             return None;
         }
         self.hash = Some(hash);
-        drop(bytes);
-        // Parse from the file again rather than keeping its bytes: one copy of a large plan at a time.
-        match read_plan_file(path) {
+        // The bytes become the text parsed (no second read, no copy): one copy of a large plan at a time.
+        match parse_plan_bytes(path, bytes) {
             Ok(loaded) => {
                 self.error = None;
                 Some(PlanUpdate::Objects(PlanSet::from_file(
@@ -166,6 +161,42 @@ mod tests {
         assert_eq!(file.poll(&path), None, "unchanged");
         std::fs::write(&path, "spec: [").unwrap();
         assert!(matches!(file.poll(&path), Some(PlanUpdate::Invalid(_))));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_by_its_size_and_the_good_plan_comes_back() {
+        let dir = std::env::temp_dir().join(format!("switchyard-filesource-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("plan.yaml");
+        let spec = plan(
+            "node-a",
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        );
+        let good = serde_saphyr::to_string(&NodeForwardingPlan::new("node-a", spec)).unwrap();
+        std::fs::write(&path, &good).unwrap();
+        let mut file = PlanFile::default();
+        assert!(matches!(file.poll(&path), Some(PlanUpdate::Objects(_))));
+        // Sparse: the size says it all, and nothing of it is read.
+        let big = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        big.set_len(switchyard_api::yaml::MAX_PLAN_BYTES as u64 + 1)
+            .unwrap();
+        drop(big);
+        match file.poll(&path) {
+            Some(PlanUpdate::Invalid(message)) => assert!(
+                message.contains(
+                    "the file is 67108865 bytes, more than the 67108864 (64 MiB) a plan file may hold"
+                ),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(file.poll(&path), None, "said once");
+        std::fs::write(&path, &good).unwrap();
+        assert!(
+            matches!(file.poll(&path), Some(PlanUpdate::Objects(_))),
+            "the same good content as before is applied again"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -184,6 +184,9 @@ impl Store {
             }
             let mut spec = object.spec;
             spec.shrink_to_fit();
+            // A /0 source range allows every source, as kube-proxy reads it (see the API's
+            // `open_zero_source_ranges`).
+            spec.open_zero_source_ranges();
             (name, Some(Entry::new(object.metadata, spec)))
         }))
     }
@@ -194,6 +197,7 @@ impl Store {
             let name = object.metadata.name.clone().unwrap_or_default();
             let mut spec = object.spec;
             spec.shrink_to_fit();
+            spec.open_zero_source_ranges();
             (name, Some(Entry::new(object.metadata, spec)))
         }))
     }

@@ -15,6 +15,8 @@ use switchyard_api::{NodeForwardingPlanSpec, PlanCondition, ServiceFailure};
 pub const MAX_MESSAGE: usize = 1024;
 /// Longest failure reason (the CRD allows 512).
 pub const MAX_REASON: usize = 512;
+/// Longest entry name a failure lists (a valid one is at most 191 bytes: three 63-byte DNS labels).
+pub const MAX_LABEL_NAME: usize = 256;
 
 /// Cuts `text` to at most `max` bytes on a character boundary, marking the cut with `…`.
 pub fn short(text: &str, max: usize) -> String {
@@ -61,7 +63,13 @@ pub fn set_condition(
 /// The entry's name as status lists it: `ns/svc:port TCP IPv4`.
 pub fn entry_label(spec: &NodeForwardingPlanSpec, index: usize) -> String {
     match spec.services.get(index) {
-        Some(entry) => format!("{} {:?} {:?}", entry.name, entry.protocol, entry.family),
+        // A valid name is at most 191 bytes; an invalid one may be anything, cut here.
+        Some(entry) => format!(
+            "{} {:?} {:?}",
+            short(&entry.name, MAX_LABEL_NAME),
+            entry.protocol,
+            entry.family
+        ),
         None => format!("spec.services[{index}]"),
     }
 }

@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
-use switchyard_api::validate::validate;
+use switchyard_api::validate::{MAX_REVISION, validate};
 use switchyard_api::{
-    NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceFailure, SyncMode,
+    EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition,
+    ServiceFailure, SyncMode,
 };
 
 use super::backoff::Backoff;
@@ -37,7 +38,6 @@ use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::status::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, stale_flows, udp_fingerprints, udp_targets};
 use crate::error::Error;
-use crate::iptables::EntryKey;
 
 /// Timing of the sync loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +149,8 @@ pub struct Syncer {
     conditions: Vec<PlanCondition>,
     drift_repairs: u64,
     extra_failures: Vec<ServiceFailure>,
+    /// Why the last write of the plan cache failed, while it does.
+    cache_problem: Option<String>,
     /// A full sync of the applied plan (drift repair or periodic) failed: it is retried with the
     /// backoff, carrying the drift it was repairing.
     failed_reapply: Option<PendingReapply>,
@@ -191,6 +193,7 @@ impl Syncer {
             conditions: Vec::new(),
             drift_repairs: 0,
             extra_failures: Vec::new(),
+            cache_problem: None,
             failed_reapply: None,
             last_good: LastGood::default(),
         }
@@ -207,7 +210,7 @@ impl Syncer {
         match compose_plan(plan, slices, &mut self.last_good) {
             Composition::Incomplete(why) => self.reject(
                 reasons::INCOMPLETE_VIEW,
-                format!("plan {} not applied: {why}", plan.revision),
+                format!("plan {} not applied: {why}", short(&plan.revision, MAX_REVISION)),
             ),
             Composition::Ready {
                 spec,
@@ -363,6 +366,15 @@ impl Syncer {
         }
     }
 
+    /// Reports that writing the plan cache fails (`Some(why)`) or works again (`None`): shown as
+    /// Degraded (reason CacheWriteFailed) while nothing worse is.
+    pub fn set_cache_problem(&mut self, problem: Option<String>) {
+        if problem != self.cache_problem {
+            self.cache_problem = problem;
+            self.update_conditions();
+        }
+    }
+
     /// The metrics this syncer updates.
     pub fn metrics(&self) -> &SyncMetrics {
         &self.metrics
@@ -431,7 +443,9 @@ impl Syncer {
         if !report.plan.is_empty() {
             let problems: Vec<String> = report.plan.iter().take(5).map(ToString::to_string).collect();
             let more = report.plan.len().saturating_sub(problems.len());
-            let mut message = format!("plan {} rejected: {}", spec.revision, problems.join("; "));
+            // The revision is not validated yet when it is the problem: cut it (a 10 MB one was seen).
+            let revision = short(&spec.revision, MAX_REVISION);
+            let mut message = format!("plan {revision} rejected: {}", problems.join("; "));
             if more > 0 {
                 message.push_str(&format!(" (and {more} more)"));
             }
@@ -653,6 +667,18 @@ impl Syncer {
                     (
                         (cond::TRUE, reasons::SYNCED, programmed),
                         (cond::TRUE, reasons::BACKEND_FALLBACK, fallback),
+                    )
+                } else if let (0, Some(problem)) = (failures, &self.cache_problem) {
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (
+                            cond::TRUE,
+                            reasons::CACHE_WRITE_FAILED,
+                            format!(
+                                "cannot write the plan cache ({problem}); forwarding is unaffected, but a \
+                                 restart without the API server would start without rules"
+                            ),
+                        ),
                     )
                 } else if failures == 0 {
                     (

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use http::Method;
 use switchyard_agent::iptables::fake::FakeIptables;
+use switchyard_agent::metrics::{LiveMetrics, registry};
 use switchyard_agent::run::Wiring;
 use switchyard_agent::run::grace::GracePeriod;
 use switchyard_agent::run::health::AgentHealth;
-use switchyard_agent::run::metrics::{LiveMetrics, registry};
 use switchyard_agent::source::file::FileSource;
 use switchyard_agent::status_writer::{self, StatusReport, WriterConfig};
 use switchyard_agent::sync::{FakeClock, SyncMetrics};

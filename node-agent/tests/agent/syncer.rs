@@ -46,6 +46,31 @@ fn last_payload(h: &Harness) -> String {
 }
 
 #[test]
+fn a_failing_plan_cache_shows_as_degraded_until_a_write_works_again() {
+    let mut h = Harness::new();
+    h.sync(&base());
+    h.syncer
+        .set_cache_problem(Some("No space left on device (os error 28)".into()));
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::SYNCED));
+    assert_eq!(
+        condition(&s, DEGRADED),
+        (status::TRUE, reasons::CACHE_WRITE_FAILED)
+    );
+    let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+    assert!(
+        degraded.message.contains("No space left on device"),
+        "{}",
+        degraded.message
+    );
+    h.syncer.set_cache_problem(None);
+    assert_eq!(
+        condition(&h.syncer.status(), DEGRADED),
+        (status::FALSE, reasons::HEALTHY)
+    );
+}
+
+#[test]
 fn the_first_sync_is_full_and_programs_chains_jump_rules_and_status() {
     let mut h = Harness::new();
     let spec = base();

@@ -1,0 +1,298 @@
+//! Traffic that keeps flowing while a fault happens, counted per phase: what the fault suite asserts on.
+//!
+//! ```text
+//! Traffic::start(lab, flows) ─► one thread per flow, inside the flow's namespace:
+//!     loop until stopped: probe (new connection) ─► Answered by an allowed pod? ─► ok / failed
+//!                          └─ counted under the phase set last (Traffic::phase("during") …)
+//! Traffic::stop() ─► TrafficReport { per phase: connections, failed; the first failures }
+//!                 ─► line("api-outage") = "fault: api-outage: 812 connections, 0 failed (before 80, …)"
+//! ```
+//!
+//! A connection fails when it is not answered within the probe timeout, or answered by a pod the flow
+//! does not allow (traffic to a Service whose endpoints did not change must reach those endpoints).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{LabError, Result};
+use crate::probe::{ProbeResult, Proto, probe_here};
+use crate::{Lab, Place, checks, netns};
+
+/// How long one probe waits for its answer before it counts as failed.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The pause between two probes of one flow.
+pub const PACE: Duration = Duration::from_millis(20);
+/// How many failures a report keeps verbatim.
+const KEPT_FAILURES: usize = 10;
+
+/// One stream of connections: from a place to a Service address, answered by one of `pods`.
+#[derive(Clone, Debug)]
+pub struct Flow {
+    /// Where the connections start.
+    pub from: Place,
+    /// The transport.
+    pub proto: Proto,
+    /// The Service address.
+    pub to: SocketAddr,
+    /// The pods allowed to answer (by name prefix, as in [`crate::checks`]).
+    pub pods: Vec<String>,
+}
+
+impl Flow {
+    /// TCP connections from `from` to `to`, answered by one of `pods`.
+    pub fn tcp(from: Place, to: &str, pods: &[&str]) -> Result<Self> {
+        Self::new(from, Proto::Tcp, to, pods)
+    }
+
+    /// UDP exchanges from `from` to `to`, answered by one of `pods`.
+    pub fn udp(from: Place, to: &str, pods: &[&str]) -> Result<Self> {
+        Self::new(from, Proto::Udp, to, pods)
+    }
+
+    fn new(from: Place, proto: Proto, to: &str, pods: &[&str]) -> Result<Self> {
+        let to = to
+            .parse()
+            .map_err(|_| LabError::FlowDestination(to.to_string()))?;
+        Ok(Flow {
+            from,
+            proto,
+            to,
+            pods: pods.iter().map(|pod| pod.to_string()).collect(),
+        })
+    }
+
+    fn judge(&self, result: &ProbeResult) -> Option<String> {
+        match result {
+            ProbeResult::Answered { pod, .. } if checks::matches(pod, &self.pods) => None,
+            ProbeResult::Answered { pod, .. } => Some(format!("answered by {pod}")),
+            other => Some(format!("{other:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Flow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.from, self.proto, self.to)
+    }
+}
+
+/// Connections and failures of one phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Count {
+    /// Connections attempted.
+    pub connections: usize,
+    /// Connections that failed.
+    pub failed: usize,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    phases: Vec<(String, Count)>,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn count(&mut self, phase: &str, failure: Option<String>) {
+        let index = match self.phases.iter().position(|(name, _)| name == phase) {
+            Some(index) => index,
+            None => {
+                self.phases.push((phase.to_string(), Count::default()));
+                self.phases.len() - 1
+            }
+        };
+        let count = &mut self.phases[index].1;
+        count.connections += 1;
+        if let Some(failure) = failure {
+            count.failed += 1;
+            if self.failures.len() < KEPT_FAILURES {
+                self.failures.push(format!("{phase}: {failure}"));
+            }
+        }
+    }
+}
+
+struct Shared {
+    stop: AtomicBool,
+    phase: Mutex<String>,
+    tally: Mutex<Tally>,
+}
+
+impl Shared {
+    fn phase(&self) -> String {
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
+        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Traffic running in the background; [`Traffic::stop`] ends it and reports.
+pub struct Traffic {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Traffic {
+    /// Starts one prober per flow, in phase `before`.
+    pub fn start(lab: &Lab, flows: &[Flow]) -> Result<Traffic> {
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            phase: Mutex::new("before".into()),
+            tally: Mutex::new(Tally::default()),
+        });
+        let mut threads = Vec::new();
+        for flow in flows {
+            let netns = lab.netns(&flow.from)?.to_string();
+            let (flow, shared) = (flow.clone(), Arc::clone(&shared));
+            threads.push(std::thread::spawn(move || {
+                let outcome = netns::in_netns(&netns, || {
+                    while !shared.stop.load(Ordering::Relaxed) {
+                        let phase = shared.phase();
+                        let failure = flow
+                            .judge(&probe_here(flow.proto, flow.to, PROBE_TIMEOUT))
+                            .map(|why| format!("{flow}: {why}"));
+                        shared.tally().count(&phase, failure);
+                        std::thread::sleep(PACE);
+                    }
+                });
+                if let Err(error) = outcome {
+                    let phase = shared.phase();
+                    shared.tally().count(&phase, Some(error.to_string()));
+                }
+            }));
+        }
+        Ok(Traffic { shared, threads })
+    }
+
+    /// Counts what follows under `phase` (e.g. "during", "after").
+    pub fn phase(&self, phase: &str) {
+        *self.shared.phase.lock().unwrap_or_else(PoisonError::into_inner) = phase.to_string();
+    }
+
+    /// Connections counted so far in every phase together.
+    pub fn connections(&self) -> usize {
+        self.shared
+            .tally()
+            .phases
+            .iter()
+            .map(|(_, count)| count.connections)
+            .sum()
+    }
+
+    /// Stops every prober and reports.
+    pub fn stop(self) -> TrafficReport {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            // A prober that panicked has counted what it saw; the report says what was counted.
+            let _ = thread.join();
+        }
+        let tally = std::mem::take(&mut *self.shared.tally());
+        TrafficReport {
+            phases: tally.phases,
+            failures: tally.failures,
+        }
+    }
+}
+
+/// What the traffic of a fault saw.
+#[derive(Clone, Debug, Default)]
+pub struct TrafficReport {
+    /// Per phase, in the order phases began.
+    pub phases: Vec<(String, Count)>,
+    /// The first failures, verbatim.
+    pub failures: Vec<String>,
+}
+
+impl TrafficReport {
+    /// Every phase together.
+    pub fn total(&self) -> Count {
+        self.phases
+            .iter()
+            .fold(Count::default(), |sum, (_, count)| Count {
+                connections: sum.connections + count.connections,
+                failed: sum.failed + count.failed,
+            })
+    }
+
+    /// The count of one phase.
+    pub fn phase(&self, name: &str) -> Count {
+        self.phases
+            .iter()
+            .find(|(phase, _)| phase == name)
+            .map(|(_, count)| *count)
+            .unwrap_or_default()
+    }
+
+    /// `fault: <name>: N connections, F failed (before n, during n, after n)`.
+    pub fn line(&self, fault: &str) -> String {
+        let total = self.total();
+        let mut line = format!(
+            "fault: {fault}: {} connections, {} failed (",
+            total.connections, total.failed
+        );
+        for (index, (phase, count)) in self.phases.iter().enumerate() {
+            let sep = if index == 0 { "" } else { ", " };
+            let _ = write!(line, "{sep}{phase} {}", count.connections);
+        }
+        line.push(')');
+        line
+    }
+
+    /// Per-phase counts as a map (for assertions and logs).
+    pub fn by_phase(&self) -> BTreeMap<&str, Count> {
+        self.phases
+            .iter()
+            .map(|(phase, count)| (phase.as_str(), *count))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_counts_phases_in_order_and_keeps_the_first_failures() {
+        let mut tally = Tally::default();
+        tally.count("before", None);
+        tally.count("during", Some("TimedOut".into()));
+        tally.count("during", None);
+        tally.count("after", None);
+        let report = TrafficReport {
+            phases: tally.phases,
+            failures: tally.failures,
+        };
+        assert_eq!(
+            report.line("api-outage"),
+            "fault: api-outage: 4 connections, 1 failed (before 1, during 2, after 1)"
+        );
+        assert_eq!(
+            report.phase("during"),
+            Count {
+                connections: 2,
+                failed: 1
+            }
+        );
+        assert_eq!(report.failures, vec!["during: TimedOut".to_string()]);
+    }
+
+    #[test]
+    fn a_flow_fails_on_silence_refusal_or_a_pod_it_does_not_allow() {
+        let flow = Flow::tcp(Place::Client, "10.96.0.1:80", &["web-1"]).unwrap();
+        let answer = |pod: &str| ProbeResult::Answered {
+            pod: pod.into(),
+            seen_source: "10.0.0.1:1".parse().unwrap(),
+        };
+        assert_eq!(flow.judge(&answer("web-1")), None);
+        assert_eq!(flow.judge(&answer("web-2")), Some("answered by web-2".into()));
+        assert!(flow.judge(&ProbeResult::TimedOut).is_some());
+        assert!(flow.judge(&ProbeResult::Refused).is_some());
+        assert!(Flow::tcp(Place::Client, "nonsense", &[]).is_err());
+    }
+}

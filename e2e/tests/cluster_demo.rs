@@ -1,0 +1,93 @@
+//! `switchyard-lab demo-cluster` (`make demo-cluster`) end to end against the fake API server served
+//! over HTTP, reached through a kubeconfig like any API server: the CRDs and the example's objects
+//! applied, the controller and the lab's agents on it, the checks passing before and after a change,
+//! and nothing of the demo's left on the server afterwards. (Against a real API server: `KUBECONFIG=…
+//! make demo-cluster`.) Needs root (the lab).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
+use switchyard_e2e::cluster_demo::{ClusterDemoOptions, run};
+
+fn repo(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+}
+
+#[test]
+fn the_cluster_demo_runs_through_an_api_server_and_removes_what_it_created() {
+    if !common::lab_allowed("cluster_demo") {
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = FakeApiServer::new();
+    // Someone else's Service on the same server: the demo must leave it alone.
+    server.put(
+        Kind::Service,
+        serde_json::json!({"metadata": {"name": "theirs", "namespace": "default"}, "spec": {"clusterIP": "10.96.9.9"}}),
+    );
+    let (addr, _task) = rt.block_on(server.serve_http()).unwrap();
+    let dir = tempdir();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: demo\n\
+             current-context: fake\nusers:\n- name: demo\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    let options = ClusterDemoOptions {
+        cluster: repo("examples/cluster.yaml"),
+        config: repo("examples/controller-config.yaml"),
+        kubeconfig,
+        crds: repo("crds"),
+    };
+    let failed = run(&options, common::options()).unwrap();
+    assert_eq!(failed, 0);
+    // The demo wrote through the API: CRDs, objects, plans and slices (the request log says so) …
+    let wrote = |path: &str| {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.is_write() && r.path.contains(path))
+    };
+    for path in [
+        "customresourcedefinitions",
+        "/nodes/",
+        "/services/",
+        "/endpointslices/",
+        "nodeforwardingplans",
+        "forwardingslices",
+    ] {
+        assert!(wrote(path), "no write to {path}");
+    }
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/status") && r.is_write()),
+        "agents wrote no status"
+    );
+    // … and removed all of it, leaving the other Service.
+    for kind in [
+        Kind::CustomResourceDefinition,
+        Kind::Node,
+        Kind::EndpointSlice,
+        Kind::Plan,
+        Kind::ForwardingSlice,
+    ] {
+        assert_eq!(server.keys(kind), Vec::<String>::new(), "{kind:?} left behind");
+    }
+    assert_eq!(server.keys(Kind::Service), vec!["default/theirs".to_string()]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("swyd-cluster-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
