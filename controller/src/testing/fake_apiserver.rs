@@ -1148,7 +1148,10 @@ mod tests {
             .await
             .unwrap();
         let stored = slices.get("s").await.unwrap();
-        assert_eq!(stored.endpoints.unwrap()[0].conditions.as_ref().unwrap().ready, Some(true));
+        assert_eq!(
+            stored.endpoints.unwrap()[0].conditions.as_ref().unwrap().ready,
+            Some(true)
+        );
 
         let nodes: Api<Node> = Api::all(server.client());
         let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
