@@ -76,6 +76,8 @@ struct Created {
     nodes: Vec<String>,
     services: Vec<(String, String)>,
     slices: Vec<(String, String)>,
+    /// ForwardingSlices that were there before (left alone).
+    foreign_slices: Vec<String>,
 }
 
 /// Runs the demo against the API server the kubeconfig names; returns how many checks failed.
@@ -269,6 +271,16 @@ async fn install(
             plan.metadata.name.as_deref().unwrap_or_default()
         )));
     }
+
+    let slices: Api<ForwardingSlice> = Api::all(client.clone());
+    created.foreign_slices = slices
+        .list(&ListParams::default())
+        .await
+        .map_err(api_error("listing ForwardingSlices"))?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
 
     println!("== Creating the example's Nodes, Services and EndpointSlices");
     let nodes: Api<Node> = Api::all(client.clone());
@@ -603,6 +615,9 @@ async fn remove(client: &Client, created: &Created) {
     {
         for slice in list.items {
             let name = slice.metadata.name.unwrap_or_default();
+            if created.foreign_slices.contains(&name) {
+                continue;
+            }
             report(
                 slices.delete(&name, &params).await.map(drop),
                 &format!("ForwardingSlice {name}"),
