@@ -18,7 +18,8 @@
 //!
 //! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`], [`sync::status`],
 //! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
-//! edges, each a small trait with an in-memory fake: [`iptables::kernel::Iptables`] ([`iptables::exec`],
+//! edges, each a small trait with an in-memory fake (built only for tests: `cfg(test)` or the `testing`
+//! feature, which this crate's own tests turn on; the shipped binary has none): [`iptables::kernel::Iptables`] ([`iptables::exec`],
 //! [`iptables::fake`]), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
 //! is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the
 //! long-running loop and [`live`] wires it to its plan source; [`explain`] answers, for one connection,

@@ -15,10 +15,12 @@
 //! no endpoints are skipped (their traffic is rejected anyway); TCP and SCTP are left alone.
 
 pub mod cli;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod select;
 
 pub use cli::CliConntrack;
+#[cfg(any(test, feature = "testing"))]
 pub use fake::FakeConntrack;
 pub use select::{Targets, stale_flows, udp_fingerprints, udp_targets};
 

@@ -37,6 +37,7 @@
 
 pub mod dataplane;
 pub mod exec;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod kernel;
 pub mod mode;

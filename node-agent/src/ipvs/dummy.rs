@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::TryStreamExt;
@@ -214,11 +215,13 @@ impl ServiceAddrs for NetlinkDummy {
 }
 
 /// An in-memory interface; clones share it.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Default)]
 pub struct FakeDummy {
     state: Arc<Mutex<Option<BTreeSet<IpAddr>>>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeDummy {
     /// No interface yet.
     pub fn new() -> Self {
@@ -240,6 +243,7 @@ impl FakeDummy {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl ServiceAddrs for FakeDummy {
     fn exists(&mut self) -> Result<bool, Error> {
         Ok(self.lock().is_some())

@@ -9,14 +9,19 @@
 //! `-exist` makes creating an existing set, adding a present member and deleting an absent one no-ops,
 //! so a batch computed from a slightly stale listing still applies.
 
+#[cfg(any(test, feature = "testing"))]
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::{Command, Stdio};
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+#[cfg(any(test, feature = "testing"))]
 use switchyard_api::IpFamily;
 
-use super::sets::{PREFIX, SavedSet, SavedSets, parse_save};
+#[cfg(any(test, feature = "testing"))]
+use super::sets::{PREFIX, SavedSet};
+use super::sets::{SavedSets, parse_save};
 use crate::command::{self, describe};
 use crate::error::Error;
 
@@ -70,11 +75,13 @@ impl Ipsets for ExecIpsets {
 }
 
 /// An in-memory ipset table; clones share it.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Default)]
 pub struct FakeIpsets {
     state: Arc<Mutex<FakeState>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 struct FakeState {
     sets: SavedSets,
@@ -82,6 +89,7 @@ struct FakeState {
     fail_next: Option<String>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeIpsets {
     /// An empty table.
     pub fn new() -> Self {
@@ -184,6 +192,7 @@ impl FakeIpsets {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Ipsets for FakeIpsets {
     fn list(&mut self) -> Result<SavedSets, Error> {
         Ok(self

@@ -39,7 +39,9 @@ pub mod codec;
 pub mod dataplane;
 pub mod diff;
 pub mod dummy;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake_iptables;
 pub mod glue;
 pub mod ipset;

@@ -18,8 +18,10 @@
 //! In a DaemonSet /proc/sys is often read-only to the agent (an init container sets them), so a write
 //! that fails is logged by the caller, not fatal.
 
+#[cfg(any(test, feature = "testing"))]
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::error::Error;
@@ -80,11 +82,13 @@ impl Sysctls for ProcSysctls {
 }
 
 /// An in-memory sysctl tree; clones share it. Paths not present read as missing.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Default)]
 pub struct FakeSysctls {
     values: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeSysctls {
     /// An empty tree.
     pub fn new() -> Self {
@@ -101,6 +105,7 @@ impl FakeSysctls {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Sysctls for FakeSysctls {
     fn get(&mut self, path: &str) -> Result<String, Error> {
         self.lock().get(path).cloned().ok_or_else(|| Error::Sysctl {

@@ -71,6 +71,7 @@ pub mod claims;
 pub mod dataplane;
 pub mod diff;
 pub mod exec;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod incremental;
 pub mod kernel;

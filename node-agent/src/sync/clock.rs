@@ -5,8 +5,11 @@
 //!                          └► wall() (status timestamps) ─► rfc3339()
 //! ```
 
+#[cfg(any(test, feature = "testing"))]
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+#[cfg(any(test, feature = "testing"))]
+use std::time::Duration;
+use std::time::{Instant, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -32,6 +35,7 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told to (tests).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug)]
 pub struct FakeClock {
     start: Instant,
@@ -39,6 +43,7 @@ pub struct FakeClock {
     offset: Mutex<Duration>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeClock {
     /// Starts at `wall` (and an arbitrary monotonic instant).
     pub fn new(wall: SystemTime) -> Self {
@@ -64,6 +69,7 @@ impl FakeClock {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Clock for FakeClock {
     fn now(&self) -> Instant {
         self.start + self.offset()

@@ -20,7 +20,9 @@ pub mod metrics;
 pub mod status;
 pub mod syncer;
 
-pub use clock::{Clock, FakeClock, SystemClock, rfc3339};
+#[cfg(any(test, feature = "testing"))]
+pub use clock::FakeClock;
+pub use clock::{Clock, SystemClock, rfc3339};
 pub use composition::{Composition, LastGood, SliceObject, compose_plan};
 pub use dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
 pub use metrics::{KindLabel, SyncMetrics};
