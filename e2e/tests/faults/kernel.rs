@@ -85,7 +85,26 @@ fn generation_in_kernel(api: &ApiLab, node: &str, backend: Backend) -> Option<us
     }
 }
 
-/// The pid of a restore the agent runs now (`iptables-restore`, `nft`), if any.
+/// Which generation the stored ForwardingSlices hold for the sample Services (`None`: a mix, or none).
+fn stored_generation(api: &ApiLab) -> Option<usize> {
+    let text: String = api
+        .server
+        .keys(Kind::ForwardingSlice)
+        .iter()
+        .filter_map(|key| api.server.get(Kind::ForwardingSlice, key))
+        .map(|object| object.to_string())
+        .collect();
+    let holds = |ip: String| text.contains(&format!("\"{ip}\""));
+    let old = SAMPLES.iter().filter(|&&s| holds(pod_ip(s, 0, 0))).count();
+    let new = SAMPLES.iter().filter(|&&s| holds(pod_ip(s, 0, 1))).count();
+    match (old, new) {
+        (n, 0) if n == SAMPLES.len() => Some(0),
+        (0, n) if n == SAMPLES.len() => Some(1),
+        _ => None,
+    }
+}
+
+/// The pid of a restore the agent runs now (`iptables-restore`, `nft -f`), if any.
 fn restore_child(agent_pid: u32) -> Option<u32> {
     let entries = std::fs::read_dir("/proc").ok()?;
     entries.flatten().find_map(|entry| {
@@ -95,7 +114,14 @@ fn restore_child(agent_pid: u32) -> Option<u32> {
         let (head, rest) = stat.rsplit_once(") ")?;
         let comm = head.split_once(" (")?.1;
         let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == agent_pid && (comm.starts_with("iptables") || comm == "nft")).then_some(pid)
+        if ppid != agent_pid || !(comm.starts_with("iptables") || comm == "nft") {
+            return None;
+        }
+        // A restore, not a read (`iptables-save`, `nft -j list`, a drift check).
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let restoring = args.iter().any(|a| a.ends_with(b"-restore")) || args.iter().any(|a| *a == b"-f");
+        restoring.then_some(pid)
     })
 }
 
@@ -114,7 +140,16 @@ fn sigkill_in_the_middle_of_a_large_restore(backend: Backend, test: &str) {
     std::thread::sleep(Duration::from_secs(1));
 
     traffic.phase("during");
+    // The controller writes the change as ~100 slices; node-a sees them only once all are written (its
+    // watch resumes from where it was and gets them at once), so the change is one restore there.
+    api.cut(node);
     put_large(&api, 1);
+    api.wait_for(
+        "the controller to write every slice of the change",
+        Duration::from_secs(300),
+        |api| stored_generation(api) == Some(1),
+    );
+    api.restore(node);
     let pid = api.agent(node).pid();
     let deadline = Instant::now() + Duration::from_secs(120);
     let restore = loop {
