@@ -28,7 +28,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use switchyard_api::{ForwardingSlice, NodeForwardingPlan, conditions};
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 
 use crate::checks::{Check, answered};
 use crate::demo::{example_checks, run_checks};
@@ -530,13 +530,7 @@ async fn wait_applied(
             let Some(status) = plan.status else {
                 return false;
             };
-            let applied = status.observed_revision.as_ref() == Some(&spec.revision)
-                && status.observed_slices.as_ref().map(|o| &o.digest) == want.as_ref()
-                && status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == conditions::APPLIED && c.status == conditions::status::TRUE);
-            if !applied {
+            if !crate::deployed::reports_applied(&status, &spec.revision, want.as_deref()) {
                 return false;
             }
         }

@@ -200,13 +200,9 @@ impl Deployed {
                 let (plan, digest) = self.composed(node)?;
                 let want = Some(plan.spec.revision.clone());
                 let status = self.status(node).ok().flatten();
-                let applied = status.as_ref().is_some_and(|s| {
-                    s.observed_revision == want
-                        && s.observed_slices.as_ref().map(|o| &o.digest) == digest.as_ref()
-                        && s.conditions
-                            .iter()
-                            .any(|c| c.type_ == conditions::APPLIED && c.status == conditions::status::TRUE)
-                });
+                let applied = status
+                    .as_ref()
+                    .is_some_and(|s| reports_applied(s, &plan.spec.revision, digest.as_deref()));
                 if applied {
                     break;
                 }
@@ -276,4 +272,15 @@ fn read(path: &Path) -> Result<String> {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// True when an agent's status says it applied plan `revision` with the slices of `digest` (`None`: a
+/// self-contained plan), and the Applied condition holds.
+pub fn reports_applied(status: &NodeForwardingPlanStatus, revision: &str, digest: Option<&str>) -> bool {
+    status.observed_revision.as_deref() == Some(revision)
+        && status.observed_slices.as_ref().map(|o| o.digest.as_str()) == digest
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::APPLIED && c.status == conditions::status::TRUE)
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use switchyard_agent::sync::{Composition, LastGood, compose_plan};
-use switchyard_api::{Backend, ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanStatus, conditions};
+use switchyard_api::{Backend, ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanStatus};
 use switchyard_controller::live::run::{Options, run};
 use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
 use switchyard_e2e::relay::Relay;
@@ -306,12 +306,7 @@ impl ApiLab {
         let (Some((revision, digest)), Some(status)) = (self.wanted(node), self.status(node)) else {
             return false;
         };
-        status.observed_revision.as_ref() == Some(&revision)
-            && status.observed_slices.as_ref().map(|o| &o.digest) == digest.as_ref()
-            && status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == conditions::APPLIED && c.status == conditions::status::TRUE)
+        switchyard_e2e::deployed::reports_applied(&status, &revision, digest.as_deref())
     }
 
     /// Waits until the node reports its current plan applied.
