@@ -29,8 +29,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchyard_agent::host::{FixedAddrs, HostFeatures};
-use switchyard_agent::iptables::HostFacts;
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::exec::ExecIptables;
 use switchyard_agent::iptables::mode::Variant;
@@ -48,9 +48,9 @@ const PARTIAL_TARGET: Duration = Duration::from_millis(50);
 
 fn syncer(variant: Variant) -> Result<Syncer, String> {
     let iptables = ExecIptables::with_variant(variant).map_err(|e| e.to_string())?;
-    let features = HostFeatures {
+    let features = HostFacts {
         random_fully: true,
-        tcp_be_liberal: false,
+        ..HostFacts::default()
     };
     let dataplane = IptablesDataplane::new(iptables, FixedAddrs::default(), features);
     Ok(Syncer::new(

@@ -28,6 +28,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::NftablesDataplane;
 use switchyard_agent::nftables::diff::diff;
@@ -60,7 +61,7 @@ fn syncer() -> Result<Syncer, String> {
 fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, usize) {
     let start = Instant::now();
     let skip: HashSet<usize> = switchyard_api::validate::validate(spec).bad_entries();
-    let transaction = diff(None, &render(spec, IpFamily::IPv4, None, &skip));
+    let transaction = diff(None, &render(spec, &HostFacts::default(), IpFamily::IPv4, &skip));
     let mut bytes = Vec::new();
     let _ = transaction.write(&mut bytes);
     (start.elapsed(), bytes.len())

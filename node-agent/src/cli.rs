@@ -15,7 +15,6 @@
 //! Logs go to stderr (text or JSON, filtered by `RUST_LOG`, default `info`); stdout carries only the
 //! command's output.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,18 +23,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use switchyard_api::validate::validate;
-use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
+use switchyard_api::{Backend, NodeForwardingPlanSpec};
 
 use crate::conntrack::CliConntrack;
 use crate::error::Error;
-use crate::host::{
-    FixedAddrs, HostFeatures, LocalAddrs, NetlinkAddrs, TCP_BE_LIBERAL_SYSCTL, parse_iptables_version,
-    read_tcp_be_liberal, supports_random_fully,
-};
-use crate::iptables::dataplane::{IptablesDataplane, families_of};
+use crate::host::{LocalAddrs, NetlinkAddrs};
 use crate::iptables::exec::ExecIptables;
-use crate::iptables::mode::{IptablesMode, Variant};
-use crate::iptables::{HostFacts, jump_rules, node_port_ips, render};
+use crate::iptables::mode::IptablesMode;
 use crate::live::{PlanFrom, run_agent};
 use crate::planfile::{read_plan_file, status_yaml};
 use crate::run::RunConfig;
@@ -43,7 +37,7 @@ use crate::run::grace::GracePeriod;
 use crate::run::http::parse_bind;
 use crate::source::cache::cache_path;
 use crate::sync::{
-    Composition, Dataplane, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
+    Composition, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
 };
 
 /// Exit status: the kernel refused the rules, or something failed at run time.
@@ -335,31 +329,7 @@ fn load_plan(
     }
 }
 
-/// Host features for the render: iptables version (for `--random-fully`) and the liberal-TCP sysctl.
-fn discover_features(version: Option<String>) -> HostFeatures {
-    let random_fully = version
-        .as_deref()
-        .and_then(parse_iptables_version)
-        .is_some_and(supports_random_fully);
-    HostFeatures {
-        random_fully,
-        tcp_be_liberal: read_tcp_be_liberal(std::path::Path::new(TCP_BE_LIBERAL_SYSCTL)),
-    }
-}
-
 // === render ===
-
-fn quote(arg: &str) -> String {
-    if !arg.is_empty()
-        && arg
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c))
-    {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
-}
 
 fn render_command(args: &RenderArgs) -> ExitCode {
     let asked = match args.backend.as_deref().map(|name| (name, Backend::parse(name))) {
@@ -399,92 +369,21 @@ fn render_command(args: &RenderArgs) -> ExitCode {
     } else {
         Vec::new()
     };
-    if backend == Backend::Nftables {
-        print!("{}", crate::nftables::render_for_host(&spec, &skip, &local));
-        return ExitCode::SUCCESS;
-    }
-    let version = crate::command::stdout_of(std::process::Command::new("iptables").arg("--version")).ok();
-    let features = discover_features(version.clone());
-    if backend == Backend::Ipvs {
-        print!(
-            "{}",
-            crate::ipvs::setup::render_for_host(&spec, &skip, features, &local)
-        );
-        return ExitCode::SUCCESS;
-    }
     print!(
         "{}",
-        render_text(&spec, &skip, features, &local, version.as_deref())
+        crate::backend::host::render_for_host(backend, &spec, &skip, &local)
     );
     ExitCode::SUCCESS
-}
-
-/// What `render` prints: per family a header, the full restore payload, and the jump rules.
-pub fn render_text(
-    spec: &NodeForwardingPlanSpec,
-    skip: &HashSet<usize>,
-    features: HostFeatures,
-    local: &[std::net::IpAddr],
-    iptables_version: Option<&str>,
-) -> String {
-    let mut out = format!(
-        "# switchyard-agent render: node {}, revision {}, backend iptables\n# host: {}, random-fully={}, tcp-be-liberal={}\n",
-        spec.node_name,
-        spec.revision,
-        iptables_version.map_or("iptables version unknown", str::trim),
-        features.random_fully,
-        features.tcp_be_liberal,
-    );
-    for family in families_of(spec) {
-        let facts = HostFacts {
-            random_fully: features.random_fully,
-            tcp_be_liberal: features.tcp_be_liberal,
-            node_port_ips: node_port_ips(spec, family, local),
-        };
-        let ruleset = render(spec, &facts, family, skip);
-        let (restore, iptables) = match family {
-            IpFamily::IPv4 => ("iptables-restore", "iptables"),
-            IpFamily::IPv6 => ("ip6tables-restore", "ip6tables"),
-        };
-        let nodeports = match &facts.node_port_ips {
-            None => "every local address".to_string(),
-            Some(ips) => format!("{ips:?}"),
-        };
-        out.push_str(&format!(
-            "\n# === {family:?}: {restore} --noflush ({} entries, {} rules; NodePorts on {nodeports}) ===\n",
-            ruleset.services().len(),
-            ruleset.rule_count()
-        ));
-        out.push_str(&ruleset.full_payload());
-        out.push_str(&format!(
-            "# === {family:?}: jump rules: `apply` looks for each in {iptables}-save output and inserts the missing ones at the top inside the same restore; by hand: ===\n"
-        ));
-        for jump in jump_rules(family) {
-            let args: Vec<String> = jump.args.iter().map(|a| quote(a)).collect();
-            out.push_str(&format!(
-                "{iptables} -t {} -I {} 1 {}\n",
-                jump.table,
-                jump.chain,
-                args.join(" ")
-            ));
-        }
-    }
-    out
 }
 
 // === apply / run / cleanup ===
 
 fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error> {
     let iptables = ExecIptables::detect(args.iptables_mode)?;
-    let features = discover_features(iptables.version().ok());
-    tracing::info!(variant = %iptables.variant(), random_fully = features.random_fully, tcp_be_liberal = features.tcp_be_liberal, "using iptables");
-    // The plan's backend decides per sync; IPVS falls back to iptables where the kernel lacks it.
-    let dataplane = crate::ipvs::setup::host_dataplane(iptables, features, args.ipvs.ipvs_graceful_period);
-    // nftables when the plan asks for it (set up on first use), the above otherwise.
-    let dataplane = crate::nftables::select::NftablesOr::new(
-        Box::new(dataplane),
-        crate::nftables::select::host_factory(),
-    );
+    let facts = crate::backend::host::discover_facts(iptables.version().ok().as_deref());
+    tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
+    // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
+    let dataplane = crate::backend::host::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
     Ok(Syncer::new(
         Box::new(dataplane),
         Arc::new(SystemClock),
@@ -642,18 +541,15 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
     if let Some(local) = local.as_ref().filter(|_| spec.backend == Backend::Nftables) {
         use crate::nftables::kernel::Nft as _;
         let family = switchyard_api::IpFamily::of(&packet.dest);
-        let node_port_ips = crate::iptables::node_port_ips(&spec, family, local);
+        let facts = crate::backend::HostFacts::default().with_local_addrs(local.clone());
         let found = crate::nftables::exec::ExecNft::detect().and_then(|mut nft| nft.read(family));
         match found {
-            Ok(found) => explain::nft_kernel(&spec, &mut explanation, &packet, node_port_ips, found.as_ref()),
+            Ok(found) => explain::nft_kernel(&spec, &mut explanation, &packet, &facts, found.as_ref()),
             Err(e) => return fail(EXIT_FAILED, &e),
         }
     } else if let Some(local) = local.as_ref().filter(|_| spec.backend == Backend::Ipvs) {
         use crate::ipvs::kernel::{Ipvs as _, VirtualKey};
-        let facts = crate::ipvs::IpvsFacts {
-            local_addrs: local.clone(),
-            ..Default::default()
-        };
+        let facts = crate::backend::HostFacts::default().with_local_addrs(local.clone());
         let desired = crate::ipvs::render(
             &spec,
             &facts,
@@ -713,62 +609,15 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
     ExitCode::from(explanation.exit_code())
 }
 
-/// Whether `variant`'s existing tables (`*-save` without `-t` lists only tables that exist, and creates
-/// none) hold any chain or rule of ours, in either family.
-fn holds_ours(variant: Variant) -> bool {
-    ["iptables", "ip6tables"].iter().any(|binary| {
-        let mut save = std::process::Command::new(format!("{binary}-{variant}-save"));
-        crate::command::stdout_of(&mut save).is_ok_and(|text| text.contains(crate::iptables::names::PREFIX))
-    })
-}
-
 fn cleanup_command(args: &CleanupArgs) -> ExitCode {
-    let variants: Vec<Variant> = match args.iptables_mode {
-        IptablesMode::Nft => vec![Variant::Nft],
-        IptablesMode::Legacy => vec![Variant::Legacy],
-        IptablesMode::Auto => vec![Variant::Nft, Variant::Legacy],
-    };
     let mut code = ExitCode::SUCCESS;
-    for variant in variants {
-        // Reading a legacy table with `-t` creates it; `auto` must leave a host that never used a
-        // variant without its tables (iptables-save would warn about them from then on).
-        if args.iptables_mode == IptablesMode::Auto && !holds_ours(variant) {
-            println!("iptables-{variant}: removed 0 jump rules and 0 chains (none present)");
-            continue;
-        }
-        let iptables = match ExecIptables::with_variant(variant) {
-            Ok(iptables) => iptables,
-            Err(e) if args.iptables_mode == IptablesMode::Auto => {
-                tracing::info!(%variant, error = %e, "not cleaning this variant");
-                continue;
-            }
-            Err(e) => return fail(EXIT_FAILED, &e),
-        };
-        let mut dataplane = IptablesDataplane::new(iptables, FixedAddrs::default(), HostFeatures::default());
-        match dataplane.cleanup() {
-            Ok(done) => println!(
-                "iptables-{variant}: removed {} jump rules and {} chains",
-                done.jumps, done.objects
-            ),
+    for (what, done) in crate::backend::host::cleanup(args.iptables_mode) {
+        match done {
+            Ok(done) => println!("{what}: {done}"),
             Err(e) => {
-                eprintln!("error: iptables-{variant}: {e}");
+                eprintln!("error: {what}: {e}");
                 code = ExitCode::from(EXIT_FAILED);
             }
-        }
-    }
-    match crate::nftables::select::cleanup_host() {
-        Ok(removed) => println!("nftables: removed {removed} chains and sets (tables ip/ip6 switchyard)"),
-        Err(e) => {
-            eprintln!("error: nftables: {e}");
-            code = ExitCode::from(EXIT_FAILED);
-        }
-    }
-    // IPVS mode's virtual servers, ipsets and interface, now that no rule refers to the sets.
-    match crate::ipvs::setup::cleanup_objects() {
-        Ok(removed) => println!("ipvs: removed {removed} virtual servers, ipsets and interfaces"),
-        Err(e) => {
-            eprintln!("error: ipvs: {e}");
-            code = ExitCode::from(EXIT_FAILED);
         }
     }
     code
@@ -777,7 +626,6 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_api::testing::{EntryExt, entry, ep, plan};
 
     #[test]
     fn iptables_mode_help_names_the_values_the_flag_accepts() {
@@ -908,42 +756,5 @@ mod tests {
                 "neither a node nor a plan file"
             );
         }
-    }
-
-    #[test]
-    fn render_prints_payloads_and_jump_rules_per_family() {
-        let mut spec = plan(
-            "node-a",
-            vec![
-                entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80)),
-                entry("ns/a:p", "fd00:10:96::1", 80).with(ep("fd00:10:244:2::1", 80)),
-            ],
-        );
-        spec.node_ips.push("fd00::11".into());
-        let features = HostFeatures {
-            random_fully: true,
-            tcp_be_liberal: false,
-        };
-        let text = render_text(
-            &spec,
-            &HashSet::new(),
-            features,
-            &[],
-            Some("iptables v1.8.9 (nf_tables)"),
-        );
-        assert!(
-            text.contains("# === IPv4: iptables-restore --noflush (1 entries"),
-            "{text}"
-        );
-        assert!(
-            text.contains("# === IPv6: ip6tables-restore --noflush (1 entries"),
-            "{text}"
-        );
-        assert!(text.contains("--to-destination [fd00:10:244:2::1]:80"));
-        assert!(text.contains("MASQUERADE --random-fully"));
-        assert!(text.contains(
-            "iptables -t nat -I PREROUTING 1 -m comment --comment 'switchyard service portals' -j SWYD-SERVICES"
-        ), "{text}");
-        assert_eq!(text.matches("*nat").count(), 2);
     }
 }

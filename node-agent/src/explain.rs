@@ -20,8 +20,9 @@ use ipnet::IpNet;
 use serde::Serialize;
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec, Protocol, ServicePlan, TrafficPolicy};
 
+use crate::backend::HostFacts;
 use crate::error::Error;
-use crate::iptables::{HostFacts, Packet, Table, Trace, Tracer, Verdict, render};
+use crate::iptables::{Packet, Table, Trace, Tracer, Verdict, render};
 
 /// Exit status: the connection is forwarded to an endpoint.
 pub const EXIT_FORWARDED: u8 = 0;
@@ -337,15 +338,15 @@ pub fn plan_tracer(
     local: Option<&[IpAddr]>,
 ) -> Result<Tracer, Error> {
     let report = switchyard_api::validate::validate(spec);
+    let local = local.map_or_else(|| node_ips(spec), <[IpAddr]>::to_vec);
     let facts = HostFacts {
         random_fully: true,
-        ..HostFacts::default()
+        tcp_be_liberal: false,
+        // NodePorts resolved as the agent resolves them on this host.
+        local_addrs: local.clone(),
     };
     let ruleset = render(spec, &facts, family, &report.bad_entries());
-    match local {
-        Some(local) => Tracer::from_ruleset(&ruleset, local),
-        None => Tracer::from_ruleset(&ruleset, &node_ips(spec)),
-    }
+    Tracer::from_ruleset(&ruleset, &local)
 }
 
 /// Explains a new connection from `source` to `dest` on the node of `spec` (with the host's `local`
@@ -653,7 +654,7 @@ pub fn nft_kernel(
     spec: &NodeForwardingPlanSpec,
     explanation: &mut Explanation,
     packet: &Packet,
-    node_port_ips: Option<Vec<IpAddr>>,
+    facts: &HostFacts,
     found: Option<&crate::nftables::model::TableState>,
 ) {
     use crate::nftables::model::{Key, TableState};
@@ -668,8 +669,8 @@ pub fn nft_kernel(
     };
     let expected = crate::nftables::render(
         spec,
+        facts,
         family,
-        node_port_ips,
         &switchyard_api::validate::validate(spec).bad_entries(),
     );
     let local = node_ips(spec).contains(&packet.dest);

@@ -25,15 +25,6 @@ use crate::error::Error;
 /// Where the sysctl lives (per network namespace).
 pub const TCP_BE_LIBERAL_SYSCTL: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal";
 
-/// The host features the render needs, discovered once at start.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HostFeatures {
-    /// `MASQUERADE --random-fully` is available (iptables ≥ 1.6.2).
-    pub random_fully: bool,
-    /// Conntrack accepts out-of-window TCP (no INVALID-drop rule needed).
-    pub tcp_be_liberal: bool,
-}
-
 /// `(major, minor, patch)` from `iptables --version` output such as `iptables v1.8.9 (nf_tables)`.
 pub fn parse_iptables_version(text: &str) -> Option<(u32, u32, u32)> {
     let start = text.find(" v")? + 2;

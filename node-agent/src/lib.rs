@@ -5,26 +5,31 @@
 //!   run --node-name: source::api (watch own plan + its views' slices; │    (plan problems: rejected whole;
 //!     deletion confirmed by GET 404) + source::cache at start         │     entry problems: skipped, reported)
 //!   run --plan-file / apply: planfile                                 ▼
-//!                                   sync::Dataplane, chosen per plan by spec.backend:
+//!                                   sync::Dataplane = backend::Selector, chosen per plan by spec.backend:
 //!                                     iptables: render (pure) ─► stream ─► iptables-restore --noflush
 //!                                     nftables: render (pure) ─► diff ─► one `nft -f` transaction
 //!                                     ipvs: render (pure) ─► netlink virtual servers + ipset/iptables glue
-//!                                       (falls back to iptables where the kernel has no IPVS)
+//!                                       (IPVS and nftables fall back to iptables where the host lacks them)
 //!                                                          ├─► conntrack: stale UDP flows deleted
 //!                                                          ▼
 //!   status (observedRevision, conditions, counts) ─► status_writer (SSA of plans/<node>/status) │ status file
 //!   run::http: /healthz /readyz /metrics · healthcheck servers · source::cache (<state-dir>/plan.yaml)
 //! ```
 //!
+//! [`backend`] holds what the three backends share: the render context ([`backend::HostFacts`],
+//! [`backend::FamilyEnv`]), the sync scope, the selector and the real edges of this host wired together
+//! ([`backend::host`]); each backend module holds only its own render, kernel edge and dataplane.
+//!
 //! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`], [`sync::status`],
 //! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
 //! edges, each a small trait with an in-memory fake (built only for tests: `cfg(test)` or the `testing`
 //! feature, which this crate's own tests turn on; the shipped binary has none): [`iptables::kernel::Iptables`] ([`iptables::exec`],
-//! [`iptables::fake`]), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
+//! `iptables::fake`), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
 //! is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the
 //! long-running loop and [`live`] wires it to its plan source; [`explain`] answers, for one connection,
 //! what the plan (and with `--kernel` the installed rules) make the node do.
 
+pub mod backend;
 pub mod cli;
 pub mod command;
 pub mod conntrack;

@@ -22,13 +22,13 @@ use std::sync::Arc;
 use harness::{Entry, Target, fuzz};
 use netlink_packet_core::ParseableParametrized;
 use netlink_packet_generic::GenlHeader;
-use switchyard_agent::host::HostFeatures;
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::backend::render_text::render_text;
 use switchyard_agent::ipvs::codec::{self, IpvsMessage};
 use switchyard_agent::ipvs::netlink::decode_datagram;
-use switchyard_agent::ipvs::{IpvsFacts, render};
 use switchyard_agent::planfile::parse_plan_text;
 use switchyard_agent::sync::composition::{Composition, LastGood, compose_plan};
-use switchyard_api::{IpFamily, validate::validate};
+use switchyard_api::{Backend, IpFamily, validate::validate};
 
 /// What the agent does with a plan file, up to the rules it would program.
 fn plan_file(text: &str) {
@@ -53,21 +53,14 @@ fn plan_file(text: &str) {
     }
     // A plan that passes validation must render on every backend (skipping its bad entries).
     let skip: HashSet<usize> = report.bad_entries();
-    let features = HostFeatures {
+    let facts = HostFacts {
         random_fully: true,
         tcp_be_liberal: false,
+        local_addrs: vec!["192.0.2.10".parse().unwrap(), "2001:db8::10".parse().unwrap()],
     };
-    let local = ["192.0.2.10".parse().unwrap(), "2001:db8::10".parse().unwrap()];
-    let _ = switchyard_agent::cli::render_text(&spec, &skip, features, &local, None);
-    for family in [IpFamily::IPv4, IpFamily::IPv6] {
-        let _ = switchyard_agent::nftables::render_text(&spec, family, Some(local.to_vec()), &skip);
+    for backend in [Backend::Iptables, Backend::Nftables, Backend::Ipvs] {
+        let _ = render_text(backend, &spec, &skip, &facts, None);
     }
-    let facts = IpvsFacts {
-        local_addrs: local.to_vec(),
-        random_fully: true,
-        tcp_be_liberal: false,
-    };
-    let _ = render(&spec, &facts, &skip);
 }
 
 /// The plan cache read at a restart.

@@ -19,7 +19,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,11 +30,12 @@ use switchyard_api::{
 use super::kernel::{Iptables, RestoreInput};
 use super::names;
 use super::payload::Table;
-use super::render::{HostFacts, jump_rules, large_cluster, node_port_ips};
+use super::render::{jump_rules, large_cluster};
 use super::save::SavedTable;
 use super::stream::{PayloadJob, Programmed, StreamMode, Streamed};
+use crate::backend::{FamilyEnv, HostFacts, sync_scope};
 use crate::error::Error;
-use crate::host::{HostFeatures, LocalAddrs};
+use crate::host::LocalAddrs;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
 use crate::sync::status::{MAX_REASON, entry_label, short};
 
@@ -54,8 +54,9 @@ const MAX_REFUSED_ENTRIES: usize = 8;
 /// Everything besides the entries that shapes the rendered rules of a family.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct RenderEnv {
+    /// The host's features (its addresses matter only through `env.node_port_ips`).
     facts: HostFacts,
-    node_ips: Vec<String>,
+    env: FamilyEnv,
     cluster: ClusterSettings,
     /// Large-cluster mode (no per-endpoint comments): a flip rewrites every Service's chains.
     large: bool,
@@ -78,7 +79,7 @@ struct LastApplied {
 pub struct IptablesDataplane<I, A> {
     iptables: I,
     addrs: A,
-    features: HostFeatures,
+    facts: HostFacts,
     families: BTreeMap<IpFamily, FamilyModel>,
     last: Option<LastApplied>,
     /// When the next drift check reads whole tables again (`None`: the next one does).
@@ -98,39 +99,6 @@ struct Refused {
     failure: ServiceFailure,
 }
 
-/// The families a plan needs: those of its entries and node IPs, IPv4 when there are none.
-pub fn families_of(spec: &NodeForwardingPlanSpec) -> BTreeSet<IpFamily> {
-    let mut families: BTreeSet<IpFamily> = spec.services.iter().map(|s| s.family).collect();
-    families.extend(
-        spec.node_ips
-            .iter()
-            .filter_map(|ip| ip.parse::<IpAddr>().ok())
-            .map(|ip| IpFamily::of(&ip)),
-    );
-    if families.is_empty() {
-        families.insert(IpFamily::IPv4);
-    }
-    families
-}
-
-/// What a sync of `spec` covers: the plan's families plus every family already `programmed` (so its
-/// rules are emptied rather than left behind), and the local addresses when NodePorts are restricted to
-/// some of them (empty otherwise).
-pub fn sync_scope(
-    spec: &NodeForwardingPlanSpec,
-    programmed: impl IntoIterator<Item = IpFamily>,
-    addrs: &mut impl LocalAddrs,
-) -> Result<(BTreeSet<IpFamily>, Vec<IpAddr>), Error> {
-    let mut families = families_of(spec);
-    families.extend(programmed);
-    let local = if spec.cluster.node_port_addresses.is_empty() {
-        Vec::new()
-    } else {
-        addrs.local_addrs()?
-    };
-    Ok((families, local))
-}
-
 /// Feeds a [`PayloadJob`] to `iptables-restore` and keeps what the first complete write produced.
 struct JobInput<'a> {
     job: PayloadJob<'a>,
@@ -147,11 +115,11 @@ impl RestoreInput for JobInput<'_> {
 
 impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
     /// A backend with no model yet: its first sync is full and reads the kernel's chains first.
-    pub fn new(iptables: I, addrs: A, features: HostFeatures) -> Self {
+    pub fn new(iptables: I, addrs: A, facts: HostFacts) -> Self {
         Self {
             iptables,
             addrs,
-            features,
+            facts,
             families: BTreeMap::new(),
             last: None,
             next_whole_check: None,
@@ -166,9 +134,9 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
         &self.iptables
     }
 
-    /// The host features the render uses.
-    pub fn features(&self) -> HostFeatures {
-        self.features
+    /// What was discovered about the host at start (the render's features; addresses are read per sync).
+    pub fn facts(&self) -> &HostFacts {
+        &self.facts
     }
 
     fn saved(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, Error> {
@@ -220,11 +188,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
         };
         let mut applied: Vec<String> = Vec::new();
         for family in families {
-            let facts = HostFacts {
-                random_fully: self.features.random_fully,
-                tcp_be_liberal: self.features.tcp_be_liberal,
-                node_port_ips: node_port_ips(spec, family, &local),
-            };
+            let facts = self.facts.with_local_addrs(local.clone());
             let result = match self.sync_family(request, family, facts, &previous_entries) {
                 Ok(result) => result,
                 // A family restored before this one keeps its new rules (each restore commits on its
@@ -267,8 +231,8 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
     ) -> Result<FamilyResult, Error> {
         let spec: &NodeForwardingPlanSpec = request.spec;
         let env = RenderEnv {
-            facts: facts.clone(),
-            node_ips: spec.node_ips.clone(),
+            facts: self.facts.clone(),
+            env: FamilyEnv::new(spec, family, &facts.local_addrs),
             cluster: spec.cluster.clone(),
             large: large_cluster(spec, family, request.skip),
         };
@@ -693,9 +657,9 @@ mod tests {
     fn between_whole_table_checks_the_top_level_chains_and_jumps_are_still_checked() {
         use crate::host::FixedAddrs;
         use crate::iptables::fake::FakeIptables;
-        let local: Vec<IpAddr> = vec!["192.168.10.11".parse().unwrap()];
+        let local: Vec<std::net::IpAddr> = vec!["192.168.10.11".parse().unwrap()];
         let fake = FakeIptables::new(&local);
-        let mut dp = IptablesDataplane::new(fake.clone(), FixedAddrs(local), HostFeatures::default());
+        let mut dp = IptablesDataplane::new(fake.clone(), FixedAddrs(local), HostFacts::default());
         let mut spec = plan(
             "node-a",
             vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
@@ -742,25 +706,5 @@ mod tests {
                 .contains("jump PREROUTING -> SWYD-SERVICES is missing"),
             "{drift}"
         );
-    }
-
-    #[test]
-    fn families_follow_entries_and_node_ips() {
-        let mut spec = plan("node-a", vec![entry("ns/a:p", "10.96.0.1", 80)]);
-        assert_eq!(families_of(&spec), BTreeSet::from([IpFamily::IPv4]));
-        spec.node_ips.push("fd00::11".into());
-        assert_eq!(
-            families_of(&spec),
-            BTreeSet::from([IpFamily::IPv4, IpFamily::IPv6])
-        );
-        spec.node_ips.clear();
-        spec.services = vec![
-            entry("ns/a:p", "fd00:10:96::1", 80)
-                .with(ep("fd00:10:244::1", 80))
-                .into(),
-        ];
-        assert_eq!(families_of(&spec), BTreeSet::from([IpFamily::IPv6]));
-        spec.services.clear();
-        assert_eq!(families_of(&spec), BTreeSet::from([IpFamily::IPv4]));
     }
 }

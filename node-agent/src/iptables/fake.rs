@@ -107,7 +107,8 @@ impl FakeIptables {
         let found = save.lines().find_map(|line| {
             let args = line.strip_prefix(&prefix)?;
             args.ends_with(&format!("-j {target}"))
-                .then(|| super::save::tokenize(args))
+                .then(|| super::text::tokenize(args).ok())
+                .flatten()
         });
         found.is_some_and(|args| kernel.delete_rule(table, chain, &args))
     }

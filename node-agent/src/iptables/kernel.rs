@@ -1,5 +1,5 @@
 //! The kernel edge of the iptables backend: the [`Iptables`] trait, implemented by
-//! [`super::exec::ExecIptables`] (the real binaries) and [`super::fake::FakeIptables`] (the tracer's
+//! [`super::exec::ExecIptables`] (the real binaries) and `fake::FakeIptables` (the tracer's
 //! model of the kernel).
 //!
 //! ```text

@@ -32,7 +32,8 @@
 //!   `--iptables-localhost-nodeports=false` (and its nftables mode), the NodePort jump excludes
 //!   `127.0.0.0/8` (`::1` for IPv6), and there is no KUBE-FIREWALL anti-martian rule.
 //! - No nfacct counters on the INVALID-drop rule.
-//! - No large-cluster mode: per-endpoint comments are always written.
+//! - Large-cluster mode (no per-endpoint comments above [`render::LARGE_CLUSTER_ENDPOINTS`]) counts the
+//!   endpoints of the plan's entries, as kube-proxy counts its endpoints map.
 //! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).
 
 pub mod dataplane;
@@ -46,11 +47,9 @@ pub mod payload;
 pub mod render;
 pub mod save;
 pub mod stream;
+pub mod text;
 pub mod tracer;
 
 pub use payload::{Chain, Ruleset, RulesetDigest, ServiceChains, Table};
-pub use render::{
-    HostFacts, JumpRule, jump_rules, node_port_ips, probability, render, render_each, render_groups,
-    render_selected,
-};
+pub use render::{JumpRule, jump_rules, probability, render, render_each, render_groups, render_selected};
 pub use tracer::{Branch, Packet, Trace, Tracer, Verdict};

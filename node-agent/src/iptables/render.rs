@@ -37,26 +37,13 @@
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::net::IpAddr;
 
 use ipnet::IpNet;
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, ServicePlan, TrafficPolicy};
 
 use super::names;
 use super::payload::{Chain, Ruleset, ServiceChains, Table};
-
-/// What the apply edge discovered about the host; plain data so the render stays pure.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostFacts {
-    /// `iptables` supports `MASQUERADE --random-fully`.
-    pub random_fully: bool,
-    /// sysctl `net.netfilter.nf_conntrack_tcp_be_liberal` is non-zero: no INVALID-drop rule is needed
-    /// (kube-proxy makes the same choice, kubernetes#117924).
-    pub tcp_be_liberal: bool,
-    /// Where NodePorts are served: `None` means every local address (`-m addrtype --dst-type LOCAL`),
-    /// `Some(ips)` one rule per address. See [`node_port_ips`] for how the edge resolves it.
-    pub node_port_ips: Option<Vec<IpAddr>>,
-}
+use crate::backend::{FamilyEnv, HostFacts};
 
 /// A rule that must exist in a built-in chain, jumping into one of ours. The edge checks each with
 /// `iptables -t <table> -C <chain> <args>` and prepends missing ones with `-I <chain> 1 <args>`, in list
@@ -121,44 +108,6 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
             }
         })
         .collect()
-}
-
-/// Resolves `spec.cluster.nodePortAddresses` for one family against the host's local addresses, as
-/// kube-proxy's `NodePortAddresses` does: empty → `None` (every local address); otherwise the family's
-/// CIDRs, with `primary` standing for the node's planned IPs of the family as /32 or /128. A family
-/// left with no CIDR, or with a /0, is served on every local address (`None`). Otherwise the result is
-/// the local addresses inside the CIDRs, sorted, loopback excluded: we do not serve NodePorts on
-/// localhost (that needs `route_localnet`, CVE-2020-8558), like kube-proxy's nftables mode.
-pub fn node_port_ips(
-    spec: &NodeForwardingPlanSpec,
-    family: IpFamily,
-    local_addrs: &[IpAddr],
-) -> Option<Vec<IpAddr>> {
-    if spec.cluster.node_port_addresses.is_empty() {
-        return None;
-    }
-    let mut nets: Vec<IpNet> = Vec::new();
-    for value in &spec.cluster.node_port_addresses {
-        if value == "primary" {
-            nets.extend(parse_ips_of(&spec.node_ips, family).map(IpNet::from));
-        } else if let Ok(net) = value.parse::<IpNet>()
-            && IpFamily::of(&net.addr()) == family
-        {
-            nets.push(net.trunc());
-        }
-    }
-    if nets.is_empty() || nets.iter().any(|net| net.prefix_len() == 0) {
-        return None;
-    }
-    let mut ips: Vec<IpAddr> = local_addrs
-        .iter()
-        .filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback())
-        .filter(|ip| nets.iter().any(|net| net.contains(*ip)))
-        .copied()
-        .collect();
-    ips.sort_unstable();
-    ips.dedup();
-    Some(ips)
 }
 
 /// Renders the entries of `family` from `spec`, skipping the entry indexes in `skip` (those
@@ -300,16 +249,14 @@ pub fn large_cluster(spec: &NodeForwardingPlanSpec, family: IpFamily, skip: &Has
 
 // === Environment ===
 
-/// Per-family settings every entry needs, resolved once.
+/// Per-family settings every entry needs, resolved once, in the forms the rules spell them.
 struct Env<'a> {
     facts: &'a HostFacts,
-    family: IpFamily,
+    base: FamilyEnv,
     /// `0x4000` for bit 14.
     mark: String,
     /// The local-traffic detector's CIDR for this family; `None` means no detector.
     local_cidr: Option<String>,
-    masquerade_all: bool,
-    node_ips: Vec<IpAddr>,
     /// Per-endpoint rules carry comments (false in a large cluster, see [`large_cluster`]).
     endpoint_comments: bool,
 }
@@ -321,33 +268,15 @@ impl<'a> Env<'a> {
         family: IpFamily,
         skip: &HashSet<usize>,
     ) -> Self {
-        // Validation rejects a bit above 31; fall back to kube-proxy's default rather than panic.
-        let mark = 1u32
-            .checked_shl(u32::from(spec.cluster.masquerade_bit))
-            .unwrap_or(1 << 14);
-        let local_cidr = spec
-            .cluster
-            .local_traffic_cidrs
-            .iter()
-            .filter_map(|cidr| cidr.parse::<IpNet>().ok())
-            .find(|net| IpFamily::of(&net.addr()) == family)
-            .map(|net| net.trunc().to_string());
+        let base = FamilyEnv::new(spec, family, &facts.local_addrs);
         Self {
             facts,
-            family,
-            mark: format!("{mark:#x}"),
-            local_cidr,
-            masquerade_all: spec.cluster.masquerade_all,
-            node_ips: parse_ips_of(&spec.node_ips, family).collect(),
+            mark: format!("{:#x}", base.mark),
+            local_cidr: base.local_cidr.map(|net| net.to_string()),
             endpoint_comments: !large_cluster(spec, family, skip),
+            base,
         }
     }
-}
-
-fn parse_ips_of(ips: &[String], family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
-    ips.iter()
-        .filter_map(|ip| ip.parse::<IpAddr>().ok())
-        .filter(move |ip| IpFamily::of(ip) == family)
 }
 
 // === Top-level chains ===
@@ -404,11 +333,11 @@ impl TopLevel {
         // The NodePort jump must be the last rule of SWYD-SERVICES: the service rules above it match
         // exact destination IPs, and a NodePort on the same port number must not shadow them.
         let last = comment("switchyard service nodeports; NOTE: this must be the last rule in this chain");
-        match &env.facts.node_port_ips {
+        match &env.base.node_port_ips {
             None => {
                 // kube-proxy with localhost NodePorts disabled (we never enable them: route_localnet,
                 // CVE-2020-8558) excludes loopback explicitly; IPv6 never supports them.
-                let loopback = match env.family {
+                let loopback = match env.base.family {
                     IpFamily::IPv4 => "127.0.0.0/8",
                     IpFamily::IPv6 => "::1/128",
                 };
@@ -420,7 +349,7 @@ impl TopLevel {
             Some(ips) => {
                 for ip in ips
                     .iter()
-                    .filter(|ip| IpFamily::of(ip) == env.family && !ip.is_loopback())
+                    .filter(|ip| IpFamily::of(ip) == env.base.family && !ip.is_loopback())
                 {
                     self.nat
                         .services
@@ -620,7 +549,7 @@ fn render_entry(
     let mut svl_rules: Vec<String> = Vec::new();
 
     if has_internal_endpoints {
-        let masq = if env.masquerade_all {
+        let masq = if env.base.masquerade_all {
             Some(format!("{cluster_ip_match} -j {}", names::MARK_MASQ))
         } else {
             // Masquerade off-cluster traffic to the ClusterIP: it may have been routed here by a static
@@ -686,7 +615,7 @@ fn render_entry(
             let Ok(net) = range.parse::<IpNet>() else { continue };
             fw.rules
                 .push(format!("{lb_comment} -s {} -j {ext_chain}", net.trunc()));
-            allow_from_node |= env.node_ips.iter().any(|ip| net.contains(ip));
+            allow_from_node |= env.base.node_ips.iter().any(|ip| net.contains(ip));
         }
         if allow_from_node {
             // A VIP-style LB IP is often local to the node, so node → VIP traffic loops back with the
@@ -992,53 +921,6 @@ mod tests {
         let spec = many(LARGE_CLUSTER_ENDPOINTS + 1);
         assert!(!large_cluster(&spec, IpFamily::IPv4, &HashSet::from([5])));
         assert!(!large_cluster(&spec, IpFamily::IPv6, &none));
-    }
-
-    #[test]
-    fn node_port_addresses_resolve_like_kube_proxy() {
-        use switchyard_api::IpFamily::{IPv4, IPv6};
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let local = [
-            ip("127.0.0.1"),
-            ip("192.168.10.11"),
-            ip("10.0.0.5"),
-            ip("203.0.113.9"),
-            ip("fd00::11"),
-            ip("::1"),
-        ];
-        let mut spec = plan("node-a", vec![]);
-        spec.node_ips = vec!["192.168.10.11".into(), "fd00::11".into()];
-        type Case = (Vec<&'static str>, IpFamily, Option<Vec<IpAddr>>);
-        let cases: Vec<Case> = vec![
-            (vec![], IPv4, None),
-            (vec!["primary"], IPv4, Some(vec![ip("192.168.10.11")])),
-            (vec!["primary"], IPv6, Some(vec![ip("fd00::11")])),
-            (
-                vec!["10.0.0.0/8", "203.0.113.0/24"],
-                IPv4,
-                Some(vec![ip("10.0.0.5"), ip("203.0.113.9")]),
-            ),
-            // No CIDR of the family: every address, as kube-proxy's per-family default of ::/0.
-            (vec!["10.0.0.0/8"], IPv6, None),
-            (vec!["0.0.0.0/0"], IPv4, None),
-            // Loopback is never served.
-            (vec!["127.0.0.0/8"], IPv4, Some(vec![])),
-            (
-                vec!["primary", "10.0.0.0/8"],
-                IPv4,
-                Some(vec![ip("10.0.0.5"), ip("192.168.10.11")]),
-            ),
-            // A CIDR matching no local address serves NodePorts nowhere.
-            (vec!["172.16.0.0/12"], IPv4, Some(vec![])),
-        ];
-        for (addresses, family, want) in cases {
-            spec.cluster.node_port_addresses = addresses.iter().map(|s| s.to_string()).collect();
-            assert_eq!(
-                node_port_ips(&spec, family, &local),
-                want,
-                "{addresses:?} {family:?}"
-            );
-        }
     }
 
     #[test]

@@ -16,10 +16,9 @@
 use std::collections::BTreeMap;
 
 use super::names;
+use super::payload::Table;
 use super::render::JumpRule;
-
-/// Built-in chains of the filter and nat tables (the only places our jump rules live).
-pub const BUILT_IN_CHAINS: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+use super::text::{built_in_chains, tokenize};
 
 /// One built-in chain's rule that jumps into a chain of ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,14 +81,22 @@ impl SavedTable {
             *self.owned.entry(chain.to_string()).or_insert(0) += 1;
             return;
         }
-        let Some(built_in) = BUILT_IN_CHAINS.iter().find(|c| **c == chain) else {
+        // Fed without knowing the table: a built-in chain of either of ours.
+        let Some(built_in) = [Table::Filter, Table::Nat]
+            .into_iter()
+            .flat_map(built_in_chains)
+            .find(|c| **c == chain)
+        else {
             return;
         };
         // Cheap pre-check before tokenising: only jumps into our chains are kept.
         if !raw.contains(names::PREFIX) {
             return;
         }
-        let args = tokenize(raw);
+        // iptables-save never leaves a quote open; a line that does is nobody's jump of ours.
+        let Ok(args) = tokenize(raw) else {
+            return;
+        };
         if target_of(&args).is_some_and(|t| t.starts_with(names::PREFIX)) {
             self.jumps.push(SavedJump {
                 chain: built_in,
@@ -116,43 +123,6 @@ fn comment_of(args: &[String]) -> Option<&str> {
         .position(|a| a == "--comment")
         .and_then(|i| args.get(i + 1))
         .map(String::as_str)
-}
-
-/// Splits a saved rule into arguments: double-quoted strings are one argument, `\"` and `\\` inside
-/// quotes are unescaped (iptables-save escapes them that way).
-pub fn tokenize(text: &str) -> Vec<String> {
-    let mut tokens = Vec::new();
-    let mut current = String::new();
-    let mut in_quotes = false;
-    let mut started = false;
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' if in_quotes => {
-                if let Some(next) = chars.next() {
-                    current.push(next);
-                }
-            }
-            '"' => {
-                in_quotes = !in_quotes;
-                started = true;
-            }
-            c if c.is_whitespace() && !in_quotes => {
-                if started {
-                    tokens.push(std::mem::take(&mut current));
-                    started = false;
-                }
-            }
-            c => {
-                current.push(c);
-                started = true;
-            }
-        }
-    }
-    if started {
-        tokens.push(current);
-    }
-    tokens
 }
 
 #[cfg(test)]
@@ -205,15 +175,5 @@ COMMIT
             .map(|r| r.chain)
             .collect();
         assert_eq!(present, ["OUTPUT", "PREROUTING"]);
-    }
-
-    #[test]
-    fn tokenizer_unquotes_like_iptables_save() {
-        assert_eq!(
-            tokenize(r#"-m comment --comment "a \"b\" c" -j X"#),
-            ["-m", "comment", "--comment", "a \"b\" c", "-j", "X"]
-        );
-        assert_eq!(tokenize("  -j   X  "), ["-j", "X"]);
-        assert_eq!(tokenize(r#"--comment """#), ["--comment", ""]);
     }
 }

@@ -56,7 +56,8 @@ use switchyard_api::{EntryKey, IpFamily, NodeForwardingPlanSpec, ServicePlan};
 
 use super::names;
 use super::payload::{Chain, ServiceChains, Table, write_declaration, write_rules};
-use super::render::{HostFacts, JumpRule, render_each, render_groups, render_selected};
+use super::render::{JumpRule, render_each, render_groups, render_selected};
+use crate::backend::HostFacts;
 
 /// One entry's chains with their rule counts, shared so partial syncs carry unchanged entries over.
 pub type GroupChains = Arc<[(String, usize)]>;

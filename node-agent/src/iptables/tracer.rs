@@ -38,14 +38,12 @@ use switchyard_api::{IpFamily, Protocol};
 use super::names::MAX_CHAIN_LEN;
 use super::payload::{Ruleset, Table};
 use super::render::jump_rules;
+use super::text::{built_in_chains, is_built_in, quote_args, tokenize};
 use crate::error::Error;
 
 /// Deepest chain nesting followed before giving up (the kernel allows loops nowhere; this guards the
 /// model against a payload that would make it recurse forever).
 const MAX_DEPTH: usize = 32;
-
-const FILTER_BUILT_INS: [&str; 3] = ["INPUT", "FORWARD", "OUTPUT"];
-const NAT_BUILT_INS: [&str; 4] = ["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"];
 
 /// The first packet of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,22 +180,7 @@ impl Tracer {
     /// nothing else. `local_addrs` are the node's addresses (`--src-type`/`--dst-type LOCAL`); loopback
     /// addresses are always local.
     pub fn new(family: IpFamily, local_addrs: &[IpAddr]) -> Result<Self, Error> {
-        let mut tables = BTreeMap::new();
-        for (table, built_ins) in [
-            (Table::Filter, &FILTER_BUILT_INS[..]),
-            (Table::Nat, &NAT_BUILT_INS[..]),
-        ] {
-            let chains: BTreeMap<String, Vec<Rule>> = built_ins
-                .iter()
-                .map(|name| (name.to_string(), Vec::new()))
-                .collect();
-            tables.insert(table, chains);
-        }
-        let mut tracer = Self {
-            family,
-            local_addrs: local_addrs.to_vec(),
-            tables,
-        };
+        let mut tracer = Self::empty(family, local_addrs);
         for jump in jump_rules(family) {
             let rule = Rule::parse(&jump.args, quote_args(&jump.args))
                 .map_err(|reason| Error::SimulatedRestore { line: 0, reason })?;
@@ -215,17 +198,16 @@ impl Tracer {
     /// The built-in chains only, without our jump rules: a fresh network namespace's kernel (the state
     /// the fake iptables edge starts from).
     pub fn empty(family: IpFamily, local_addrs: &[IpAddr]) -> Self {
-        let mut tables = BTreeMap::new();
-        for (table, built_ins) in [
-            (Table::Filter, &FILTER_BUILT_INS[..]),
-            (Table::Nat, &NAT_BUILT_INS[..]),
-        ] {
-            let chains: BTreeMap<String, Vec<Rule>> = built_ins
-                .iter()
-                .map(|name| (name.to_string(), Vec::new()))
-                .collect();
-            tables.insert(table, chains);
-        }
+        let tables = [Table::Filter, Table::Nat]
+            .into_iter()
+            .map(|table| {
+                let chains: BTreeMap<String, Vec<Rule>> = built_in_chains(table)
+                    .iter()
+                    .map(|name| (name.to_string(), Vec::new()))
+                    .collect();
+                (table, chains)
+            })
+            .collect();
         Self {
             family,
             local_addrs: local_addrs.to_vec(),
@@ -1010,60 +992,6 @@ fn parse_mark(text: &str) -> Result<(u32, u32), String> {
     }
 }
 
-/// Splits a rule into arguments; a double-quoted string is one argument.
-fn tokenize(text: &str) -> Result<Vec<String>, String> {
-    let mut tokens = Vec::new();
-    let mut current = String::new();
-    let mut in_quotes = false;
-    let mut started = false;
-    for c in text.chars() {
-        match c {
-            '"' => {
-                in_quotes = !in_quotes;
-                started = true;
-            }
-            c if c.is_whitespace() && !in_quotes => {
-                if started {
-                    tokens.push(std::mem::take(&mut current));
-                    started = false;
-                }
-            }
-            c => {
-                current.push(c);
-                started = true;
-            }
-        }
-    }
-    if in_quotes {
-        return Err("unterminated quote".into());
-    }
-    if started {
-        tokens.push(current);
-    }
-    Ok(tokens)
-}
-
-/// The restore-text form of an argument vector (arguments with spaces quoted).
-fn quote_args(args: &[String]) -> String {
-    args.iter()
-        .map(|a| {
-            if a.contains(' ') {
-                format!("\"{a}\"")
-            } else {
-                a.clone()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn is_built_in(table: Table, chain: &str) -> bool {
-    match table {
-        Table::Filter => FILTER_BUILT_INS.contains(&chain),
-        Table::Nat => NAT_BUILT_INS.contains(&chain),
-    }
-}
-
 /// The first chain with a rule jumping to `chain`.
 fn referrer<'a>(chains: &'a BTreeMap<String, Vec<Rule>>, chain: &str) -> Option<&'a str> {
     chains.iter().find_map(|(name, rules)| {
@@ -1243,14 +1171,5 @@ COMMIT
                 "SWYD-EXTERNAL-SERVICES"
             ]
         );
-    }
-
-    #[test]
-    fn tokenizer_keeps_quoted_comments_whole() {
-        assert_eq!(
-            tokenize("-m comment --comment \"a b\" -j X").unwrap(),
-            ["-m", "comment", "--comment", "a b", "-j", "X"]
-        );
-        assert!(tokenize("\"open").is_err());
     }
 }

@@ -32,11 +32,12 @@ use super::dummy::ServiceAddrs;
 use super::glue::{Glue, jump_rules, owned_chains, payload};
 use super::ipset::Ipsets;
 use super::kernel::{Ipvs, Service, VirtualKey};
-use super::render::{Desired, IpvsFacts, VirtualServer, render};
+use super::render::{Desired, VirtualServer, render};
 use super::sets::{self, SavedSet, SavedSets, SetId, ip_port};
 use super::sysctl::{Sysctls, wanted};
+use crate::backend::HostFacts;
 use crate::error::Error;
-use crate::host::{FixedAddrs, HostFeatures, LocalAddrs};
+use crate::host::{FixedAddrs, LocalAddrs};
 use crate::iptables::dataplane::IptablesDataplane;
 use crate::iptables::kernel::Iptables;
 use crate::iptables::save::SavedTable;
@@ -70,8 +71,8 @@ pub struct IpvsConfig {
     /// How long a TCP real server that left the plan may keep its connections (weight 0) before it is
     /// deleted anyway.
     pub grace: Duration,
-    /// iptables features for the glue.
-    pub features: HostFeatures,
+    /// What was discovered about the host at start (iptables features for the glue).
+    pub facts: HostFacts,
     /// The kernel release (`uname -r`), for the sysctls that depend on it.
     pub kernel_release: String,
 }
@@ -80,7 +81,7 @@ impl Default for IpvsConfig {
     fn default() -> Self {
         Self {
             grace: Duration::from_secs(30),
-            features: HostFeatures::default(),
+            facts: HostFacts::default(),
             kernel_release: String::new(),
         }
     }
@@ -443,11 +444,7 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
             .into_iter()
             .filter(|ip| !bound.contains(ip))
             .collect();
-        let facts = IpvsFacts {
-            local_addrs,
-            random_fully: self.config.features.random_fully,
-            tcp_be_liberal: self.config.features.tcp_be_liberal,
-        };
+        let facts = self.config.facts.with_local_addrs(local_addrs);
         let desired = render(spec, &facts, request.skip);
 
         let saved_sets = match (&model, full) {
@@ -560,7 +557,7 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         let iptables = edges.iptables.clone();
         let (services, chains, rest) =
             remove_objects(&mut *edges.ipvs, &mut *edges.ipsets, &mut *edges.dummy, || {
-                IptablesDataplane::new(iptables, FixedAddrs::default(), HostFeatures::default()).cleanup()
+                IptablesDataplane::new(iptables, FixedAddrs::default(), HostFacts::default()).cleanup()
             })?;
         Ok(Cleanup {
             jumps: chains.jumps,

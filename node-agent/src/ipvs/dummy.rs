@@ -1,6 +1,6 @@
 //! The dummy interface that holds every service IP, so the kernel treats traffic to them as local and
 //! hands it to IPVS: [`ServiceAddrs`], implemented over rtnetlink by [`NetlinkDummy`] and in memory by
-//! [`FakeDummy`].
+//! `FakeDummy`.
 //!
 //! ```text
 //! IpvsDataplane ─► ensure()     ─► RTM_NEWLINK swyd-ipvs0 (kind dummy, up) when missing

@@ -16,7 +16,7 @@ use switchyard_api::IpFamily;
 use crate::error::Error;
 use crate::iptables::Table;
 use crate::iptables::kernel::{Iptables, RestoreInput};
-use crate::iptables::save::{BUILT_IN_CHAINS, tokenize};
+use crate::iptables::text::{built_in_chains, tokenize};
 
 type Tables = BTreeMap<(IpFamily, Table), BTreeMap<String, Vec<String>>>;
 
@@ -38,11 +38,9 @@ impl Default for TextIptables {
     }
 }
 
-fn built_ins(table: Table) -> &'static [&'static str] {
-    match table {
-        Table::Filter => &BUILT_IN_CHAINS[1..4],
-        Table::Nat => &BUILT_IN_CHAINS,
-    }
+/// The rule's words; a rule with an open quote never got in (the restore refused it), so it is none.
+fn words(rule: &str) -> Vec<String> {
+    tokenize(rule).unwrap_or_default()
 }
 
 fn fail(line: usize, reason: String) -> Error {
@@ -60,7 +58,7 @@ impl TextIptables {
         let mut tables = Tables::new();
         for family in [IpFamily::IPv4, IpFamily::IPv6] {
             for table in [Table::Filter, Table::Nat] {
-                let chains = built_ins(table)
+                let chains = built_in_chains(table)
                     .iter()
                     .map(|c| (c.to_string(), Vec::new()))
                     .collect();
@@ -127,7 +125,7 @@ impl TextIptables {
             let (op, rest) = line.split_once(' ').unwrap_or((line, ""));
             let (chain, rule) = rest.split_once(' ').unwrap_or((rest, ""));
             let target_exists = |chains: &BTreeMap<String, Vec<String>>, rule: &str| {
-                let args = tokenize(rule);
+                let args = words(rule);
                 let target = args.iter().position(|a| a == "-j").and_then(|i| args.get(i + 1));
                 match target {
                     Some(t) if t.starts_with("SWYD-") => chains.contains_key(t.as_str()),
@@ -156,13 +154,13 @@ impl TextIptables {
                     }
                 }
                 "-D" => {
-                    let args = tokenize(rule);
+                    let args = words(rule);
                     let rules = chains
                         .get_mut(chain)
                         .ok_or_else(|| fail(number, format!("no chain {chain}")))?;
                     let at = rules
                         .iter()
-                        .position(|r| tokenize(r) == args)
+                        .position(|r| words(r) == args)
                         .ok_or_else(|| fail(number, "no such rule".into()))?;
                     rules.remove(at);
                 }
@@ -170,7 +168,7 @@ impl TextIptables {
                     let referenced = chains
                         .values()
                         .flatten()
-                        .any(|r| tokenize(r).windows(2).any(|w| w[0] == "-j" && w[1] == chain));
+                        .any(|r| words(r).windows(2).any(|w| w[0] == "-j" && w[1] == chain));
                     if referenced {
                         return Err(fail(number, format!("chain {chain} is still referenced")));
                     }
@@ -211,7 +209,7 @@ impl Iptables for TextIptables {
         each(&format!("*{table}"));
         if let Some(chains) = state.tables.get(&(family, table)) {
             for name in chains.keys() {
-                let policy = if built_ins(table).contains(&name.as_str()) {
+                let policy = if built_in_chains(table).contains(&name.as_str()) {
                     "ACCEPT"
                 } else {
                     "-"
@@ -237,7 +235,7 @@ impl Iptables for TextIptables {
     ) -> Result<bool, Error> {
         let exists = self
             .rules(family, table, chain)
-            .is_some_and(|rules| rules.iter().any(|r| tokenize(r) == args));
+            .is_some_and(|rules| rules.iter().any(|r| words(r) == args));
         if exists {
             return Ok(false);
         }
@@ -273,7 +271,7 @@ impl Iptables for TextIptables {
         else {
             return Ok(false);
         };
-        match rules.iter().position(|r| tokenize(r) == args) {
+        match rules.iter().position(|r| words(r) == args) {
             Some(at) => {
                 rules.remove(at);
                 Ok(true)

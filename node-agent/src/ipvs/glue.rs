@@ -28,6 +28,7 @@ use switchyard_api::IpFamily;
 
 use super::sets::SetId;
 use crate::iptables::names;
+use crate::iptables::text::quote_args;
 use crate::iptables::{Chain, JumpRule, Table};
 
 /// nat: LoadBalancer traffic, masqueraded unless its policy is Local.
@@ -322,19 +323,6 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
         .collect()
 }
 
-fn restore_args(args: &[String]) -> String {
-    args.iter()
-        .map(|a| {
-            if a.contains(' ') {
-                format!("\"{a}\"")
-            } else {
-                a.clone()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The `iptables-restore --noflush` input that rewrites the glue of one family: every glue chain
 /// declared (created or flushed) and filled, `stale` chains of ours flushed and deleted, and the
 /// `missing` jump rules inserted. Stale jump rules must have been deleted before.
@@ -362,7 +350,7 @@ pub fn payload(glue: &Glue, stale: &[(Table, String)], missing: &[JumpRule]) -> 
             out.push_str(&format!("-X {name}\n"));
         }
         for jump in missing.iter().filter(|j| j.table == table) {
-            out.push_str(&format!("-I {} 1 {}\n", jump.chain, restore_args(&jump.args)));
+            out.push_str(&format!("-I {} 1 {}\n", jump.chain, quote_args(&jump.args)));
         }
         out.push_str("COMMIT\n");
     }

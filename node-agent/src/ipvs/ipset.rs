@@ -1,5 +1,5 @@
 //! The ipset edge: [`Ipsets`], implemented by [`ExecIpsets`] (the `ipset` binary, one `ipset restore`
-//! per batch) and [`FakeIpsets`] (an in-memory table that applies batches as ipset would).
+//! per batch) and `FakeIpsets` (an in-memory table that applies batches as ipset would).
 //!
 //! ```text
 //! IpvsDataplane ─► list()    ◄─ ipset save            ─► sets::parse_save (ours only)
@@ -27,7 +27,7 @@ use crate::error::Error;
 
 /// The ipset operations IPVS mode needs.
 pub trait Ipsets: Send {
-    /// Our sets (named with [`PREFIX`]) and their members.
+    /// Our sets (named with [`PREFIX`](super::sets::PREFIX)) and their members.
     fn list(&mut self) -> Result<SavedSets, Error>;
     /// Applies one batch of `create`/`add`/`del`/`destroy` lines.
     fn restore(&mut self, batch: &str) -> Result<(), Error>;

@@ -1,6 +1,6 @@
 //! The IPVS kernel edge: the [`Ipvs`] trait and the kernel's vocabulary (virtual services, real
 //! servers), implemented by [`super::netlink::NetlinkIpvs`] (generic netlink) and
-//! [`super::fake::FakeIpvs`] (an in-memory kernel).
+//! `fake::FakeIpvs` (an in-memory kernel).
 //!
 //! ```text
 //! IpvsDataplane ─► services()            ◄─ IPVS_CMD_GET_SERVICE dump (every virtual service, ours or not)

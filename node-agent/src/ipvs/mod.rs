@@ -11,7 +11,8 @@
 //!        ├─► dummy::ServiceAddrs (swyd-ipvs0, rtnetlink)   NetlinkDummy │ FakeDummy
 //!        ├─► iptables::kernel::Iptables (the glue)         ExecIptables │ fake_iptables::TextIptables
 //!        └─► sysctl::Sysctls                               ProcSysctls │ FakeSysctls
-//! select::SelectDataplane: the plan's backend; IPVS when the kernel has it, else iptables (and says why)
+//! Chosen per plan by crate::backend::Selector (iptables where the kernel has no IPVS); the real edges
+//! are wired in crate::backend::host.
 //! ```
 //!
 //! # Ownership contract
@@ -48,12 +49,9 @@ pub mod ipset;
 pub mod kernel;
 pub mod netlink;
 pub mod render;
-pub mod select;
 pub mod sets;
-pub mod setup;
 pub mod sysctl;
 pub mod text;
 
 pub use dataplane::{IpvsConfig, IpvsDataplane, IpvsEdges};
-pub use render::{Desired, IpvsFacts, VirtualServer, node_port_addresses, render};
-pub use select::SelectDataplane;
+pub use render::{Desired, VirtualServer, node_port_addresses, render};

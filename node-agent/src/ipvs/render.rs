@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! NodeForwardingPlanSpec ─┐                       ┌─ virtuals: VirtualKey ─► VirtualServer { entry, scheduler,
-//! IpvsFacts (local addrs, ┼─► render() ─► Desired ┤                           persistence, reals }
+//! HostFacts (local addrs, ┼─► render() ─► Desired ┤                           persistence, reals }
 //!  iptables features) ────┘                       ├─ addresses (ClusterIPs, external IPs, LB IPs)
 //!                                                 ├─ sets (sets::SetId per family ─► members)
 //!                                                 └─ glue per family (glue::glue)
@@ -31,24 +31,12 @@ use switchyard_api::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, ServicePlan
 use super::glue::{Glue, GlueSettings, glue};
 use super::kernel::{RealKey, VirtualKey};
 use super::sets::{DesiredSet, DesiredSets, SetId, ip_port, ip_port_ip, ip_port_net};
-use crate::iptables::dataplane::families_of;
-use crate::iptables::node_port_ips;
+use crate::backend::{FamilyEnv, HostFacts, families_of, node_port_ips};
 
 /// The scheduler when neither the entry nor the cluster names one (kube-proxy's default).
 pub const DEFAULT_SCHEDULER: &str = "rr";
 /// The weight of a real server whose endpoint has none in the plan (kube-proxy uses 1 for all).
 pub const DEFAULT_WEIGHT: u32 = 1;
-
-/// What the edge discovered about the host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IpvsFacts {
-    /// The node's local addresses, without those of the dummy interface.
-    pub local_addrs: Vec<IpAddr>,
-    /// `MASQUERADE --random-fully` is available.
-    pub random_fully: bool,
-    /// Conntrack is liberal (no INVALID-drop rule).
-    pub tcp_be_liberal: bool,
-}
 
 /// One virtual server the plan wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,20 +109,12 @@ pub fn node_port_addresses(
     ips
 }
 
-fn glue_settings(spec: &NodeForwardingPlanSpec, facts: &IpvsFacts, family: IpFamily) -> GlueSettings {
+fn glue_settings(spec: &NodeForwardingPlanSpec, facts: &HostFacts, family: IpFamily) -> GlueSettings {
+    let env = FamilyEnv::new(spec, family, &facts.local_addrs);
     GlueSettings {
-        // Validation rejects a bit above 31; fall back to kube-proxy's default rather than panic.
-        mark: 1u32
-            .checked_shl(u32::from(spec.cluster.masquerade_bit))
-            .unwrap_or(1 << 14),
-        local_cidr: spec
-            .cluster
-            .local_traffic_cidrs
-            .iter()
-            .filter_map(|cidr| cidr.parse::<IpNet>().ok())
-            .find(|net| IpFamily::of(&net.addr()) == family)
-            .map(|net| net.trunc().to_string()),
-        masquerade_all: spec.cluster.masquerade_all,
+        mark: env.mark,
+        local_cidr: env.local_cidr.map(|net| net.to_string()),
+        masquerade_all: env.masquerade_all,
         random_fully: facts.random_fully,
         tcp_be_liberal: facts.tcp_be_liberal,
     }
@@ -156,7 +136,7 @@ fn service_ips(spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) -> BTreeSet
 }
 
 /// Renders the plan (without the entries in `skip`, those validation rejected).
-pub fn render(spec: &NodeForwardingPlanSpec, facts: &IpvsFacts, skip: &HashSet<usize>) -> Desired {
+pub fn render(spec: &NodeForwardingPlanSpec, facts: &HostFacts, skip: &HashSet<usize>) -> Desired {
     let addresses = service_ips(spec, skip);
     let mut desired = Desired {
         addresses: addresses.clone(),
@@ -409,10 +389,10 @@ mod tests {
         }
     }
 
-    fn facts() -> IpvsFacts {
-        IpvsFacts {
+    fn facts() -> HostFacts {
+        HostFacts {
             local_addrs: vec![ip("127.0.0.1"), ip("192.168.10.11"), ip("10.96.0.1")],
-            ..IpvsFacts::default()
+            ..HostFacts::default()
         }
     }
 

@@ -1,5 +1,5 @@
 //! The sysctls IPVS mode needs, as kube-proxy's IPVS mode sets them, behind [`Sysctls`]
-//! ([`ProcSysctls`] writes `/proc/sys`, [`FakeSysctls`] a map).
+//! ([`ProcSysctls`] writes `/proc/sys`, `FakeSysctls` a map).
 //!
 //! ```text
 //! kernel release ─► wanted(release) ─► [(net/ipv4/vs/conntrack, 1), ...] ─► Sysctls::set each

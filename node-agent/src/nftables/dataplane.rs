@@ -27,12 +27,11 @@ use super::incremental::delta;
 use super::kernel::{Nft, summary_differences};
 use super::model::TableState;
 use super::names::TABLE;
-use super::render::{Env, render};
+use super::render::render_in;
 use super::transaction::{Op, Transaction};
+use crate::backend::{FamilyEnv, sync_scope};
 use crate::error::Error;
 use crate::host::LocalAddrs;
-use crate::iptables::dataplane::sync_scope;
-use crate::iptables::node_port_ips;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
 
 /// Most drift reasons reported at once (the rest are counted).
@@ -40,7 +39,7 @@ const MAX_DRIFT_REASONS: usize = 5;
 
 #[derive(Debug)]
 struct FamilyModel {
-    env: Env,
+    env: FamilyEnv,
     state: TableState,
 }
 
@@ -113,7 +112,7 @@ impl<N: Nft, A: LocalAddrs> NftablesDataplane<N, A> {
         &mut self,
         request: SyncRequest<'_>,
         family: IpFamily,
-        env: Env,
+        env: FamilyEnv,
         last: Option<&LastApplied>,
     ) -> Result<FamilyResult, Error> {
         let spec: &NodeForwardingPlanSpec = request.spec;
@@ -144,7 +143,7 @@ impl<N: Nft, A: LocalAddrs> NftablesDataplane<N, A> {
             Some((state, delta)) => (state, delta.transaction, false, delta.entries),
             None => {
                 let before = self.nft.read(family)?;
-                let desired = render(spec, family, env.node_port_ips.clone(), request.skip);
+                let desired = render_in(spec, &env, request.skip);
                 let transaction = diff(before.as_ref(), &desired);
                 let written = transaction.chain_changes() + transaction.element_changes();
                 (desired, transaction, true, written)
@@ -194,7 +193,7 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
             left_out: Vec::new(),
         };
         for family in families {
-            let env = Env::new(spec, family, node_port_ips(spec, family, &local));
+            let env = FamilyEnv::new(spec, family, &local);
             let result = self.sync_family(request, family, env, last.as_ref())?;
             if result.full {
                 outcome.mode = SyncMode::Full;

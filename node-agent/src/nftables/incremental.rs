@@ -20,8 +20,9 @@ use switchyard_api::{IpFamily, Protocol, ServicePlan};
 
 use super::claims::{self, Conflict, Touched};
 use super::model::{ChainDef, SetId, TableState};
-use super::render::{Env, is_global_chain, render_entry, render_global};
+use super::render::{is_global_chain, render_entry, render_global};
 use super::transaction::{Transaction, TxBuilder};
+use crate::backend::FamilyEnv;
 
 /// What a partial sync did.
 #[derive(Debug)]
@@ -38,7 +39,7 @@ type Key<'a> = (&'a str, Protocol, IpFamily);
 /// makes the same change in the kernel.
 pub fn delta(
     state: &mut TableState,
-    env: &Env,
+    env: &FamilyEnv,
     previous: &[&Arc<ServicePlan>],
     current: &[&Arc<ServicePlan>],
 ) -> Result<Delta, Conflict> {

@@ -1,5 +1,5 @@
 //! The kernel edge of the nftables backend: the [`Nft`] trait, implemented by [`super::exec::ExecNft`]
-//! (the `nft` CLI and netlink dumps) and [`super::fake::FakeNft`] (an in-memory table with nft's rules
+//! (the `nft` CLI and netlink dumps) and `fake::FakeNft` (an in-memory table with nft's rules
 //! about references).
 //!
 //! ```text

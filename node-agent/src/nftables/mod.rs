@@ -3,14 +3,15 @@
 //!
 //! ```text
 //! NodeForwardingPlanSpec ─┐                          ┌─► diff(None, ·).text()          (render, golden tests)
-//! NodePort addresses ─────┼─► render() ─► TableState ┤
+//! HostFacts ──────────────┼─► render() ─► TableState ┤
 //! family, skipped entries ┘                          └─► diff(read back, ·) ─► Transaction ─► nft -f -
 //!
 //! dataplane::NftablesDataplane ─► incremental::delta (partial) | render + diff (full) ─► kernel::Nft
 //!        ▲ check_drift ◄── netlink summary                     ├─ exec::ExecNft: element-only → batch (netlink)
 //!        └ full syncs  ◄── listing (nft -j list table)         │                  anything else → nft -f -
 //!                                                              └─ fake::FakeNft
-//! select::NftablesOr: the plan's `backend: nftables` picks this dataplane, anything else the others
+//! Chosen per plan by crate::backend::Selector (iptables where `nft` is missing); the real edges are
+//! wired in crate::backend::host.
 //! ```
 //!
 //! # Ownership contract
@@ -80,56 +81,19 @@ pub mod model;
 pub mod names;
 pub mod netlink;
 pub mod render;
-pub mod select;
 pub mod transaction;
 
 pub use dataplane::NftablesDataplane;
 pub use model::{Key, SetId, TableState, Value};
-pub use render::{Env, render};
+pub use render::render;
 pub use transaction::Transaction;
 
-/// The `nft -f` text that creates the table for `spec`'s entries of `family` from nothing (what
-/// `switchyard-agent render --backend nftables` prints).
+/// The `nft -f` text that creates the table for `spec`'s entries of `family` from nothing.
 pub fn render_text(
     spec: &switchyard_api::NodeForwardingPlanSpec,
+    facts: &crate::backend::HostFacts,
     family: switchyard_api::IpFamily,
-    node_port_ips: Option<Vec<std::net::IpAddr>>,
     skip: &std::collections::HashSet<usize>,
 ) -> String {
-    diff::diff(None, &render(spec, family, node_port_ips, skip)).text()
-}
-
-/// What `switchyard-agent render --backend nftables` prints: per family a header and the `nft -f` text
-/// that creates the table from nothing. `local` is this host's addresses (the caller reads them), for
-/// plans that restrict NodePort addresses.
-pub fn render_for_host(
-    spec: &switchyard_api::NodeForwardingPlanSpec,
-    skip: &std::collections::HashSet<usize>,
-    local: &[std::net::IpAddr],
-) -> String {
-    let mut out = format!(
-        "# switchyard-agent render: node {}, revision {}, backend nftables\n",
-        spec.node_name, spec.revision
-    );
-    for family in crate::iptables::dataplane::families_of(spec) {
-        let node_port_ips = crate::iptables::node_port_ips(spec, family, local);
-        let nodeports = match &node_port_ips {
-            None => "every local address but loopback".to_string(),
-            Some(ips) => format!("{ips:?}"),
-        };
-        let state = render(spec, family, node_port_ips, skip);
-        let entries = spec
-            .services
-            .iter()
-            .enumerate()
-            .filter(|(i, e)| e.family == family && !skip.contains(i))
-            .count();
-        out.push_str(&format!(
-            "\n# === {family:?}: nft -f - ({entries} entries, {} rules, {} set elements; NodePorts on {nodeports}) ===\n",
-            state.rule_count(),
-            state.element_count()
-        ));
-        out.push_str(&diff::diff(None, &state).text());
-    }
-    out
+    diff::diff(None, &render(spec, facts, family, skip)).text()
 }

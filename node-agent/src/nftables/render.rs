@@ -39,60 +39,10 @@ use super::model::{
     family_keyword,
 };
 use super::names;
+use crate::backend::{FamilyEnv, HostFacts};
 
-/// Per-family settings every entry needs, resolved once. Two syncs with equal environments render
-/// unchanged entries identically (the incremental sync relies on that).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Env {
-    /// The table's family.
-    pub family: IpFamily,
-    /// The masquerade mark (`0x4000` for bit 14).
-    pub mark: u32,
-    /// The local-traffic detector's CIDR for this family; `None` means no detector.
-    pub local_cidr: Option<IpNet>,
-    /// Masquerade all ClusterIP traffic.
-    pub masquerade_all: bool,
-    /// The node's planned IPs of this family.
-    pub node_ips: Vec<IpAddr>,
-    /// Where NodePorts are served: `None` = every local address but loopback (see
-    /// [`crate::iptables::node_port_ips`]).
-    pub node_port_ips: Option<Vec<IpAddr>>,
-}
-
-impl Env {
-    /// The environment of `family` in `spec`, NodePorts served on `node_port_ips`.
-    pub fn new(spec: &NodeForwardingPlanSpec, family: IpFamily, node_port_ips: Option<Vec<IpAddr>>) -> Self {
-        // Validation rejects a bit above 31; fall back to kube-proxy's default rather than panic.
-        let mark = 1u32
-            .checked_shl(u32::from(spec.cluster.masquerade_bit))
-            .unwrap_or(1 << 14);
-        let local_cidr = spec
-            .cluster
-            .local_traffic_cidrs
-            .iter()
-            .filter_map(|cidr| cidr.parse::<IpNet>().ok())
-            .find(|net| IpFamily::of(&net.addr()) == family)
-            .map(|net| net.trunc());
-        let node_ips = spec
-            .node_ips
-            .iter()
-            .filter_map(|ip| ip.parse::<IpAddr>().ok())
-            .filter(|ip| IpFamily::of(ip) == family)
-            .collect();
-        Self {
-            family,
-            mark,
-            local_cidr,
-            masquerade_all: spec.cluster.masquerade_all,
-            node_ips,
-            node_port_ips: node_port_ips.map(|ips| {
-                ips.into_iter()
-                    .filter(|ip| IpFamily::of(ip) == family && !ip.is_loopback())
-                    .collect()
-            }),
-        }
-    }
-
+/// The spellings of the environment nftables rules use.
+impl FamilyEnv {
     fn ip(&self) -> &'static str {
         family_keyword(self.family)
     }
@@ -103,22 +53,28 @@ impl Env {
 }
 
 /// Renders the entries of `family` from `spec`, skipping the entry indexes in `skip` (those
-/// [`switchyard_api::validate::Report::bad_entries`] returned), NodePorts served on `node_port_ips`.
+/// [`switchyard_api::validate::Report::bad_entries`] returned), NodePorts resolved against the host's
+/// addresses in `facts`.
 pub fn render(
     spec: &NodeForwardingPlanSpec,
+    facts: &HostFacts,
     family: IpFamily,
-    node_port_ips: Option<Vec<IpAddr>>,
     skip: &HashSet<usize>,
 ) -> TableState {
-    let env = Env::new(spec, family, node_port_ips);
+    render_in(spec, &FamilyEnv::new(spec, family, &facts.local_addrs), skip)
+}
+
+/// [`render`] in an environment already resolved (the dataplane keeps it to compare syncs).
+pub fn render_in(spec: &NodeForwardingPlanSpec, env: &FamilyEnv, skip: &HashSet<usize>) -> TableState {
+    let family = env.family;
     let mut state = TableState::new(family);
     for (index, entry) in spec.services.iter().enumerate() {
         if entry.family != family || skip.contains(&index) {
             continue;
         }
-        claims::claim_all(&mut state, render_entry(entry, &env));
+        claims::claim_all(&mut state, render_entry(entry, env));
     }
-    render_global(&env, &mut state);
+    render_global(env, &mut state);
     state
 }
 
@@ -152,7 +108,7 @@ fn host_port(ip: IpAddr, port: u16) -> String {
 }
 
 /// kube-proxy's per-ServicePort block, as elements and chains.
-pub fn render_entry(entry: &ServicePlan, env: &Env) -> Contribution {
+pub fn render_entry(entry: &ServicePlan, env: &FamilyEnv) -> Contribution {
     let mut out = Contribution::default();
     let family = env.family;
     let Some(cluster_ip) = parse_ip(&entry.cluster_ip, family) else {
@@ -363,7 +319,7 @@ pub fn render_entry(entry: &ServicePlan, env: &Env) -> Contribution {
 
 /// The `external-…` chain of a complex entry (iptables' EXT chain).
 fn external_rules(
-    env: &Env,
+    env: &FamilyEnv,
     external_local: bool,
     has_external: bool,
     cluster: &Value,
@@ -402,7 +358,7 @@ fn external_rules(
 /// nftables form of the iptables 1/(n−i) probabilities). Records the endpoints that need endpoint chains.
 fn dispatch_rules(
     entry: &ServicePlan,
-    env: &Env,
+    env: &FamilyEnv,
     eps: &[(IpAddr, u16)],
     affinity: Option<u32>,
     endpoint_targets: &mut Vec<(IpAddr, u16)>,
@@ -451,7 +407,7 @@ fn dispatch_rules(
 
 /// `firewall-ips` elements and the `firewall-…` chain: LoadBalancer traffic from outside the source
 /// ranges is dropped before DNAT. NodePorts and ClusterIPs are never filtered.
-fn firewall(entry: &ServicePlan, env: &Env, lb_ips: &[IpAddr], out: &mut Contribution) {
+fn firewall(entry: &ServicePlan, env: &FamilyEnv, lb_ips: &[IpAddr], out: &mut Contribution) {
     let mut allowed: Vec<IpNet> = entry
         .source_ranges
         .iter()
@@ -548,7 +504,7 @@ pub fn base_chains() -> [(&'static str, Hook, &'static [&'static str]); 8] {
 
 /// Adds the fixed sets, the sets of the classes in use, `nodeport-ips`, and the base and top-level chains
 /// to `state` (whose entries' contributions are already in), replacing what was there.
-pub fn render_global(env: &Env, state: &mut TableState) {
+pub fn render_global(env: &FamilyEnv, state: &mut TableState) {
     let family = env.family;
     let ip = env.ip();
     state.elements.retain(|_, elements| !elements.is_empty());

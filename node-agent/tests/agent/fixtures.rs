@@ -6,8 +6,9 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use switchyard_agent::backend::HostFacts;
 use switchyard_agent::conntrack::FakeConntrack;
-use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::sync::{FakeClock, SyncConfig, SyncMetrics, Syncer};
@@ -43,9 +44,9 @@ impl Harness {
         let dataplane = IptablesDataplane::new(
             iptables.clone(),
             FixedAddrs(local_addrs()),
-            HostFeatures {
+            HostFacts {
                 random_fully: true,
-                tcp_be_liberal: false,
+                ..HostFacts::default()
             },
         );
         let syncer = Syncer::new(

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use http::Method;
 use serde_json::{Value, json};
-use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::metrics::LiveMetrics;
@@ -76,9 +77,9 @@ pub fn syncer(iptables: &FakeIptables) -> Syncer {
     let dataplane = IptablesDataplane::new(
         iptables.clone(),
         FixedAddrs(local_addrs()),
-        HostFeatures {
+        HostFacts {
             random_fully: true,
-            tcp_be_liberal: false,
+            ..HostFacts::default()
         },
     );
     Syncer::new(

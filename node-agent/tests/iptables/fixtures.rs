@@ -8,7 +8,8 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use switchyard_agent::iptables::{HostFacts, Ruleset, render};
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::iptables::{Ruleset, render};
 use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, finish, plan};
 use switchyard_api::validate::validate;
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};
@@ -30,7 +31,7 @@ pub fn facts() -> HostFacts {
     HostFacts {
         random_fully: true,
         tcp_be_liberal: false,
-        node_port_ips: None,
+        local_addrs: Vec::new(),
     }
 }
 

@@ -2,7 +2,8 @@
 
 use std::collections::HashSet;
 
-use switchyard_agent::iptables::{HostFacts, jump_rules, node_port_ips, render};
+use switchyard_agent::backend::{HostFacts, node_port_ips};
+use switchyard_agent::iptables::{jump_rules, render};
 use switchyard_api::IpFamily;
 use switchyard_api::testing::finish;
 
@@ -38,10 +39,10 @@ fn full_payload_masquerade_all_without_detector() {
     let facts = HostFacts {
         random_fully: false,
         tcp_be_liberal: true,
-        node_port_ips: node_port_ips(&spec, IpFamily::IPv4, &local),
+        local_addrs: local,
     };
     assert_eq!(
-        facts.node_port_ips,
+        node_port_ips(&spec, IpFamily::IPv4, &facts.local_addrs),
         Some(vec![ip("192.168.10.11"), ip("203.0.113.99")])
     );
     let ruleset = render(&spec, &facts, IpFamily::IPv4, &HashSet::new());

@@ -5,7 +5,8 @@
 use std::collections::{BTreeSet, HashSet};
 
 use proptest::prelude::*;
-use switchyard_agent::iptables::{HostFacts, Packet, Tracer, Verdict, names, render};
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::iptables::{Packet, Tracer, Verdict, names, render};
 use switchyard_api::testing::{finish, plan};
 use switchyard_api::validate::validate;
 use switchyard_api::{IpFamily, PlanEndpoint, Protocol, ServicePlan, TrafficPolicy};
@@ -165,10 +166,14 @@ proptest! {
                                                liberal in any::<bool>(), listed_node_ports in any::<bool>()) {
         let report = validate(&spec);
         prop_assert!(report.is_clean(), "generator made an invalid plan: {:?}", report);
+        let mut spec = spec;
+        if listed_node_ports {
+            // Every local address listed, one NodePort rule each, rather than `--dst-type LOCAL`.
+            spec.cluster.node_port_addresses =
+                ["0.0.0.0/1", "128.0.0.0/1", "::/1", "8000::/1"].map(String::from).to_vec();
+        }
         for family in [IpFamily::IPv4, IpFamily::IPv6] {
-            let node_port_ips = listed_node_ports
-                .then(|| local_addrs().into_iter().filter(|a| IpFamily::of(a) == family).collect());
-            let facts = HostFacts { random_fully, tcp_be_liberal: liberal, node_port_ips };
+            let facts = HostFacts { random_fully, tcp_be_liberal: liberal, local_addrs: local_addrs() };
             let ruleset = render(&spec, &facts, family, &HashSet::new());
             let payload = ruleset.full_payload();
             let problems = payload_problems(&payload);

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::kernel::Iptables;
 use switchyard_agent::iptables::{Table, names};
@@ -372,7 +373,7 @@ fn the_first_ipvs_sync_removes_what_iptables_mode_left() {
     let mut iptables_mode = IptablesDataplane::new(
         kernel.iptables.clone(),
         FixedAddrs::default(),
-        HostFeatures::default(),
+        HostFacts::default(),
     );
     let mut spec = everything();
     spec.services.retain(|s| s.family == IpFamily::IPv4);

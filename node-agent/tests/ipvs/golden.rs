@@ -3,22 +3,23 @@
 
 use std::collections::HashSet;
 
+use switchyard_agent::backend::HostFacts;
 use switchyard_agent::ipvs::text::render_text;
-use switchyard_agent::ipvs::{IpvsFacts, node_port_addresses, render};
+use switchyard_agent::ipvs::{node_port_addresses, render};
 use switchyard_api::NodeForwardingPlanSpec;
 use switchyard_api::testing::finish;
 
 use crate::fixtures::{everything, ip, local_addrs};
 
-fn facts() -> IpvsFacts {
-    IpvsFacts {
+fn facts() -> HostFacts {
+    HostFacts {
         local_addrs: local_addrs(),
         random_fully: true,
         tcp_be_liberal: false,
     }
 }
 
-fn text(spec: &NodeForwardingPlanSpec, facts: &IpvsFacts) -> String {
+fn text(spec: &NodeForwardingPlanSpec, facts: &HostFacts) -> String {
     let desired = render(spec, facts, &HashSet::new());
     let node_ports: Vec<_> = desired
         .glue

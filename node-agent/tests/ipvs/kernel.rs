@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::ipvs::dummy::FakeDummy;
 use switchyard_agent::ipvs::fake::FakeIpvs;
 use switchyard_agent::ipvs::fake_iptables::TextIptables;
@@ -57,9 +58,9 @@ impl Kernel {
         };
         let config = IpvsConfig {
             grace: GRACE,
-            features: HostFeatures {
+            facts: HostFacts {
                 random_fully: true,
-                tcp_be_liberal: false,
+                ..HostFacts::default()
             },
             kernel_release: "6.1.0-57-amd64".into(),
         };

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::backend::select::{Candidate, Factory, Leftovers, Selector};
 use switchyard_agent::error::Error;
-use switchyard_agent::host::{FixedAddrs, HostFeatures};
+use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::Table;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
-use switchyard_agent::ipvs::SelectDataplane;
-use switchyard_agent::ipvs::select::IpvsFactory;
 use switchyard_agent::sync::dataplane::Dataplane;
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer};
 use switchyard_api::conditions::{DEGRADED, reasons, status};
@@ -17,14 +17,30 @@ use switchyard_api::{Backend, IpFamily};
 
 use crate::kernel::{Kernel, tcp};
 
-fn select(kernel: &Kernel, ipvs_available: bool) -> SelectDataplane {
+/// iptables and an IPVS candidate as the agent wires them (leftovers: what an earlier IPVS run left).
+fn selector(kernel: &Kernel, factory: Factory, leftovers: Option<Leftovers>) -> Selector {
     let iptables = IptablesDataplane::new(
         kernel.iptables.clone(),
         FixedAddrs(crate::fixtures::local_addrs()),
-        HostFeatures::default(),
+        HostFacts::default(),
     );
+    let ipvs = Candidate {
+        backend: Backend::Ipvs,
+        title: "IPVS",
+        factory,
+        leftovers,
+        replaces: &[Backend::Iptables],
+    };
+    Selector::new(Box::new(iptables), vec![ipvs])
+}
+
+fn select(kernel: &Kernel, ipvs_available: bool) -> Selector {
+    select_with(kernel, ipvs_available, None)
+}
+
+fn select_with(kernel: &Kernel, ipvs_available: bool, leftovers: Option<Leftovers>) -> Selector {
     let on = kernel.clone();
-    let factory: IpvsFactory = Box::new(move || {
+    let factory: Factory = Box::new(move || {
         if ipvs_available {
             Ok(Box::new(on.dataplane()) as Box<dyn Dataplane>)
         } else {
@@ -34,10 +50,10 @@ fn select(kernel: &Kernel, ipvs_available: bool) -> SelectDataplane {
             ))
         }
     });
-    SelectDataplane::new(Box::new(iptables), factory)
+    selector(kernel, factory, leftovers)
 }
 
-fn syncer(kernel: &Kernel, dataplane: SelectDataplane) -> Syncer {
+fn syncer(kernel: &Kernel, dataplane: Selector) -> Syncer {
     Syncer::new(
         Box::new(dataplane),
         kernel.clock.clone(),
@@ -83,15 +99,10 @@ fn without_ipvs_the_agent_forwards_with_iptables_and_says_why() {
 #[test]
 fn ipvs_that_becomes_available_later_is_picked_up_on_the_next_full_sync() {
     let kernel = Kernel::new();
-    let iptables = IptablesDataplane::new(
-        kernel.iptables.clone(),
-        FixedAddrs(crate::fixtures::local_addrs()),
-        HostFeatures::default(),
-    );
     let loadable = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (on, now_loadable, counted) = (kernel.clone(), Arc::clone(&loadable), Arc::clone(&attempts));
-    let factory: IpvsFactory = Box::new(move || {
+    let factory: Factory = Box::new(move || {
         counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if now_loadable.load(std::sync::atomic::Ordering::SeqCst) {
             Ok(Box::new(on.dataplane()) as Box<dyn Dataplane>)
@@ -99,7 +110,7 @@ fn ipvs_that_becomes_available_later_is_picked_up_on_the_next_full_sync() {
             Err(Error::IpvsUnavailable("modprobe ip_vs failed".into()))
         }
     });
-    let mut syncer = syncer(&kernel, SelectDataplane::new(Box::new(iptables), factory));
+    let mut syncer = syncer(&kernel, selector(&kernel, factory, None));
     let first = ipvs_plan();
     syncer.sync_plan(&Arc::new(first.clone()));
     assert_eq!(syncer.status().backend, Some(Backend::Iptables));
@@ -171,7 +182,7 @@ fn leftovers_of_an_earlier_ipvs_run_are_removed_before_the_first_iptables_sync()
     assert!(!kernel.ipvs.table().is_empty());
 
     let mut leftover = kernel.dataplane();
-    let dataplane = select(&kernel, false).with_leftover_cleanup(Box::new(move || leftover.cleanup()));
+    let dataplane = select_with(&kernel, false, Some(Box::new(move || leftover.cleanup())));
     let mut syncer = syncer(&kernel, dataplane);
     let mut spec = ipvs_plan();
     spec.backend = Backend::Iptables;

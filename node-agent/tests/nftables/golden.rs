@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use switchyard_agent::iptables::node_port_ips;
+use switchyard_agent::backend::{HostFacts, node_port_ips};
 use switchyard_agent::nftables::{TableState, render, render_text};
 use switchyard_api::IpFamily;
 use switchyard_api::testing::finish;
@@ -12,12 +12,22 @@ use crate::fixtures::{everything, ip, local_addrs};
 
 #[test]
 fn full_table_ipv4() {
-    insta::assert_snapshot!(render_text(&everything(), IpFamily::IPv4, None, &HashSet::new()));
+    insta::assert_snapshot!(render_text(
+        &everything(),
+        &HostFacts::default(),
+        IpFamily::IPv4,
+        &HashSet::new()
+    ));
 }
 
 #[test]
 fn full_table_ipv6() {
-    insta::assert_snapshot!(render_text(&everything(), IpFamily::IPv6, None, &HashSet::new()));
+    insta::assert_snapshot!(render_text(
+        &everything(),
+        &HostFacts::default(),
+        IpFamily::IPv6,
+        &HashSet::new()
+    ));
 }
 
 /// masqueradeAll, no local-traffic detector (so no pod short-circuit for eTP=Local and no `saddr !=`),
@@ -37,16 +47,21 @@ fn full_table_masquerade_all_without_detector() {
     local.push(ip("203.0.113.99"));
     let node_ports = node_port_ips(&spec, IpFamily::IPv4, &local);
     assert_eq!(node_ports, Some(vec![ip("192.168.10.11"), ip("203.0.113.99")]));
-    insta::assert_snapshot!(render_text(&spec, IpFamily::IPv4, node_ports, &HashSet::new()));
+    insta::assert_snapshot!(render_text(
+        &spec,
+        &HostFacts::default().with_local_addrs(local),
+        IpFamily::IPv4,
+        &HashSet::new()
+    ));
 }
 
 #[test]
 fn rendering_is_deterministic_and_plain_services_need_no_chain() {
     let spec = everything();
-    let a = render_text(&spec, IpFamily::IPv4, None, &HashSet::new());
-    let b = render_text(&spec, IpFamily::IPv4, None, &HashSet::new());
+    let a = render_text(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
+    let b = render_text(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
     assert_eq!(a, b);
-    let state: TableState = render(&spec, IpFamily::IPv4, None, &HashSet::new());
+    let state: TableState = render(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
     // Plain entries (ns1, ns2, ns9, ns10, ns11) have no chain of their own; complex ones do.
     for plain in ["/ns1/multi/", "/ns2/nodeport/", "/ns9/dns/", "/ns11/terminating/"] {
         assert!(
@@ -60,6 +75,6 @@ fn rendering_is_deterministic_and_plain_services_need_no_chain() {
     }
     // Skipped entries are not rendered at all.
     let skip: HashSet<usize> = (0..spec.services.len()).collect();
-    let empty = render(&spec, IpFamily::IPv4, None, &skip);
+    let empty = render(&spec, &HostFacts::default(), IpFamily::IPv4, &skip);
     assert_eq!(empty.element_count(), 0);
 }

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::diff::diff;
 use switchyard_agent::nftables::fake::FakeNft;
@@ -106,7 +107,8 @@ fn reference(
     family: IpFamily,
 ) -> Option<switchyard_agent::nftables::TableState> {
     let mut nft = FakeNft::new();
-    nft.apply(&diff(None, &render(spec, family, None, skip))).unwrap();
+    nft.apply(&diff(None, &render(spec, &HostFacts::default(), family, skip)))
+        .unwrap();
     nft.read(family).unwrap()
 }
 

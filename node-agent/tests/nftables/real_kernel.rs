@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::dataplane::NftablesDataplane;
 use switchyard_agent::nftables::diff::diff;
@@ -40,7 +41,7 @@ fn rendered_tables_load_and_read_back_into_the_same_model() {
         let mut nft = ExecNft::detect().unwrap();
         let spec = everything();
         for family in [IpFamily::IPv4, IpFamily::IPv6] {
-            let desired = render(&spec, family, None, &HashSet::new());
+            let desired = render(&spec, &HostFacts::default(), family, &HashSet::new());
             assert!(nft.read(family).unwrap().is_none());
             nft.apply(&diff(None, &desired)).unwrap();
             let back = nft.read(family).unwrap().unwrap();
@@ -223,8 +224,11 @@ fn element_changes_go_over_netlink_and_read_back_exactly() {
         let mut nft = ExecNft::detect().unwrap();
         let before = everything();
         let family = IpFamily::IPv4;
-        nft.apply(&diff(None, &render(&before, family, None, &HashSet::new())))
-            .unwrap();
+        nft.apply(&diff(
+            None,
+            &render(&before, &HostFacts::default(), family, &HashSet::new()),
+        ))
+        .unwrap();
         // Changes that touch only elements, of every key and value layout.
         let mut after = before.clone();
         let find = |spec: &mut switchyard_api::NodeForwardingPlanSpec, name: &str| {
@@ -252,7 +256,7 @@ fn element_changes_go_over_netlink_and_read_back_exactly() {
         copy.cluster_ip = "10.96.0.66".into(); // cluster-ips, fast-3
         after.services.push(copy.into());
         finish(&mut after);
-        let desired = render(&after, family, None, &HashSet::new());
+        let desired = render(&after, &HostFacts::default(), family, &HashSet::new());
         let read = nft.read(family).unwrap().unwrap();
         let transaction = diff(Some(&read), &desired);
         assert!(
@@ -274,7 +278,10 @@ fn element_changes_go_over_netlink_and_read_back_exactly() {
         );
 
         // A refused batch changes nothing: deleting an element that is not there.
-        let mut bad = diff(Some(&back), &render(&before, family, None, &HashSet::new()));
+        let mut bad = diff(
+            Some(&back),
+            &render(&before, &HostFacts::default(), family, &HashSet::new()),
+        );
         bad.ops.push(Op::DeleteElements {
             set: "cluster-ips".into(),
             keys: vec![switchyard_agent::nftables::Key::Addr(
