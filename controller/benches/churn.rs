@@ -32,8 +32,8 @@ use switchyard_controller::{
     Config,
     live::run::{Options, run},
     synthetic::{self, Shape, cluster, slice},
-    testing::fake_apiserver::{FakeApiServer, Kind, Recorded},
 };
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, Recorded};
 
 use common::{figure, peak_rss_mib, peak_rss_mib_of, reset_peak_rss, target};
 

@@ -19,8 +19,6 @@ pub mod live;
 pub mod output;
 pub mod planner;
 pub mod synthetic;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
 
 pub use config::Config;
 pub use error::Error;

@@ -41,8 +41,8 @@ use switchyard_controller::{
     output,
     planner::{Planner, Snapshot},
     synthetic::{self, Shape, cluster, pod_ip},
-    testing::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually},
 };
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually};
 use tokio::sync::oneshot;
 
 const PLANS: &str = "/apis/switchyard.io/v1alpha2/nodeforwardingplans";

@@ -22,8 +22,8 @@ use switchyard_controller::{
     output::{plan_object, slice_object},
     planner::Planner,
     synthetic::{Shape, cluster, service, slice},
-    testing::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually},
 };
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually};
 use tokio::sync::oneshot;
 
 const PLANS: &str = "/apis/switchyard.io/v1alpha2/nodeforwardingplans";

@@ -7,8 +7,8 @@
 
 mod common;
 
-use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
 use switchyard_e2e::cluster_demo::{ClusterDemoOptions, run};
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind};
 
 fn repo(path: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -3,10 +3,10 @@
 //!
 //! ```text
 //! iptables --version ─► parse_iptables_version ─► ≥ 1.6.2 ─► random_fully ─┐
-//! /proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal ─► tcp_be_liberal ────┼─► HostProbe
-//! LocalAddrs (rtnetlink RTM_GETADDR dump | fixed list) ─► local addresses ──┘      │
-//!                                                                                   ▼
-//!                          render::HostFacts { random_fully, tcp_be_liberal, node_port_ips(spec, family, addrs) }
+//! /proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal ─► tcp_be_liberal ────┼─► backend::HostFacts
+//! LocalAddrs (rtnetlink RTM_GETADDR dump | fixed list) ─► local addresses ──┘   (assembled by
+//!                                                                                backend::host, and per
+//!                                                                                sync by the dataplanes)
 //! ```
 //!
 //! The agent runs in the node's network namespace (host network), so a plain rtnetlink socket sees the

@@ -7,9 +7,9 @@ use std::time::Duration;
 use http::Method;
 use serde_json::json;
 use switchyard_api::Backend;
-use switchyard_controller::testing::fake_apiserver::Kind;
 use switchyard_e2e::Place;
 use switchyard_e2e::traffic::{Flow, Traffic};
+use switchyard_test_support::fake_apiserver::Kind;
 
 use crate::harness::{APPLY_TIMEOUT, ApiLab, stored_object};
 use crate::stable_flows;

@@ -22,9 +22,9 @@ use serde_json::Value;
 use switchyard_agent::sync::{Composition, LastGood, compose_plan};
 use switchyard_api::{Backend, ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanStatus};
 use switchyard_controller::live::run::{Options, run};
-use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
 use switchyard_e2e::relay::Relay;
 use switchyard_e2e::{ChildHandle, ClusterDescription, Lab, Place};
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind};
 use tokio::sync::oneshot;
 
 /// Where an agent serves /metrics inside its node's namespace.

@@ -20,13 +20,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use switchyard_api::{
     Backend, ClusterSettings, IpFamily, NodeForwardingPlanSpec, Protocol, ServiceFailure, ServicePlan,
     SyncMode,
 };
 
+use super::drift::{DriftSchedule, check_family, saved};
 use super::kernel::{Iptables, RestoreInput};
 use super::names;
 use super::payload::Table;
@@ -36,16 +37,9 @@ use super::stream::{PayloadJob, Programmed, StreamMode, Streamed};
 use crate::backend::{FamilyEnv, HostFacts, sync_scope};
 use crate::error::Error;
 use crate::host::LocalAddrs;
-use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
+use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status::{MAX_REASON, entry_label, short};
 
-/// Most drift reasons reported at once (the rest are counted).
-const MAX_DRIFT_REASONS: usize = 5;
-/// A whole-table drift check cheaper than this runs on every check.
-const WHOLE_CHECK_ALWAYS_BELOW: Duration = Duration::from_millis(200);
-/// A costlier one runs at most once per this many times its own duration; the checks in between list
-/// only the top-level chains and the built-in chains holding our jumps.
-const WHOLE_CHECK_SHARE: u32 = 50;
 /// Most entries one sync leaves out because the kernel refused their rules; each costs one more
 /// restore, and more than a few means something host-wide (a missing module) that isolating entries
 /// cannot fix.
@@ -82,11 +76,8 @@ pub struct IptablesDataplane<I, A> {
     facts: HostFacts,
     families: BTreeMap<IpFamily, FamilyModel>,
     last: Option<LastApplied>,
-    /// When the next drift check reads whole tables again (`None`: the next one does).
-    next_whole_check: Option<Instant>,
-    /// What the last whole-table and top-level-only drift checks cost.
-    last_whole_check: Duration,
-    last_top_check: Option<Duration>,
+    /// When drift checks read whole tables.
+    drift_schedule: DriftSchedule,
     /// Entries the kernel refused (left out so the rest could be applied): tried again only on full
     /// syncs or when their content changes, so one bad entry does not cost a failed restore per sync.
     refused: Vec<Refused>,
@@ -122,9 +113,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             facts,
             families: BTreeMap::new(),
             last: None,
-            next_whole_check: None,
-            last_whole_check: Duration::ZERO,
-            last_top_check: None,
+            drift_schedule: DriftSchedule::default(),
             refused: Vec::new(),
         }
     }
@@ -137,13 +126,6 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
     /// What was discovered about the host at start (the render's features; addresses are read per sync).
     pub fn facts(&self) -> &HostFacts {
         &self.facts
-    }
-
-    fn saved(&mut self, family: IpFamily, table: Table) -> Result<SavedTable, Error> {
-        let mut saved = SavedTable::default();
-        self.iptables
-            .save_lines(family, table, &mut |line| saved.feed(line))?;
-        Ok(saved)
     }
 
     /// The reason a partial sync of `family` cannot be trusted, if the canary is gone.
@@ -265,8 +247,8 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
                 // jump rules are missing (they get inserted in the same transaction): no per-rule
                 // `iptables -C`, which costs tens of milliseconds each with iptables-nft at scale.
                 let (nat, filter) = (
-                    self.saved(family, Table::Nat)?,
-                    self.saved(family, Table::Filter)?,
+                    saved(&mut self.iptables, family, Table::Nat)?,
+                    saved(&mut self.iptables, family, Table::Filter)?,
                 );
                 missing_jumps = jump_rules(family)
                     .into_iter()
@@ -336,101 +318,6 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             },
         );
         Ok(result)
-    }
-
-    /// What the kernel holds of `table` for a drift check: with `whole`, one iptables-save of the
-    /// table; otherwise only `chains` and the built-in chains holding our jumps, each listed on its own
-    /// (milliseconds with iptables-nft even at 10,000 Services, where the save takes tens of seconds).
-    fn read_back(
-        &mut self,
-        family: IpFamily,
-        table: Table,
-        whole: bool,
-        chains: &[&str],
-    ) -> Result<SavedTable, Error> {
-        if whole {
-            return self.saved(family, table);
-        }
-        let mut listed = SavedTable::default();
-        for &chain in chains {
-            let exists = self
-                .iptables
-                .list_chain(family, table, chain, &mut |line| listed.feed(line))?;
-            if exists {
-                listed.owned.entry(chain.to_string()).or_insert(0);
-            }
-        }
-        let mut built_ins: Vec<&str> = jump_rules(family)
-            .into_iter()
-            .filter(|j| j.table == table)
-            .map(|j| j.chain)
-            .collect();
-        built_ins.sort_unstable();
-        built_ins.dedup();
-        for chain in built_ins {
-            self.iptables
-                .list_chain(family, table, chain, &mut |line| listed.feed(line))?;
-        }
-        Ok(listed)
-    }
-
-    /// Compares the kernel with the model: every owned chain's rule count (only the top-level ones
-    /// unless `whole`; per-Service chains then wait for the next whole check or the periodic full
-    /// sync) and our jump rules.
-    fn check_family(
-        &mut self,
-        family: IpFamily,
-        model: &FamilyModel,
-        whole: bool,
-        reasons: &mut Vec<String>,
-    ) -> Result<usize, Error> {
-        let mut differences = 0;
-        let mut note = |reasons: &mut Vec<String>, reason: String| {
-            differences += 1;
-            if reasons.len() < MAX_DRIFT_REASONS {
-                reasons.push(reason);
-            }
-        };
-        for table in [Table::Filter, Table::Nat] {
-            let expected: HashMap<&str, usize> = if whole {
-                model.programmed.chain_counts(table)
-            } else {
-                model.programmed.top_chain_counts(table).into_iter().collect()
-            };
-            let chains: Vec<&str> = expected.keys().copied().collect();
-            let saved = self.read_back(family, table, whole, &chains)?;
-            for (name, want) in &expected {
-                match saved.owned.get(*name) {
-                    None => note(reasons, format!("{family:?} {table} chain {name} is missing")),
-                    Some(have) if have != want => note(
-                        reasons,
-                        format!("{family:?} {table} chain {name} has {have} rules, want {want}"),
-                    ),
-                    Some(_) => {}
-                }
-            }
-            for name in saved.owned.keys() {
-                if !expected.contains_key(name.as_str()) {
-                    note(
-                        reasons,
-                        format!("{family:?} {table} chain {name} is not ours any more"),
-                    );
-                }
-            }
-            for jump in jump_rules(family).iter().filter(|j| j.table == table) {
-                if !saved.has_jump(jump) {
-                    note(
-                        reasons,
-                        format!(
-                            "{family:?} {table} jump {} -> {} is missing",
-                            jump.chain,
-                            jump.target()
-                        ),
-                    );
-                }
-            }
-        }
-        Ok(differences)
     }
 }
 
@@ -509,45 +396,25 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
     }
 
     fn check_drift(&mut self) -> Result<Option<Drift>, Error> {
-        let models = std::mem::take(&mut self.families);
-        let mut reasons = Vec::new();
-        let mut differences = 0;
-        let mut result = Ok(());
         let started = Instant::now();
-        // iptables-legacy reads the whole table even to list one chain, so there the top-level
-        // listing costs more than a whole save: whichever was cheaper last time wins.
-        let top_costlier = self
-            .last_top_check
-            .is_some_and(|top| top >= self.last_whole_check);
-        let whole = top_costlier || self.next_whole_check.is_none_or(|at| started >= at);
-        for (family, model) in &models {
-            match self.check_family(*family, model, whole, &mut reasons) {
-                Ok(n) => differences += n,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+        let whole = self.drift_schedule.whole_due(started);
+        let mut reasons = DriftReasons::default();
+        let mut result = Ok(());
+        for (family, model) in &self.families {
+            result = check_family(
+                &mut self.iptables,
+                *family,
+                &model.programmed,
+                whole,
+                &mut reasons,
+            );
+            if result.is_err() {
+                break;
             }
         }
-        self.families = models;
-        let cost = started.elapsed();
-        if whole {
-            // Whole-table saves are spaced so that they take at most 1/WHOLE_CHECK_SHARE of the time
-            // (iptables-nft-save needs ~30 s at 10,000 Services); small rule sets are read every time.
-            self.last_whole_check = cost;
-            self.next_whole_check =
-                (cost > WHOLE_CHECK_ALWAYS_BELOW).then(|| Instant::now() + cost * WHOLE_CHECK_SHARE);
-        } else {
-            self.last_top_check = Some(cost);
-        }
+        self.drift_schedule.record(whole, started.elapsed());
         result?;
-        if differences == 0 {
-            return Ok(None);
-        }
-        if differences > reasons.len() {
-            reasons.push(format!("{} more", differences - reasons.len()));
-        }
-        Ok(Some(Drift { reasons }))
+        Ok(reasons.finish())
     }
 
     fn cleanup(&mut self) -> Result<Cleanup, Error> {
@@ -675,10 +542,9 @@ mod tests {
         .unwrap();
         assert_eq!(dp.check_drift().unwrap(), None);
         // As after an expensive whole-table check at scale.
-        let later = Some(Instant::now() + Duration::from_secs(3600));
+        let later = Some(Instant::now() + std::time::Duration::from_secs(3600));
 
-        dp.next_whole_check = later;
-        dp.last_top_check = None;
+        dp.drift_schedule.defer_whole(later);
         let per_service = names::cluster_policy_chain("ns/a:p", "tcp");
         assert!(fake.flush_chain(IpFamily::IPv4, Table::Nat, &per_service));
         assert_eq!(
@@ -686,18 +552,16 @@ mod tests {
             None,
             "per-Service chains wait for the whole-table check"
         );
-        dp.next_whole_check = None;
+        dp.drift_schedule.defer_whole(None);
         let drift = dp.check_drift().unwrap().unwrap();
         assert!(drift.to_string().contains(&per_service), "{drift}");
 
-        dp.next_whole_check = later;
-        dp.last_top_check = None;
+        dp.drift_schedule.defer_whole(later);
         assert!(fake.flush_chain(IpFamily::IPv4, Table::Nat, names::SERVICES));
         let drift = dp.check_drift().unwrap().unwrap();
         assert!(drift.to_string().contains("SWYD-SERVICES has 0 rules"), "{drift}");
 
-        dp.next_whole_check = later;
-        dp.last_top_check = None;
+        dp.drift_schedule.defer_whole(later);
         assert!(fake.remove_jump(IpFamily::IPv4, Table::Nat, "PREROUTING", names::SERVICES));
         let drift = dp.check_drift().unwrap().unwrap();
         assert!(

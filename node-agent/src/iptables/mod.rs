@@ -7,7 +7,7 @@
 //! family, skipped entries ┘                         └─► Tracer::from_ruleset() ─► trace(packet)
 //!
 //! dataplane::IptablesDataplane ─► stream::PayloadJob (render_selected, streamed) ─► kernel::Iptables
-//!        ▲ check_drift / cleanup ◄── save::SavedTable ◄── iptables-save            ├─ exec::ExecIptables
+//!        ▲ drift (check_drift) / cleanup ◄── save::SavedTable ◄── iptables-save           ├─ exec::ExecIptables
 //!        │                                                                         └─ fake::FakeIptables
 //!        └─ mode: iptables-nft or iptables-legacy, as the host uses it
 //! ```
@@ -37,6 +37,7 @@
 //! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).
 
 pub mod dataplane;
+mod drift;
 pub mod exec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;

@@ -63,10 +63,49 @@ pub struct JumpRule {
 }
 
 impl JumpRule {
+    /// `-A <chain> [extra] -m comment --comment <comment> -j <target>` in `table` of `family`.
+    pub fn new(
+        family: IpFamily,
+        table: Table,
+        chain: &'static str,
+        extra: &[&str],
+        comment: &str,
+        target: &str,
+    ) -> Self {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(["-m", "comment", "--comment", comment, "-j", target].map(String::from));
+        Self {
+            family,
+            table,
+            chain,
+            args,
+        }
+    }
+
     /// The chain this rule jumps to.
     pub fn target(&self) -> &str {
         self.args.last().map_or("", String::as_str)
     }
+}
+
+/// `-m conntrack --ctstate NEW`: jump rules that only new connections take.
+pub const NEW_CONNECTIONS: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
+
+/// The comments of our jump rules (kube-proxy's, with "switchyard" for "kubernetes"); the IPVS glue
+/// shares those of the chains it shares.
+pub mod jump_comments {
+    /// Into SWYD-EXTERNAL-SERVICES.
+    pub const EXTERNAL: &str = "switchyard externally-visible service portals";
+    /// Into SWYD-NODEPORTS (filter).
+    pub const HEALTH: &str = "switchyard health check service ports";
+    /// Into SWYD-SERVICES.
+    pub const PORTALS: &str = "switchyard service portals";
+    /// Into SWYD-FORWARD.
+    pub const FORWARDING: &str = "switchyard forwarding rules";
+    /// Into SWYD-PROXY-FIREWALL.
+    pub const FIREWALL: &str = "switchyard load balancer firewall";
+    /// Into SWYD-POSTROUTING.
+    pub const POSTROUTING: &str = "switchyard postrouting rules";
 }
 
 /// The jump rules from built-in chains into ours, in kube-proxy's order and with kube-proxy's matches.
@@ -74,13 +113,8 @@ impl JumpRule {
 /// apart in a dump (during a migration both may be present). They are the same for both families.
 pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
     use Table::{Filter, Nat};
-    const NEW: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
-    const EXTERNAL: &str = "switchyard externally-visible service portals";
-    const HEALTH: &str = "switchyard health check service ports";
-    const PORTALS: &str = "switchyard service portals";
-    const FORWARDING: &str = "switchyard forwarding rules";
-    const FIREWALL: &str = "switchyard load balancer firewall";
-    const POSTROUTING: &str = "switchyard postrouting rules";
+    use jump_comments::{EXTERNAL, FIREWALL, FORWARDING, HEALTH, PORTALS, POSTROUTING};
+    const NEW: &[&str] = NEW_CONNECTIONS;
     let table: [(Table, &'static str, &'static str, &[&str], &str); 12] = [
         (Filter, "INPUT", names::EXTERNAL_SERVICES, NEW, EXTERNAL),
         (Filter, "FORWARD", names::EXTERNAL_SERVICES, NEW, EXTERNAL),
@@ -98,14 +132,7 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
     table
         .into_iter()
         .map(|(table, chain, target, extra, comment)| {
-            let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-            args.extend(["-m", "comment", "--comment", comment, "-j", target].map(String::from));
-            JumpRule {
-                family,
-                table,
-                chain,
-                args,
-            }
+            JumpRule::new(family, table, chain, extra, comment, target)
         })
         .collect()
 }
@@ -395,81 +422,193 @@ impl TopLevel {
 
 // === One entry ===
 
-/// kube-proxy's per-ServicePort block of `syncProxyRules`.
-/// Adds the entry's top-level rules to `top`; returns its own chains when `group` asks for them.
+/// What kube-proxy's per-ServicePort block of `syncProxyRules` decides about one entry before it
+/// writes a rule: its chain names, which endpoints each policy uses, which chains exist, and what the
+/// filter table does with traffic nothing can serve.
+struct Shape<'e> {
+    name: &'e str,
+    proto: &'static str,
+    /// `-m tcp -p tcp`.
+    m_proto: String,
+    svc_chain: String,
+    svl_chain: String,
+    ext_chain: String,
+    fw_chain: String,
+    internal_local: bool,
+    external_local: bool,
+    uses_cluster_endpoints: bool,
+    uses_local_endpoints: bool,
+    cluster_endpoints: Vec<&'e PlanEndpoint>,
+    local_endpoints: Vec<&'e PlanEndpoint>,
+    has_internal_endpoints: bool,
+    has_external_endpoints: bool,
+    uses_external_chain: bool,
+    uses_fw_chain: bool,
+    /// `REJECT` (no usable endpoint at all) or `DROP` (only the policy's local set is empty).
+    verdict: &'static str,
+    verdict_comment: String,
+    /// The ClusterIP frontend's match, shared by its DNAT jump and its masquerade rule.
+    cluster_ip_match: String,
+    lb_comment: String,
+}
+
+impl<'e> Shape<'e> {
+    fn new(entry: &'e ServicePlan) -> Self {
+        let name = entry.name.as_str();
+        let proto = entry.protocol.lower();
+        let externally_accessible = entry.externally_accessible();
+        let internal_local = entry.internal_policy == TrafficPolicy::Local;
+        let external_local = entry.external_policy == TrafficPolicy::Local && externally_accessible;
+        let uses_cluster_endpoints = !internal_local || externally_accessible;
+        let uses_local_endpoints = internal_local || external_local;
+        // CategorizeEndpoints returns no cluster (local) endpoints when the policy does not use them.
+        let cluster_endpoints: Vec<&PlanEndpoint> = if uses_cluster_endpoints {
+            entry.cluster_endpoints().collect()
+        } else {
+            Vec::new()
+        };
+        let local_endpoints: Vec<&PlanEndpoint> = if uses_local_endpoints {
+            entry.local_endpoints().collect()
+        } else {
+            Vec::new()
+        };
+        let has_endpoints = entry.has_endpoints;
+        let has_local = has_endpoints && !local_endpoints.is_empty();
+        let (verdict, verdict_comment) = if !has_endpoints {
+            ("REJECT", comment(&format!("{name} has no endpoints")))
+        } else {
+            ("DROP", comment(&format!("{name} has no local endpoints")))
+        };
+        let m_proto = format!("-m {proto} -p {proto}");
+        let cluster_ip_match = format!(
+            "{} {m_proto} -d {} --dport {}",
+            comment(&format!("{name} cluster IP")),
+            entry.cluster_ip,
+            entry.port
+        );
+        Self {
+            name,
+            proto,
+            svc_chain: names::cluster_policy_chain(name, proto),
+            svl_chain: names::local_policy_chain(name, proto),
+            ext_chain: names::external_chain(name, proto),
+            fw_chain: names::firewall_chain(name, proto),
+            internal_local,
+            external_local,
+            uses_cluster_endpoints,
+            uses_local_endpoints,
+            has_internal_endpoints: if internal_local { has_local } else { has_endpoints },
+            has_external_endpoints: if external_local { has_local } else { has_endpoints },
+            // Based on hasEndpoints, not hasExternalEndpoints: the short-circuit rules for pod and host
+            // traffic are needed even when no endpoint serves external traffic.
+            uses_external_chain: has_endpoints && externally_accessible,
+            uses_fw_chain: has_endpoints
+                && !entry.load_balancer_ips.is_empty()
+                && !entry.source_ranges.is_empty(),
+            cluster_endpoints,
+            local_endpoints,
+            verdict,
+            verdict_comment,
+            m_proto,
+            cluster_ip_match,
+            lb_comment: comment(&format!("{name} loadbalancer IP")),
+        }
+    }
+
+    /// The chain internal (ClusterIP) traffic goes to.
+    fn internal_chain(&self) -> &str {
+        if self.internal_local {
+            &self.svl_chain
+        } else {
+            &self.svc_chain
+        }
+    }
+
+    /// The chain external traffic goes to once the EXT chain let it through.
+    fn external_policy_chain(&self) -> &str {
+        if self.external_local {
+            &self.svl_chain
+        } else {
+            &self.svc_chain
+        }
+    }
+
+    /// Where LoadBalancer traffic goes first: the FW chain when source ranges apply.
+    fn load_balancer_chain(&self) -> &str {
+        if self.uses_fw_chain {
+            &self.fw_chain
+        } else {
+            &self.ext_chain
+        }
+    }
+}
+
+/// kube-proxy's per-ServicePort block of `syncProxyRules`: adds the entry's top-level rules to `top`;
+/// returns its own chains when `group` asks for them.
 fn render_entry(
     entry: &ServicePlan,
     env: &Env<'_>,
     top: &mut TopLevel,
     group: bool,
 ) -> Option<ServiceChains> {
-    let name = entry.name.as_str();
-    let proto = entry.protocol.lower();
+    let shape = Shape::new(entry);
+    // The top-level chains are rewritten by every sync; the entry's own chains only when it changed.
+    frontends(entry, &shape, top);
+    if !group {
+        return None;
+    }
+    let (mut svc_rules, mut svl_rules) = cluster_ip_masquerade(&shape, env);
+    let mut chains: Vec<Chain> = Vec::new();
+    chains.extend(external_chain(&shape, env));
+    chains.extend(firewall_chain(entry, &shape, env));
+    let endpoint_rules = EndpointRules {
+        name: shape.name,
+        proto: shape.proto,
+        affinity: entry.affinity_timeout_seconds,
+        comments: env.endpoint_comments,
+    };
+    if !shape.cluster_endpoints.is_empty() {
+        endpoint_rules.write(&mut svc_rules, &shape.cluster_endpoints);
+        chains.push(Chain {
+            name: shape.svc_chain.clone(),
+            rules: svc_rules,
+        });
+    }
+    if !shape.local_endpoints.is_empty() {
+        endpoint_rules.write(&mut svl_rules, &shape.local_endpoints);
+        chains.push(Chain {
+            name: shape.svl_chain.clone(),
+            rules: svl_rules,
+        });
+    }
+    endpoint_chains(entry, &shape, &endpoint_rules, &mut chains);
+    Some(ServiceChains {
+        key: entry.entry_key(),
+        chains,
+        // Set by the caller, which sees the top-level rules this entry added.
+        frontends: 0,
+    })
+}
+
+/// The entry's frontends in the top-level chains: DNAT jumps in nat, and in filter the verdicts for
+/// traffic no endpoint can serve, the source-range DROP and the health-check ACCEPT.
+fn frontends(entry: &ServicePlan, shape: &Shape<'_>, top: &mut TopLevel) {
+    let Shape {
+        name,
+        m_proto,
+        ext_chain,
+        verdict,
+        verdict_comment,
+        cluster_ip_match,
+        lb_comment,
+        ..
+    } = shape;
     let port = entry.port;
-    let svc_chain = names::cluster_policy_chain(name, proto);
-    let svl_chain = names::local_policy_chain(name, proto);
-    let ext_chain = names::external_chain(name, proto);
-    let fw_chain = names::firewall_chain(name, proto);
-
-    let externally_accessible = entry.externally_accessible();
-    let internal_local = entry.internal_policy == TrafficPolicy::Local;
-    let external_local = entry.external_policy == TrafficPolicy::Local && externally_accessible;
-    let uses_cluster_endpoints = !internal_local || externally_accessible;
-    let uses_local_endpoints = internal_local || external_local;
-
-    // CategorizeEndpoints returns no cluster (local) endpoints when the policy does not use them.
-    let cluster_endpoints: Vec<&PlanEndpoint> = if uses_cluster_endpoints {
-        entry.cluster_endpoints().collect()
-    } else {
-        Vec::new()
-    };
-    let local_endpoints: Vec<&PlanEndpoint> = if uses_local_endpoints {
-        entry.local_endpoints().collect()
-    } else {
-        Vec::new()
-    };
     let has_endpoints = entry.has_endpoints;
-
-    let uses_cluster_policy_chain = !cluster_endpoints.is_empty();
-    let uses_local_policy_chain = !local_endpoints.is_empty();
-
-    let (internal_chain, has_internal_endpoints) = if internal_local {
-        (&svl_chain, has_endpoints && !local_endpoints.is_empty())
-    } else {
-        (&svc_chain, has_endpoints)
-    };
-    let (external_policy_chain, has_external_endpoints) = if external_local {
-        (&svl_chain, has_endpoints && !local_endpoints.is_empty())
-    } else {
-        (&svc_chain, has_endpoints)
-    };
-    // Based on hasEndpoints, not hasExternalEndpoints: the short-circuit rules for pod and host traffic
-    // are needed even when no endpoint serves external traffic.
-    let uses_external_chain = has_endpoints && externally_accessible;
-    let uses_fw_chain =
-        has_endpoints && !entry.load_balancer_ips.is_empty() && !entry.source_ranges.is_empty();
-    let load_balancer_chain = if uses_fw_chain { &fw_chain } else { &ext_chain };
-
-    // What the filter table does with traffic the nat table could not send anywhere: REJECT when the
-    // service has no usable endpoint at all, DROP when only the policy's local set is empty.
-    let (verdict, verdict_comment) = if !has_endpoints {
-        ("REJECT", comment(&format!("{name} has no endpoints")))
-    } else {
-        ("DROP", comment(&format!("{name} has no local endpoints")))
-    };
-    let m_proto = format!("-m {proto} -p {proto}");
-
-    // --- Frontends, in the top-level chains (rewritten by every sync) ---
-
-    let cluster_ip_match = format!(
-        "{} {m_proto} -d {} --dport {port}",
-        comment(&format!("{name} cluster IP")),
-        entry.cluster_ip
-    );
-    if has_internal_endpoints {
+    if shape.has_internal_endpoints {
         top.nat
             .services
-            .push(format!("{cluster_ip_match} -j {internal_chain}"));
+            .push(format!("{cluster_ip_match} -j {}", shape.internal_chain()));
     } else {
         top.filter_services.push(format!(
             "{verdict_comment} {m_proto} -d {} --dport {port} -j {verdict}",
@@ -484,7 +623,7 @@ fn render_entry(
                 "{external_ip_comment} {m_proto} -d {ip} --dport {port} -j {ext_chain}"
             ));
         }
-        if !has_external_endpoints {
+        if !shape.has_external_endpoints {
             // REJECT (no endpoints at all) or DROP whatever the EXT chain did not short-circuit.
             top.filter_external.push(format!(
                 "{verdict_comment} {m_proto} -d {ip} --dport {port} -j {verdict}"
@@ -492,21 +631,21 @@ fn render_entry(
         }
     }
 
-    let lb_comment = comment(&format!("{name} loadbalancer IP"));
     for ip in &entry.load_balancer_ips {
         if has_endpoints {
             top.nat.services.push(format!(
-                "{lb_comment} {m_proto} -d {ip} --dport {port} -j {load_balancer_chain}"
+                "{lb_comment} {m_proto} -d {ip} --dport {port} -j {}",
+                shape.load_balancer_chain()
             ));
         }
-        if uses_fw_chain {
+        if shape.uses_fw_chain {
             // Whatever the FW chain did not DNAT still has the LB IP as destination here.
-            let why = comment(&format!("{name} traffic not accepted by {fw_chain}"));
+            let why = comment(&format!("{name} traffic not accepted by {}", shape.fw_chain));
             top.filter_firewall
                 .push(format!("{why} {m_proto} -d {ip} --dport {port} -j DROP"));
         }
     }
-    if !has_external_endpoints {
+    if !shape.has_external_endpoints {
         for ip in &entry.load_balancer_ips {
             top.filter_external.push(format!(
                 "{verdict_comment} {m_proto} -d {ip} --dport {port} -j {verdict}"
@@ -523,7 +662,7 @@ fn render_entry(
                 comment(name)
             ));
         }
-        if !has_external_endpoints {
+        if !shape.has_external_endpoints {
             top.filter_external.push(format!(
                 "{verdict_comment} -m addrtype --dst-type LOCAL {m_proto} --dport {node_port} -j {verdict}"
             ));
@@ -538,128 +677,125 @@ fn render_entry(
             comment(&format!("{name} health check node port"))
         ));
     }
+}
 
-    // --- The entry's own chains (rewritten only when the entry changed) ---
+/// The first rules of the SVC and SVL chains: the ClusterIP masquerade, in whichever chain internal
+/// traffic uses (SVL for iTP=Local), as kube-proxy writes it.
+fn cluster_ip_masquerade(shape: &Shape<'_>, env: &Env<'_>) -> (Vec<String>, Vec<String>) {
+    let (mut svc_rules, mut svl_rules) = (Vec::new(), Vec::new());
+    if !shape.has_internal_endpoints {
+        return (svc_rules, svl_rules);
+    }
+    let cluster_ip_match = &shape.cluster_ip_match;
+    let masq = if env.base.masquerade_all {
+        Some(format!("{cluster_ip_match} -j {}", names::MARK_MASQ))
+    } else {
+        // Masquerade off-cluster traffic to the ClusterIP: it may have been routed here by a static
+        // route for the service range and could otherwise bounce off-node asymmetrically.
+        env.local_cidr
+            .as_ref()
+            .map(|cidr| format!("{cluster_ip_match} ! -s {cidr} -j {}", names::MARK_MASQ))
+    };
+    if let Some(rule) = masq {
+        if shape.internal_local {
+            svl_rules.push(rule)
+        } else {
+            svc_rules.push(rule)
+        }
+    }
+    (svc_rules, svl_rules)
+}
 
-    if !group {
+/// The EXT chain: external traffic's masquerade (eTP=Cluster) or the short-circuits of pod and host
+/// traffic (eTP=Local), then the external policy chain.
+fn external_chain(shape: &Shape<'_>, env: &Env<'_>) -> Option<Chain> {
+    if !shape.uses_external_chain {
         return None;
     }
-
-    let mut svc_rules: Vec<String> = Vec::new();
-    let mut svl_rules: Vec<String> = Vec::new();
-
-    if has_internal_endpoints {
-        let masq = if env.base.masquerade_all {
-            Some(format!("{cluster_ip_match} -j {}", names::MARK_MASQ))
-        } else {
-            // Masquerade off-cluster traffic to the ClusterIP: it may have been routed here by a static
-            // route for the service range and could otherwise bounce off-node asymmetrically.
-            env.local_cidr
-                .as_ref()
-                .map(|cidr| format!("{cluster_ip_match} ! -s {cidr} -j {}", names::MARK_MASQ))
-        };
-        if let Some(rule) = masq {
-            // kube-proxy writes this into whichever chain internal traffic uses, SVL for iTP=Local.
-            if internal_local {
-                svl_rules.push(rule)
-            } else {
-                svc_rules.push(rule)
-            }
-        }
-    }
-
-    let mut chains: Vec<Chain> = Vec::new();
-
-    if uses_external_chain {
-        let mut ext = Chain::new(ext_chain.clone());
-        if !external_local {
-            // Endpoints may be on other nodes: masquerade so replies come back through this node.
+    let Shape { name, svc_chain, .. } = shape;
+    let mut ext = Chain::new(shape.ext_chain.clone());
+    if !shape.external_local {
+        // Endpoints may be on other nodes: masquerade so replies come back through this node.
+        ext.rules.push(format!(
+            "{} -j {}",
+            comment(&format!("masquerade traffic for {name} external destinations")),
+            names::MARK_MASQ
+        ));
+    } else {
+        if let Some(cidr) = &env.local_cidr {
+            // Pod → external destination behaves as if it went out to the load balancer and came
+            // back: neither traffic policy applies.
             ext.rules.push(format!(
-                "{} -j {}",
-                comment(&format!("masquerade traffic for {name} external destinations")),
-                names::MARK_MASQ
-            ));
-        } else {
-            if let Some(cidr) = &env.local_cidr {
-                // Pod → external destination behaves as if it went out to the load balancer and came
-                // back: neither traffic policy applies.
-                ext.rules.push(format!(
-                    "{} -s {cidr} -j {svc_chain}",
-                    comment(&format!("pod traffic for {name} external destinations"))
-                ));
-            }
-            // The host itself: the LB IP may be local, so it would be the source; masquerade and use
-            // every endpoint.
-            ext.rules.push(format!(
-                "{} -m addrtype --src-type LOCAL -j {}",
-                comment(&format!(
-                    "masquerade LOCAL traffic for {name} external destinations"
-                )),
-                names::MARK_MASQ
-            ));
-            ext.rules.push(format!(
-                "{} -m addrtype --src-type LOCAL -j {svc_chain}",
-                comment(&format!("route LOCAL traffic for {name} external destinations"))
+                "{} -s {cidr} -j {svc_chain}",
+                comment(&format!("pod traffic for {name} external destinations"))
             ));
         }
-        if has_external_endpoints {
-            ext.rules.push(format!("-j {external_policy_chain}"));
-        }
-        chains.push(ext);
+        // The host itself: the LB IP may be local, so it would be the source; masquerade and use
+        // every endpoint.
+        ext.rules.push(format!(
+            "{} -m addrtype --src-type LOCAL -j {}",
+            comment(&format!(
+                "masquerade LOCAL traffic for {name} external destinations"
+            )),
+            names::MARK_MASQ
+        ));
+        ext.rules.push(format!(
+            "{} -m addrtype --src-type LOCAL -j {svc_chain}",
+            comment(&format!("route LOCAL traffic for {name} external destinations"))
+        ));
     }
-
-    if uses_fw_chain {
-        let mut fw = Chain::new(fw_chain.clone());
-        let mut allow_from_node = false;
-        for range in &entry.source_ranges {
-            let Ok(net) = range.parse::<IpNet>() else { continue };
-            fw.rules
-                .push(format!("{lb_comment} -s {} -j {ext_chain}", net.trunc()));
-            allow_from_node |= env.base.node_ips.iter().any(|ip| net.contains(ip));
-        }
-        if allow_from_node {
-            // A VIP-style LB IP is often local to the node, so node → VIP traffic loops back with the
-            // VIP as its source.
-            for ip in &entry.load_balancer_ips {
-                fw.rules.push(format!("{lb_comment} -s {ip} -j {ext_chain}"));
-            }
-        }
-        // A no-op marker: what falls off this chain is dropped by the SWYD-PROXY-FIREWALL rule above.
-        fw.rules.push(comment(&format!(
-            "other traffic to {name} will be dropped by {}",
-            names::PROXY_FIREWALL
-        )));
-        chains.push(fw);
+    if shape.has_external_endpoints {
+        ext.rules.push(format!("-j {}", shape.external_policy_chain()));
     }
+    Some(ext)
+}
 
-    let affinity = entry.affinity_timeout_seconds;
-    let endpoint_rules = EndpointRules {
+/// The FW chain: LoadBalancer traffic from the allowed source ranges goes on to the EXT chain.
+fn firewall_chain(entry: &ServicePlan, shape: &Shape<'_>, env: &Env<'_>) -> Option<Chain> {
+    if !shape.uses_fw_chain {
+        return None;
+    }
+    let Shape {
         name,
-        proto,
-        affinity,
-        comments: env.endpoint_comments,
-    };
-    if uses_cluster_policy_chain {
-        endpoint_rules.write(&mut svc_rules, &cluster_endpoints);
-        chains.push(Chain {
-            name: svc_chain.clone(),
-            rules: svc_rules,
-        });
+        ext_chain,
+        lb_comment,
+        ..
+    } = shape;
+    let mut fw = Chain::new(shape.fw_chain.clone());
+    let mut allow_from_node = false;
+    for range in &entry.source_ranges {
+        let Ok(net) = range.parse::<IpNet>() else { continue };
+        fw.rules
+            .push(format!("{lb_comment} -s {} -j {ext_chain}", net.trunc()));
+        allow_from_node |= env.base.node_ips.iter().any(|ip| net.contains(ip));
     }
-    if uses_local_policy_chain {
-        endpoint_rules.write(&mut svl_rules, &local_endpoints);
-        chains.push(Chain {
-            name: svl_chain.clone(),
-            rules: svl_rules,
-        });
+    if allow_from_node {
+        // A VIP-style LB IP is often local to the node, so node → VIP traffic loops back with the
+        // VIP as its source.
+        for ip in &entry.load_balancer_ips {
+            fw.rules.push(format!("{lb_comment} -s {ip} -j {ext_chain}"));
+        }
     }
+    // A no-op marker: what falls off this chain is dropped by the SWYD-PROXY-FIREWALL rule above.
+    fw.rules.push(comment(&format!(
+        "other traffic to {name} will be dropped by {}",
+        names::PROXY_FIREWALL
+    )));
+    Some(fw)
+}
 
-    // A SEP chain for each endpoint reachable through either policy chain that needs one; the others
-    // are DNATed inline by the policy chains.
+/// A SEP chain for each endpoint reachable through either policy chain that needs one; the others
+/// are DNATed inline by the policy chains.
+fn endpoint_chains(
+    entry: &ServicePlan,
+    shape: &Shape<'_>,
+    endpoint_rules: &EndpointRules<'_>,
+    chains: &mut Vec<Chain>,
+) {
     let reachable = entry
         .endpoints
         .iter()
-        .filter(|ep| (ep.cluster && uses_cluster_endpoints) || (ep.local && uses_local_endpoints))
+        .filter(|ep| (ep.cluster && shape.uses_cluster_endpoints) || (ep.local && shape.uses_local_endpoints))
         .filter(|ep| endpoint_rules.needs_chain(ep));
     let mut seen = HashSet::new();
     for ep in reachable {
@@ -667,31 +803,25 @@ fn render_entry(
         if !seen.insert(endpoint.clone()) {
             continue;
         }
-        let sep = names::endpoint_chain(name, proto, &endpoint);
-        let svc_comment = endpoint_rules.comment(name);
+        let sep = names::endpoint_chain(shape.name, shape.proto, &endpoint);
+        let svc_comment = endpoint_rules.comment(shape.name);
         let mut rules = Vec::with_capacity(2);
         if ep.on_node {
             // Hairpin: a pod reaching itself through the service must be SNATed, or the reply would
             // bypass conntrack's reverse DNAT. Only a pod on this node can be the source of one.
             rules.push(format!("{svc_comment}-s {} -j {}", ep.ip, names::MARK_MASQ));
         }
-        let recent = if affinity.is_some() {
+        let recent = if endpoint_rules.affinity.is_some() {
             format!("-m recent --name {sep} --set ")
         } else {
             String::new()
         };
         rules.push(format!(
-            "{svc_comment}{recent}{m_proto} -j DNAT --to-destination {endpoint}"
+            "{svc_comment}{recent}{} -j DNAT --to-destination {endpoint}",
+            shape.m_proto
         ));
         chains.push(Chain { name: sep, rules });
     }
-
-    Some(ServiceChains {
-        key: entry.entry_key(),
-        chains,
-        // Set by the caller, which sees the top-level rules this entry added.
-        frontends: 0,
-    })
 }
 
 /// How a policy chain reaches its endpoints: kube-proxy's `writeServiceToEndpointRules`, with the DNAT

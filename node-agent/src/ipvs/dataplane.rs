@@ -43,11 +43,8 @@ use crate::iptables::kernel::Iptables;
 use crate::iptables::save::SavedTable;
 use crate::iptables::{JumpRule, Table};
 use crate::sync::Clock;
-use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
+use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status::{MAX_REASON, entry_label, short};
-
-/// Most drift reasons reported at once (the rest are counted).
-const MAX_DRIFT_REASONS: usize = 5;
 
 /// The kernel edges IPVS mode drives.
 pub struct IpvsEdges<I> {
@@ -536,16 +533,9 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         };
         let result = self.drift_of(&model);
         self.model = Some(model);
-        let mut reasons = result?;
-        if reasons.is_empty() {
-            return Ok(None);
-        }
-        let total = reasons.len();
-        reasons.truncate(MAX_DRIFT_REASONS);
-        if total > reasons.len() {
-            reasons.push(format!("{} more", total - reasons.len()));
-        }
-        Ok(Some(Drift { reasons }))
+        let mut reasons = DriftReasons::default();
+        reasons.extend(result?);
+        Ok(reasons.finish())
     }
 
     fn cleanup(&mut self) -> Result<Cleanup, Error> {

@@ -260,65 +260,23 @@ pub fn glue(family: IpFamily, settings: &GlueSettings) -> Glue {
 /// The jump rules from built-in chains into the glue, in the order they are prepended (the last of a
 /// chain ends up first). Those shared with the iptables backend carry its exact comments.
 pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
+    use crate::iptables::render::NEW_CONNECTIONS as NEW;
+    use crate::iptables::render::jump_comments::{FIREWALL, FORWARDING, HEALTH, PORTALS, POSTROUTING};
     use Table::{Filter, Nat};
-    const NEW: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
     let table: [(Table, &'static str, &'static str, &[&str], &str); 8] = [
         (Filter, "INPUT", IPVS_FILTER, &[], "switchyard ipvs access filter"),
-        (
-            Filter,
-            "INPUT",
-            names::NODEPORTS,
-            &[],
-            "switchyard health check service ports",
-        ),
-        (
-            Filter,
-            "FORWARD",
-            names::FORWARD,
-            &[],
-            "switchyard forwarding rules",
-        ),
-        (
-            Filter,
-            "INPUT",
-            names::PROXY_FIREWALL,
-            NEW,
-            "switchyard load balancer firewall",
-        ),
-        (
-            Filter,
-            "FORWARD",
-            names::PROXY_FIREWALL,
-            NEW,
-            "switchyard load balancer firewall",
-        ),
-        (Nat, "OUTPUT", names::SERVICES, &[], "switchyard service portals"),
-        (
-            Nat,
-            "PREROUTING",
-            names::SERVICES,
-            &[],
-            "switchyard service portals",
-        ),
-        (
-            Nat,
-            "POSTROUTING",
-            names::POSTROUTING,
-            &[],
-            "switchyard postrouting rules",
-        ),
+        (Filter, "INPUT", names::NODEPORTS, &[], HEALTH),
+        (Filter, "FORWARD", names::FORWARD, &[], FORWARDING),
+        (Filter, "INPUT", names::PROXY_FIREWALL, NEW, FIREWALL),
+        (Filter, "FORWARD", names::PROXY_FIREWALL, NEW, FIREWALL),
+        (Nat, "OUTPUT", names::SERVICES, &[], PORTALS),
+        (Nat, "PREROUTING", names::SERVICES, &[], PORTALS),
+        (Nat, "POSTROUTING", names::POSTROUTING, &[], POSTROUTING),
     ];
     table
         .into_iter()
-        .map(|(table, chain, target, extra, text)| {
-            let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-            args.extend(["-m", "comment", "--comment", text, "-j", target].map(String::from));
-            JumpRule {
-                family,
-                table,
-                chain,
-                args,
-            }
+        .map(|(table, chain, target, extra, comment)| {
+            JumpRule::new(family, table, chain, extra, comment, target)
         })
         .collect()
 }

@@ -32,10 +32,7 @@ use super::transaction::{Op, Transaction};
 use crate::backend::{FamilyEnv, sync_scope};
 use crate::error::Error;
 use crate::host::LocalAddrs;
-use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
-
-/// Most drift reasons reported at once (the rest are counted).
-const MAX_DRIFT_REASONS: usize = 5;
+use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 
 #[derive(Debug)]
 struct FamilyModel {
@@ -211,7 +208,7 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
     }
 
     fn check_drift(&mut self) -> Result<Option<Drift>, Error> {
-        let mut reasons = Vec::new();
+        let mut reasons = DriftReasons::default();
         let families: Vec<IpFamily> = self.families.keys().copied().collect();
         for family in families {
             let summary = self.nft.summary(family)?;
@@ -219,22 +216,14 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
                 continue;
             };
             match summary {
-                None => reasons.push(format!(
+                None => reasons.note(format!(
                     "table {} {TABLE} is gone",
                     super::model::family_keyword(family)
                 )),
                 Some(summary) => reasons.extend(summary_differences(&model.state, &summary)),
             }
         }
-        if reasons.is_empty() {
-            return Ok(None);
-        }
-        let total = reasons.len();
-        reasons.truncate(MAX_DRIFT_REASONS);
-        if total > reasons.len() {
-            reasons.push(format!("{} more", total - reasons.len()));
-        }
-        Ok(Some(Drift { reasons }))
+        Ok(reasons.finish())
     }
 
     fn cleanup(&mut self) -> Result<Cleanup, Error> {

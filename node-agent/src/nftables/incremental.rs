@@ -19,8 +19,9 @@ use std::sync::Arc;
 use switchyard_api::{IpFamily, Protocol, ServicePlan};
 
 use super::claims::{self, Conflict, Touched};
+use super::global::{is_global_chain, render_global};
 use super::model::{ChainDef, SetId, TableState};
-use super::render::{is_global_chain, render_entry, render_global};
+use super::render::render_entry;
 use super::transaction::{Transaction, TxBuilder};
 use crate::backend::FamilyEnv;
 

@@ -74,6 +74,7 @@ pub mod diff;
 pub mod exec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod global;
 pub mod incremental;
 pub mod kernel;
 pub mod listing;

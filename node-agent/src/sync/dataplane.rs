@@ -1,5 +1,5 @@
-//! The backend-neutral kernel side of a sync: what the [`super::Syncer`] asks of iptables (today), IPVS
-//! or nftables (later).
+//! The backend-neutral kernel side of a sync: what the [`super::Syncer`] asks of a backend (iptables,
+//! nftables, IPVS; [`crate::backend::Selector`] picks one per plan).
 //!
 //! ```text
 //! Syncer ─► Dataplane::sync(SyncRequest { spec, skip, full }) ─► SyncOutcome { mode, rules, drift, ... }
@@ -53,6 +53,46 @@ pub struct SyncOutcome {
 pub struct Drift {
     /// What differs (a few examples, not every chain).
     pub reasons: Vec<String>,
+}
+
+/// Most drift reasons a check reports (the rest are counted, "N more").
+pub const MAX_DRIFT_REASONS: usize = 5;
+
+/// Collects the differences a drift check finds: the first [`MAX_DRIFT_REASONS`] in words, all counted.
+#[derive(Debug, Default)]
+pub struct DriftReasons {
+    reasons: Vec<String>,
+    total: usize,
+}
+
+impl DriftReasons {
+    /// One more difference.
+    pub fn note(&mut self, reason: String) {
+        self.total += 1;
+        if self.reasons.len() < MAX_DRIFT_REASONS {
+            self.reasons.push(reason);
+        }
+    }
+
+    /// The drift found, if any.
+    pub fn finish(mut self) -> Option<Drift> {
+        if self.total == 0 {
+            return None;
+        }
+        if self.total > self.reasons.len() {
+            self.reasons
+                .push(format!("{} more", self.total - self.reasons.len()));
+        }
+        Some(Drift {
+            reasons: self.reasons,
+        })
+    }
+}
+
+impl Extend<String> for DriftReasons {
+    fn extend<T: IntoIterator<Item = String>>(&mut self, reasons: T) {
+        reasons.into_iter().for_each(|reason| self.note(reason));
+    }
 }
 
 impl std::fmt::Display for Drift {

@@ -11,7 +11,7 @@ use switchyard_agent::status_writer::WriterConfig;
 use switchyard_api::conditions::{APPLIED, reasons, status};
 use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, live_plan, plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec};
-use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind};
 
 use crate::fixtures::{base, edit, local_addrs};
 use crate::live_support::{

@@ -16,7 +16,7 @@ use switchyard_agent::status_writer::{self, StatusReport, WriterConfig};
 use switchyard_agent::sync::{FakeClock, SyncMetrics};
 use switchyard_api::testing::{EntryExt, entry, ep, live_plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlan, NodeForwardingPlanStatus, ObservedSlices};
-use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind};
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind};
 
 use crate::fixtures::{base, local_addrs};
 use crate::live_support::{

@@ -23,7 +23,7 @@ use switchyard_api::{
     ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec,
     NodeForwardingPlanStatus,
 };
-use switchyard_controller::testing::fake_apiserver::{FakeApiServer, Kind, eventually};
+use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, eventually};
 use tokio::sync::oneshot;
 
 use crate::fixtures::local_addrs;

@@ -1,0 +1,351 @@
+//! Following the first packet of a connection through the modelled tables: nat PREROUTING or OUTPUT,
+//! the filter hooks its destination after DNAT selects, nat POSTROUTING; every `-m statistic` rule forks
+//! the walk, so a [`Trace`] holds every reachable outcome with its probability.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use switchyard_api::{IpFamily, Protocol};
+
+use super::Tracer;
+use super::rule::{Rule, Target};
+use crate::error::Error;
+use crate::iptables::payload::Table;
+
+/// Deepest chain nesting followed before giving up (the kernel allows loops nowhere; this guards the
+/// model against a payload that would make it recurse forever).
+const MAX_DEPTH: usize = 32;
+
+/// The first packet of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet {
+    /// Source address.
+    pub source: IpAddr,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// Destination address before any DNAT.
+    pub dest: IpAddr,
+    /// Destination port before any DNAT.
+    pub dest_port: u16,
+}
+
+impl Packet {
+    /// A packet from `source` to `dest:dest_port`.
+    pub fn new(source: IpAddr, protocol: Protocol, dest: IpAddr, dest_port: u16) -> Self {
+        Self {
+            source,
+            protocol,
+            dest,
+            dest_port,
+        }
+    }
+}
+
+/// What finally happens to one branch of a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    /// DNATed to this endpoint and let through.
+    Dnat(SocketAddr),
+    /// Let through unchanged (no rule of ours matched, or a filter rule accepted it).
+    Accept,
+    /// Silently dropped.
+    Drop,
+    /// Rejected (ICMP port unreachable: "connection refused").
+    Reject,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Dnat(addr) => write!(f, "{addr}"),
+            Self::Accept => f.write_str("ACCEPT"),
+            Self::Drop => f.write_str("DROP"),
+            Self::Reject => f.write_str("REJECT"),
+        }
+    }
+}
+
+/// One possible path of a packet through the rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Branch {
+    /// Where it ends.
+    pub verdict: Verdict,
+    /// Whether `MASQUERADE` rewrote its source.
+    pub masquerade: bool,
+    /// How likely this path is (product of the statistic rules taken or skipped).
+    pub probability: f64,
+    /// The rules that matched, in order, as `-A CHAIN ...` lines (for failure messages).
+    pub rules: Vec<String>,
+}
+
+/// Every possible path of one packet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// The paths, in rule order.
+    pub branches: Vec<Branch>,
+}
+
+impl Trace {
+    /// The distinct verdicts.
+    pub fn verdicts(&self) -> BTreeSet<Verdict> {
+        self.branches.iter().map(|b| b.verdict).collect()
+    }
+
+    /// The verdicts as kube-proxy's tracer prints them: sorted and comma-separated
+    /// (`10.244.1.5:80, 10.244.2.5:80`, or `REJECT`).
+    pub fn output(&self) -> String {
+        self.verdicts()
+            .iter()
+            .map(Verdict::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// True when any branch is masqueraded.
+    pub fn masquerade(&self) -> bool {
+        self.branches.iter().any(|b| b.masquerade)
+    }
+
+    /// The probability of ending in `verdict` (summed over branches).
+    pub fn probability(&self, verdict: &Verdict) -> f64 {
+        self.branches
+            .iter()
+            .filter(|b| &b.verdict == verdict)
+            .map(|b| b.probability)
+            .sum()
+    }
+
+    /// The branches ending in `verdict`.
+    pub fn branches_to<'a>(&'a self, verdict: &'a Verdict) -> impl Iterator<Item = &'a Branch> + 'a {
+        self.branches.iter().filter(move |b| &b.verdict == verdict)
+    }
+
+    /// Every matched rule of every branch, for failure messages.
+    pub fn explain(&self) -> String {
+        let mut out = String::new();
+        for branch in &self.branches {
+            out.push_str(&format!(
+                "{} (p={:.4}, masquerade={}):\n",
+                branch.verdict, branch.probability, branch.masquerade
+            ));
+            for rule in &branch.rules {
+                out.push_str("  ");
+                out.push_str(rule);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl Tracer {
+    /// Every possible path of `packet` through the modelled rules.
+    pub fn trace(&self, packet: &Packet) -> Result<Trace, Error> {
+        if IpFamily::of(&packet.source) != self.family || IpFamily::of(&packet.dest) != self.family {
+            return Err(Error::TracePacket(format!(
+                "packet is not {:?}: {packet:?}",
+                self.family
+            )));
+        }
+        let from_host = self.is_local(packet.source);
+        let start = State {
+            src: packet.source,
+            dst: packet.dest,
+            dport: packet.dest_port,
+            protocol: packet.protocol.lower(),
+            mark: 0,
+            weight: 1.0,
+            dnat: None,
+            masquerade: false,
+            rules: Vec::new(),
+        };
+        let nat_hook = if from_host { "OUTPUT" } else { "PREROUTING" };
+        let mut branches = Vec::new();
+        for (state, flow) in self.walk(Table::Nat, nat_hook, start, 0)? {
+            if let Some(verdict) = flow.drop_verdict() {
+                branches.push(state.finish(verdict));
+                continue;
+            }
+            // Which filter hooks and whether POSTROUTING runs depend on the destination after DNAT.
+            let to_host = self.is_local(state.dst);
+            let hooks: &[&str] = match (from_host, to_host) {
+                (true, true) => &["OUTPUT", "INPUT"],
+                (true, false) => &["OUTPUT"],
+                (false, true) => &["INPUT"],
+                (false, false) => &["FORWARD"],
+            };
+            let mut pending = vec![state];
+            for hook in hooks {
+                let mut next = Vec::new();
+                for state in pending {
+                    for (state, flow) in self.walk(Table::Filter, hook, state, 0)? {
+                        match flow.drop_verdict() {
+                            Some(verdict) => branches.push(state.finish(verdict)),
+                            None => next.push(state),
+                        }
+                    }
+                }
+                pending = next;
+            }
+            // Packets delivered to the host itself never pass POSTROUTING.
+            let postrouting = from_host || !to_host;
+            for state in pending {
+                if !postrouting {
+                    branches.push(state.finish(Verdict::Accept));
+                    continue;
+                }
+                for (state, flow) in self.walk(Table::Nat, "POSTROUTING", state, 0)? {
+                    let verdict = flow.drop_verdict().unwrap_or(Verdict::Accept);
+                    branches.push(state.finish(verdict));
+                }
+            }
+        }
+        Ok(Trace { branches })
+    }
+
+    pub(super) fn is_local(&self, ip: IpAddr) -> bool {
+        ip.is_loopback() || self.local_addrs.contains(&ip)
+    }
+
+    fn walk(
+        &self,
+        table: Table,
+        chain: &str,
+        state: State,
+        depth: usize,
+    ) -> Result<Vec<(State, Flow)>, Error> {
+        if depth > MAX_DEPTH {
+            return Err(Error::TracePacket(format!(
+                "chains nest deeper than {MAX_DEPTH} at {chain}"
+            )));
+        }
+        let rules = self
+            .tables
+            .get(&table)
+            .and_then(|chains| chains.get(chain))
+            .ok_or_else(|| Error::TracePacket(format!("{table} chain {chain} does not exist")))?;
+        self.walk_from(table, chain, rules, 0, state, depth)
+    }
+
+    /// Runs `rules[start..]`; returns every (state, how the chain was left) pair reachable.
+    fn walk_from(
+        &self,
+        table: Table,
+        chain: &str,
+        rules: &[Rule],
+        start: usize,
+        mut state: State,
+        depth: usize,
+    ) -> Result<Vec<(State, Flow)>, Error> {
+        let mut out = Vec::new();
+        for (index, rule) in rules.iter().enumerate().skip(start) {
+            if !rule.matches(&state, self) {
+                continue;
+            }
+            if let Some(p) = rule.probability() {
+                // The rule may also not match: follow that branch from the next rule.
+                let mut skipped = state.clone();
+                skipped.weight *= 1.0 - p;
+                if skipped.weight > 0.0 {
+                    out.extend(self.walk_from(table, chain, rules, index + 1, skipped, depth)?);
+                }
+                state.weight *= p;
+                if state.weight <= 0.0 {
+                    return Ok(out);
+                }
+            }
+            state.rules.push(format!("-A {chain} {}", rule.raw));
+            let flow = match &rule.target {
+                Target::None => continue,
+                Target::MarkOr(bits) => {
+                    state.mark |= bits;
+                    continue;
+                }
+                Target::MarkXor(bits) => {
+                    state.mark ^= bits;
+                    continue;
+                }
+                Target::Return => Flow::Continue,
+                Target::Accept => Flow::Accept,
+                Target::Drop => Flow::Drop,
+                Target::Reject => Flow::Reject,
+                Target::Dnat(to) => {
+                    state.dst = to.ip();
+                    state.dport = to.port();
+                    state.dnat = Some(*to);
+                    Flow::Accept
+                }
+                Target::Masquerade => {
+                    state.masquerade = true;
+                    Flow::Accept
+                }
+                Target::Chain(target) => {
+                    for (state, flow) in self.walk(table, target, state, depth + 1)? {
+                        match flow {
+                            Flow::Continue => {
+                                out.extend(self.walk_from(table, chain, rules, index + 1, state, depth)?)
+                            }
+                            terminal => out.push((state, terminal)),
+                        }
+                    }
+                    return Ok(out);
+                }
+            };
+            out.push((state, flow));
+            return Ok(out);
+        }
+        out.push((state, Flow::Continue));
+        Ok(out)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct State {
+    pub(super) src: IpAddr,
+    pub(super) dst: IpAddr,
+    pub(super) dport: u16,
+    pub(super) protocol: &'static str,
+    pub(super) mark: u32,
+    pub(super) weight: f64,
+    pub(super) dnat: Option<SocketAddr>,
+    pub(super) masquerade: bool,
+    pub(super) rules: Vec<String>,
+}
+
+impl State {
+    fn finish(self, verdict: Verdict) -> Branch {
+        let verdict = match (verdict, self.dnat) {
+            (Verdict::Accept, Some(to)) => Verdict::Dnat(to),
+            (verdict, _) => verdict,
+        };
+        let dropped = matches!(verdict, Verdict::Drop | Verdict::Reject);
+        Branch {
+            verdict,
+            masquerade: self.masquerade && !dropped,
+            probability: self.weight,
+            rules: self.rules,
+        }
+    }
+}
+
+/// How a chain was left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    /// Fell off the end or RETURNed: the caller continues.
+    Continue,
+    /// This table is done with the packet, which goes on (ACCEPT, DNAT, MASQUERADE).
+    Accept,
+    Drop,
+    Reject,
+}
+
+impl Flow {
+    fn drop_verdict(self) -> Option<Verdict> {
+        match self {
+            Self::Drop => Some(Verdict::Drop),
+            Self::Reject => Some(Verdict::Reject),
+            Self::Continue | Self::Accept => None,
+        }
+    }
+}

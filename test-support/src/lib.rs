@@ -1,0 +1,11 @@
+//! Test doubles shared by the workspace's tests and benchmarks, in a crate of their own so that no
+//! shipped binary carries them and no crate dev-depends on another just to get them.
+//!
+//! ```text
+//! kube::Client ◄── tower-test mock ◄── fake_apiserver::FakeApiServer (state-based: objects, resourceVersions,
+//!                                        SSA field owners, status subresource, label selectors, watches
+//!                                        with bookmarks and 410 relists, injected faults)
+//!   used by: controller tests and benches · agent tests · e2e (fault suite, demo-cluster test)
+//! ```
+
+pub mod fake_apiserver;
