@@ -160,14 +160,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
                     .collect()
             })
             .unwrap_or_default();
-        let mut outcome = SyncOutcome {
-            mode: SyncMode::Partial,
-            rules: 0,
-            written: 0,
-            removed: 0,
-            drift: None,
-            left_out: Vec::new(),
-        };
+        let mut outcome = SyncOutcome::nothing();
         let mut applied: Vec<String> = Vec::new();
         for family in families {
             let facts = self.facts.with_local_addrs(local.clone());

@@ -80,6 +80,28 @@ impl FakeIptables {
         self.lock().refuse = pattern.map(str::to_string);
     }
 
+    /// The rules of `chain` (the text after `-A <chain> `), `None` when the chain does not exist.
+    pub fn rules(&self, family: IpFamily, table: Table, chain: &str) -> Option<Vec<String>> {
+        let state = self.lock();
+        let kernel = state.kernels.get(&family)?;
+        kernel.has_chain(table, chain).then(|| {
+            kernel
+                .chain_rules(table, chain)
+                .into_iter()
+                .map(|(raw, _)| raw)
+                .collect()
+        })
+    }
+
+    /// The chains of `table` in `family`, sorted.
+    pub fn chains(&self, family: IpFamily, table: Table) -> Vec<String> {
+        self.lock()
+            .kernels
+            .get(&family)
+            .map(|k| k.chain_names(table))
+            .unwrap_or_default()
+    }
+
     /// `iptables -F <chain>` behind the agent's back; false when the chain does not exist.
     pub fn flush_chain(&self, family: IpFamily, table: Table, chain: &str) -> bool {
         self.lock()

@@ -82,11 +82,29 @@ impl JumpRule {
         }
     }
 
+    /// One rule per row of `(table, built-in chain, our chain, extra matches, comment)`, in order.
+    pub fn from_rows(family: IpFamily, rows: &[JumpRow]) -> Vec<Self> {
+        rows.iter()
+            .map(|(table, chain, target, extra, comment)| {
+                Self::new(family, *table, chain, extra, comment, target)
+            })
+            .collect()
+    }
+
     /// The chain this rule jumps to.
     pub fn target(&self) -> &str {
         self.args.last().map_or("", String::as_str)
     }
 }
+
+/// A jump rule as a table row: table, built-in chain, our chain, extra matches, comment.
+pub type JumpRow = (
+    Table,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+);
 
 /// `-m conntrack --ctstate NEW`: jump rules that only new connections take.
 pub const NEW_CONNECTIONS: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
@@ -115,7 +133,7 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
     use Table::{Filter, Nat};
     use jump_comments::{EXTERNAL, FIREWALL, FORWARDING, HEALTH, PORTALS, POSTROUTING};
     const NEW: &[&str] = NEW_CONNECTIONS;
-    let table: [(Table, &'static str, &'static str, &[&str], &str); 12] = [
+    const ROWS: [JumpRow; 12] = [
         (Filter, "INPUT", names::EXTERNAL_SERVICES, NEW, EXTERNAL),
         (Filter, "FORWARD", names::EXTERNAL_SERVICES, NEW, EXTERNAL),
         (Filter, "INPUT", names::NODEPORTS, &[], HEALTH),
@@ -129,12 +147,7 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
         (Nat, "PREROUTING", names::SERVICES, &[], PORTALS),
         (Nat, "POSTROUTING", names::POSTROUTING, &[], POSTROUTING),
     ];
-    table
-        .into_iter()
-        .map(|(table, chain, target, extra, comment)| {
-            JumpRule::new(family, table, chain, extra, comment, target)
-        })
-        .collect()
+    JumpRule::from_rows(family, &ROWS)
 }
 
 /// Renders the entries of `family` from `spec`, skipping the entry indexes in `skip` (those

@@ -28,6 +28,7 @@ use switchyard_api::IpFamily;
 
 use super::sets::SetId;
 use crate::iptables::names;
+use crate::iptables::render::JumpRow;
 use crate::iptables::text::quote_args;
 use crate::iptables::{Chain, JumpRule, Table};
 
@@ -263,7 +264,7 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
     use crate::iptables::render::NEW_CONNECTIONS as NEW;
     use crate::iptables::render::jump_comments::{FIREWALL, FORWARDING, HEALTH, PORTALS, POSTROUTING};
     use Table::{Filter, Nat};
-    let table: [(Table, &'static str, &'static str, &[&str], &str); 8] = [
+    const ROWS: [JumpRow; 8] = [
         (Filter, "INPUT", IPVS_FILTER, &[], "switchyard ipvs access filter"),
         (Filter, "INPUT", names::NODEPORTS, &[], HEALTH),
         (Filter, "FORWARD", names::FORWARD, &[], FORWARDING),
@@ -273,12 +274,7 @@ pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
         (Nat, "PREROUTING", names::SERVICES, &[], PORTALS),
         (Nat, "POSTROUTING", names::POSTROUTING, &[], POSTROUTING),
     ];
-    table
-        .into_iter()
-        .map(|(table, chain, target, extra, comment)| {
-            JumpRule::new(family, table, chain, extra, comment, target)
-        })
-        .collect()
+    JumpRule::from_rows(family, &ROWS)
 }
 
 /// The `iptables-restore --noflush` input that rewrites the glue of one family: every glue chain

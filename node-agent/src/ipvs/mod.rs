@@ -9,7 +9,7 @@
 //!        │                                                                          └─ fake::FakeIpvs
 //!        ├─► ipset::Ipsets (ipset restore batches)        ExecIpsets │ FakeIpsets
 //!        ├─► dummy::ServiceAddrs (swyd-ipvs0, rtnetlink)   NetlinkDummy │ FakeDummy
-//!        ├─► iptables::kernel::Iptables (the glue)         ExecIptables │ fake_iptables::TextIptables
+//!        ├─► iptables::kernel::Iptables (the glue)         ExecIptables │ iptables::fake::FakeIptables
 //!        └─► sysctl::Sysctls                               ProcSysctls │ FakeSysctls
 //! Chosen per plan by crate::backend::Selector (iptables where the kernel has no IPVS); the real edges
 //! are wired in crate::backend::host.
@@ -42,8 +42,6 @@ pub mod diff;
 pub mod dummy;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
-#[cfg(any(test, feature = "testing"))]
-pub mod fake_iptables;
 pub mod glue;
 pub mod ipset;
 pub mod kernel;

@@ -181,14 +181,7 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
         let spec: &NodeForwardingPlanSpec = request.spec;
         let (families, local) = sync_scope(spec, self.families.keys().copied(), &mut self.addrs)?;
         let last = self.last.take();
-        let mut outcome = SyncOutcome {
-            mode: SyncMode::Partial,
-            rules: 0,
-            written: 0,
-            removed: 0,
-            drift: None,
-            left_out: Vec::new(),
-        };
+        let mut outcome = SyncOutcome::nothing();
         for family in families {
             let env = FamilyEnv::new(spec, family, &local);
             let result = self.sync_family(request, family, env, last.as_ref())?;

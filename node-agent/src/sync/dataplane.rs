@@ -55,6 +55,20 @@ pub struct Drift {
     pub reasons: Vec<String>,
 }
 
+impl SyncOutcome {
+    /// A partial sync that has done nothing yet; backends add up their families' work into it.
+    pub fn nothing() -> Self {
+        Self {
+            mode: SyncMode::Partial,
+            rules: 0,
+            written: 0,
+            removed: 0,
+            drift: None,
+            left_out: Vec::new(),
+        }
+    }
+}
+
 /// Most drift reasons a check reports (the rest are counted, "N more").
 pub const MAX_DRIFT_REASONS: usize = 5;
 

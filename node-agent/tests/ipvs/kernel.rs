@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
+use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::ipvs::dummy::FakeDummy;
 use switchyard_agent::ipvs::fake::FakeIpvs;
-use switchyard_agent::ipvs::fake_iptables::TextIptables;
 use switchyard_agent::ipvs::ipset::FakeIpsets;
 use switchyard_agent::ipvs::kernel::{RealKey, VirtualKey};
 use switchyard_agent::ipvs::sysctl::FakeSysctls;
@@ -29,7 +29,7 @@ pub struct Kernel {
     pub ipvs: FakeIpvs,
     pub ipsets: FakeIpsets,
     pub dummy: FakeDummy,
-    pub iptables: TextIptables,
+    pub iptables: FakeIptables,
     pub sysctls: FakeSysctls,
     pub clock: Arc<FakeClock>,
 }
@@ -40,14 +40,14 @@ impl Kernel {
             ipvs: FakeIpvs::new(),
             ipsets: FakeIpsets::new(),
             dummy: FakeDummy::new(),
-            iptables: TextIptables::new(),
+            iptables: FakeIptables::new(&local_addrs()),
             sysctls: FakeSysctls::new(),
             clock: Arc::new(FakeClock::at_2026()),
         }
     }
 
     /// A fresh agent's IPVS dataplane on this kernel (no model: its first sync is full).
-    pub fn dataplane(&self) -> IpvsDataplane<TextIptables> {
+    pub fn dataplane(&self) -> IpvsDataplane<FakeIptables> {
         let edges = IpvsEdges {
             ipvs: Box::new(self.ipvs.clone()),
             ipsets: Box::new(self.ipsets.clone()),

@@ -23,7 +23,9 @@
 //! Restores are checked the way the kernel checks them, so tests catch broken payloads: a rule may
 //! only be appended (`-A`) or inserted (`-I`) to an existing chain, every jump target must exist when
 //! the table commits, a chain can only be deleted when it is empty and unreferenced, and chain names
-//! fit in 28 characters. The parser understands exactly the matches and targets the render emits and rejects anything else.
+//! fit in 28 characters. The parser understands exactly the matches and targets the
+//! render and the IPVS glue emit (ipset matches are kept but not modelled: no packet is in a set) and
+//! rejects anything else.
 //! It also reads `iptables-save`'s spelling of our rules (`--set-xmark`, `/32`, `--reject-with`, more
 //! probability digits), so `switchyard-agent explain --kernel` can trace the rules a node really holds.
 //! Diagnosis and test tooling (the tests and `explain` use it); it is not on the agent's apply path.
@@ -455,6 +457,43 @@ COMMIT
             .trace(&Packet::new(ip("10.244.2.2"), Protocol::UDP, ip("10.96.0.1"), 80))
             .unwrap();
         assert_eq!(trace.output(), "ACCEPT");
+    }
+
+    #[test]
+    fn ipset_matches_are_kept_but_no_packet_is_in_a_set() {
+        let mut t = Tracer::empty(IpFamily::IPv4, &[ip("192.168.10.11")]);
+        let payload = "*filter\n:SWYD-IPVS-FILTER - [0:0]\n\
+            -A SWYD-IPVS-FILTER -m set --match-set SWYD-CLUSTER-IP dst,dst -j RETURN\n\
+            -A SWYD-IPVS-FILTER -m set ! --match-set SWYD-IPVS-IPS dst -j ACCEPT\n\
+            -A SWYD-IPVS-FILTER -j REJECT\n\
+            -A INPUT -j SWYD-IPVS-FILTER\nCOMMIT\n";
+        t.restore(payload).unwrap();
+        assert_eq!(t.chain_rules(Table::Filter, "SWYD-IPVS-FILTER").len(), 3);
+        assert!(
+            t.save(Table::Filter)
+                .contains("--match-set SWYD-CLUSTER-IP dst,dst -j RETURN")
+        );
+        // Not in SWYD-CLUSTER-IP, so past the RETURN; not in SWYD-IPVS-IPS, so the negated match takes it.
+        let trace = t
+            .trace(&Packet::new(
+                ip("10.244.2.2"),
+                Protocol::TCP,
+                ip("192.168.10.11"),
+                22,
+            ))
+            .unwrap();
+        assert_eq!(
+            trace.verdicts(),
+            std::collections::BTreeSet::from([Verdict::Accept])
+        );
+        // `--match-set` needs `-m set` and both of its values.
+        for bad in [
+            "-A SWYD-IPVS-FILTER --match-set X dst -j RETURN",
+            "-A SWYD-IPVS-FILTER -m set --match-set X",
+        ] {
+            let err = t.restore(&format!("*filter\n{bad}\nCOMMIT\n")).unwrap_err();
+            assert!(err.to_string().contains("match-set"), "{bad}: {err}");
+        }
     }
 
     #[test]

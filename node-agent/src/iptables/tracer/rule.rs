@@ -52,6 +52,13 @@ pub(super) enum Match {
         negated: bool,
         states: Vec<String>,
     },
+    /// `-m set --match-set NAME FLAGS` (the IPVS glue): the model holds no ipsets, so the packet is a
+    /// member of none; the rule is kept for restores, saves and comparisons.
+    Set {
+        negated: bool,
+        name: String,
+        flags: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +85,9 @@ impl Rule {
             .iter()
             .map(|m| match m {
                 Match::Probability(p) => format!("Probability({p:.6})"),
+                Match::Set { negated, name, flags } => {
+                    format!("Set({}{name} {flags})", if *negated { "! " } else { "" })
+                }
                 other => format!("{other:?}"),
             })
             .collect();
@@ -99,6 +109,7 @@ impl Rule {
             Match::Mark { negated, value, mask } => (state.mark & mask == *value) != *negated,
             // A first packet is NEW.
             Match::CtState { negated, states } => states.iter().any(|s| s == "NEW") != *negated,
+            Match::Set { negated, .. } => *negated,
         })
     }
 
@@ -128,7 +139,7 @@ impl Rule {
             let negatable = matches!(
                 token,
                 "-s" | "-d" | "-p" | "--dport" | "--src-type" | "--dst-type"
-            ) || matches!(token, "--mark" | "--ctstate");
+            ) || matches!(token, "--mark" | "--ctstate" | "--match-set");
             if negated && !negatable {
                 return Err(format!("{token} cannot be negated"));
             }
@@ -149,6 +160,7 @@ impl Rule {
                         "recent",
                         "mark",
                         "conntrack",
+                        "set",
                     ];
                     if !known.contains(&module) {
                         return Err(format!("unsupported match module {module}"));
@@ -217,6 +229,12 @@ impl Rule {
                     need(&["mark"], token)?;
                     let (value, mask) = parse_mark(value(token)?)?;
                     matches.push(Match::Mark { negated, value, mask });
+                }
+                "--match-set" => {
+                    need(&["set"], token)?;
+                    let name = value(token)?.to_string();
+                    let flags = value(token)?.to_string();
+                    matches.push(Match::Set { negated, name, flags });
                 }
                 "--ctstate" => {
                     need(&["conntrack"], token)?;
