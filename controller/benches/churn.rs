@@ -31,11 +31,17 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions};
 use switchyard_controller::{
     Config,
     live::run::{Options, run},
-    synthetic::{self, Shape, cluster, slice},
+    planner::Snapshot,
 };
 use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, Recorded};
+use switchyard_test_support::synthetic::{self, Shape, slice};
 
 use common::{figure, peak_rss_mib, peak_rss_mib_of, reset_peak_rss, target};
+
+/// The synthetic cluster of `shape` as the planner's input.
+fn cluster(shape: &Shape) -> Snapshot {
+    Snapshot::from(synthetic::cluster(shape).into_parts())
+}
 
 /// A plain ClusterIP Service of the synthetic mix (bucket 50: not eTP/iTP/hinted).
 const PLAIN: usize = 50;

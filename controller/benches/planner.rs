@@ -16,10 +16,15 @@ use switchyard_controller::{
     Config,
     output::{plan_object, slice_object},
     planner::{Changes, Planner, Snapshot},
-    synthetic::{Shape, cluster, service, service_key, slice},
 };
+use switchyard_test_support::synthetic::{self, Shape, service, service_key, slice};
 
 use common::{figure, median, ms, peak_rss_mib, secs, target};
+
+/// The synthetic cluster of `shape` as the planner's input.
+fn cluster(shape: &Shape) -> Snapshot {
+    Snapshot::from(synthetic::cluster(shape).into_parts())
+}
 
 /// etcd's object limit is ~1.5 MiB; no object may exceed 1 MiB.
 const MAX_OBJECT: usize = 1_048_576;

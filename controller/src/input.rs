@@ -341,7 +341,8 @@ items:
     #[test]
     fn large_dumps_and_trees_of_many_documents_fit_the_yaml_limits() {
         // 3,000 Services: far above serde-saphyr's default 250,000-node budget.
-        let snapshot = crate::synthetic::cluster(&crate::synthetic::Shape::new(3, 3_000, 5));
+        use switchyard_test_support::synthetic::{Shape, cluster};
+        let snapshot = cluster(&Shape::new(3, 3_000, 5));
         let mut items: Vec<serde_json::Value> = Vec::new();
         items.extend(snapshot.services.iter().map(|o| serde_json::json!(o)));
         items.extend(snapshot.slices.iter().map(|o| serde_json::json!(o)));

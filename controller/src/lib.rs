@@ -18,7 +18,6 @@ pub mod input;
 pub mod live;
 pub mod output;
 pub mod planner;
-pub mod synthetic;
 
 pub use config::Config;
 pub use error::Error;

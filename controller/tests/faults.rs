@@ -40,10 +40,15 @@ use switchyard_controller::{
     },
     output,
     planner::{Planner, Snapshot},
-    synthetic::{self, Shape, cluster, pod_ip},
 };
 use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually};
+use switchyard_test_support::synthetic::{self, Shape, pod_ip};
 use tokio::sync::oneshot;
+
+/// The synthetic cluster of `shape` as the planner's input.
+fn cluster(shape: &Shape) -> Snapshot {
+    Snapshot::from(synthetic::cluster(shape).into_parts())
+}
 
 const PLANS: &str = "/apis/switchyard.io/v1alpha2/nodeforwardingplans";
 const SLICES: &str = "/apis/switchyard.io/v1alpha2/forwardingslices";

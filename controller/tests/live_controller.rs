@@ -20,11 +20,16 @@ use switchyard_controller::{
         run::{Options, Running, run},
     },
     output::{plan_object, slice_object},
-    planner::Planner,
-    synthetic::{Shape, cluster, service, slice},
+    planner::{Planner, Snapshot},
 };
 use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind, Recorded, eventually};
+use switchyard_test_support::synthetic::{self, Shape, service, slice};
 use tokio::sync::oneshot;
+
+/// The synthetic cluster of `shape` as the planner's input.
+fn cluster(shape: &Shape) -> Snapshot {
+    Snapshot::from(synthetic::cluster(shape).into_parts())
+}
 
 const PLANS: &str = "/apis/switchyard.io/v1alpha2/nodeforwardingplans";
 const SLICES: &str = "/apis/switchyard.io/v1alpha2/forwardingslices";

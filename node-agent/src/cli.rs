@@ -371,7 +371,7 @@ fn render_command(args: &RenderArgs) -> ExitCode {
     };
     print!(
         "{}",
-        crate::backend::host::render_for_host(backend, &spec, &skip, &local)
+        crate::wiring::host::render_for_host(backend, &spec, &skip, &local)
     );
     ExitCode::SUCCESS
 }
@@ -380,10 +380,10 @@ fn render_command(args: &RenderArgs) -> ExitCode {
 
 fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error> {
     let iptables = ExecIptables::detect(args.iptables_mode)?;
-    let facts = crate::backend::host::discover_facts(iptables.version().ok().as_deref());
+    let facts = crate::wiring::host::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
     // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
-    let dataplane = crate::backend::host::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    let dataplane = crate::wiring::host::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
     Ok(Syncer::new(
         Box::new(dataplane),
         Arc::new(SystemClock),
@@ -611,7 +611,7 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
 
 fn cleanup_command(args: &CleanupArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
-    for (what, done) in crate::backend::host::cleanup(args.iptables_mode) {
+    for (what, done) in crate::wiring::host::cleanup(args.iptables_mode) {
         match done {
             Ok(done) => println!("{what}: {done}"),
             Err(e) => {

@@ -8,17 +8,18 @@ use std::path::PathBuf;
 /// What failed in the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The tracer's model of `iptables-restore` rejected a payload, as the kernel would have.
-    #[error("simulated iptables-restore failed at line {line}: {reason}")]
-    SimulatedRestore {
+    /// The rule model behind `explain` (and the tests' iptables fake) refused a payload or a saved
+    /// table, as the kernel would have, or because it holds a rule the model does not understand.
+    #[error("the iptables rule model refused line {line}: {reason}")]
+    ModelRestore {
         /// 1-based line of the payload (0 for the built-in jump rules).
         line: usize,
         /// Why.
         reason: String,
     },
-    /// The tracer could not follow a packet through the modelled rules.
+    /// `explain` could not follow a packet through the modelled rules.
     #[error("tracing a packet: {0}")]
-    TracePacket(String),
+    ModelTrace(String),
     /// `explain` was asked about a Service the plan does not have (or names ambiguously).
     #[error("{0}")]
     ExplainDestination(String),
@@ -275,8 +276,8 @@ impl Error {
     /// A short, stable label for failure metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::SimulatedRestore { .. } => "simulated_restore",
-            Self::TracePacket(_) => "trace_packet",
+            Self::ModelRestore { .. } => "model_restore",
+            Self::ModelTrace(_) => "model_trace",
             Self::ExplainDestination(_) | Self::ExplainFamilies { .. } => "explain",
             Self::IptablesRestore { .. } => "iptables_restore",
             Self::RunCommand { .. } => "run_command",

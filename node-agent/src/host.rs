@@ -5,7 +5,7 @@
 //! iptables --version ─► parse_iptables_version ─► ≥ 1.6.2 ─► random_fully ─┐
 //! /proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal ─► tcp_be_liberal ────┼─► backend::HostFacts
 //! LocalAddrs (rtnetlink RTM_GETADDR dump | fixed list) ─► local addresses ──┘   (assembled by
-//!                                                                                backend::host, and per
+//!                                                                                wiring::host, and per
 //!                                                                                sync by the dataplanes)
 //! ```
 //!

@@ -17,8 +17,9 @@
 //! ```
 //!
 //! [`backend`] holds what the three backends share: the render context ([`backend::HostFacts`],
-//! [`backend::FamilyEnv`]), the sync scope, the selector and the real edges of this host wired together
-//! ([`backend::host`]); each backend module holds only its own render, kernel edge and dataplane.
+//! [`backend::FamilyEnv`]), the sync scope and the selector; each backend module holds only its own
+//! render, kernel edge and dataplane; [`wiring`] puts the real edges of this host together (and what
+//! `render` prints). Dependencies point one way: backend ← iptables, nftables, ipvs ← wiring ← cli.
 //!
 //! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`], [`sync::status`],
 //! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
@@ -47,5 +48,6 @@ pub mod run;
 pub mod source;
 pub mod status_writer;
 pub mod sync;
+pub mod wiring;
 
 pub use error::{Error, Result};

@@ -23,11 +23,11 @@ use harness::{Entry, Target, fuzz};
 use netlink_packet_core::ParseableParametrized;
 use netlink_packet_generic::GenlHeader;
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::backend::render_text::render_text;
 use switchyard_agent::ipvs::codec::{self, IpvsMessage};
 use switchyard_agent::ipvs::netlink::decode_datagram;
 use switchyard_agent::planfile::parse_plan_text;
 use switchyard_agent::sync::composition::{Composition, LastGood, compose_plan};
+use switchyard_agent::wiring::render_text::render_text;
 use switchyard_api::{Backend, IpFamily, validate::validate};
 
 /// What the agent does with a plan file, up to the rules it would program.

@@ -73,6 +73,16 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
 }
 
+impl From<(Vec<Service>, Vec<EndpointSlice>, Vec<Node>)> for Snapshot {
+    fn from((services, slices, nodes): (Vec<Service>, Vec<EndpointSlice>, Vec<Node>)) -> Self {
+        Self {
+            services,
+            slices,
+            nodes,
+        }
+    }
+}
+
 /// One planned entry with its digest and size, shared by every node and view that gets the same answer.
 #[derive(Debug, PartialEq, Eq)]
 pub struct PlannedEntry {

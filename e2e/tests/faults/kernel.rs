@@ -6,9 +6,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use switchyard_api::{Backend, conditions};
-use switchyard_controller::synthetic::{Shape, pod_ip, service, slice};
 use switchyard_e2e::traffic::{Traffic, TrafficReport};
 use switchyard_test_support::fake_apiserver::Kind;
+use switchyard_test_support::synthetic::{Shape, pod_ip, service, slice};
 
 use crate::harness::{APPLY_TIMEOUT, ApiLab, checkout_pod, set_checkout_new_ready, tail};
 use crate::stable_flows;

@@ -1,4 +1,5 @@
-//! What every backend shares, and the choice between them.
+//! What every backend shares, and the choice between them. A leaf: it depends on no backend (the
+//! backends depend on it; [`crate::wiring`] puts them together).
 //!
 //! ```text
 //! spec ─► scope (families, NodePort addresses) ─┐
@@ -6,16 +7,12 @@
 //!                                                                         ipvs::render (each pure)
 //! spec.backend ─► select::Selector ─► the chosen backend's sync::Dataplane (iptables when the
 //!                                     chosen one cannot run here; leftovers of the others removed)
-//! host ─► host: the real edges of all three wired together (apply/run, render, cleanup)
-//! render_text: what `render` prints, per backend
 //! ```
 //!
 //! A new backend is a module with its render and its `Dataplane`, plus one [`select::Candidate`] in
-//! [`host::host_dataplane`] and one arm in [`render_text::render_text`].
+//! [`crate::wiring::host::host_dataplane`] and one arm in [`crate::wiring::render_text::render_text`].
 
 pub mod facts;
-pub mod host;
-pub mod render_text;
 pub mod scope;
 pub mod select;
 

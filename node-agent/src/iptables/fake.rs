@@ -231,7 +231,7 @@ impl Iptables for FakeIptables {
                 }
                 Ok(())
             }
-            Err(Error::SimulatedRestore { line, reason }) => Err(Error::IptablesRestore {
+            Err(Error::ModelRestore { line, reason }) => Err(Error::IptablesRestore {
                 binary: "fake-iptables-restore".into(),
                 line: Some(line),
                 stderr: format!("line {line}: {reason}"),

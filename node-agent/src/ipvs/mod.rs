@@ -12,7 +12,7 @@
 //!        ├─► iptables::kernel::Iptables (the glue)         ExecIptables │ iptables::fake::FakeIptables
 //!        └─► sysctl::Sysctls                               ProcSysctls │ FakeSysctls
 //! Chosen per plan by crate::backend::Selector (iptables where the kernel has no IPVS); the real edges
-//! are wired in crate::backend::host.
+//! are wired in crate::wiring::host.
 //! ```
 //!
 //! # Ownership contract

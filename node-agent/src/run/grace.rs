@@ -29,7 +29,7 @@ impl GracePeriod {
         if text.trim() == "never" {
             return Ok(Self::Never);
         }
-        crate::cli::parse_duration(text)
+        switchyard_api::duration::parse(text)
             .map(Self::For)
             .map_err(|e| format!("{e}, or never"))
     }

@@ -67,7 +67,7 @@ impl Tracer {
         let mut tracer = Self::empty(family, local_addrs);
         for jump in jump_rules(family) {
             let rule = Rule::parse(&jump.args, quote_args(&jump.args))
-                .map_err(|reason| Error::SimulatedRestore { line: 0, reason })?;
+                .map_err(|reason| Error::ModelRestore { line: 0, reason })?;
             if let Some(chain) = tracer
                 .tables
                 .get_mut(&jump.table)
@@ -113,7 +113,7 @@ impl Tracer {
         position: usize,
         args: &[String],
     ) -> Result<(), Error> {
-        let fail = |reason: String| Error::SimulatedRestore { line: 0, reason };
+        let fail = |reason: String| Error::ModelRestore { line: 0, reason };
         let rule = Rule::parse(args, quote_args(args)).map_err(fail)?;
         let chains = self
             .tables
@@ -234,7 +234,7 @@ impl Tracer {
         for (index, line) in payload.lines().enumerate() {
             let number = index + 1;
             last_line = number;
-            let fail = |reason: String| Error::SimulatedRestore { line: number, reason };
+            let fail = |reason: String| Error::ModelRestore { line: number, reason };
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -315,7 +315,7 @@ impl Tracer {
             }
         }
         if open.is_some() {
-            return Err(Error::SimulatedRestore {
+            return Err(Error::ModelRestore {
                 line: last_line,
                 reason: "missing COMMIT".into(),
             });

@@ -5,9 +5,6 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use super::Tracer;
-use super::walk::State;
-
 #[derive(Debug, Clone)]
 pub(super) struct Rule {
     /// The text after `-A CHAIN `.
@@ -94,23 +91,6 @@ impl Rule {
         parts.sort();
         parts.push(format!("{:?}", self.target));
         parts.join(" ")
-    }
-
-    pub(super) fn matches(&self, state: &State, tracer: &Tracer) -> bool {
-        self.matches.iter().all(|m| match m {
-            Match::Source { negated, net } => net.contains(&state.src) != *negated,
-            Match::Dest { negated, net } => net.contains(&state.dst) != *negated,
-            Match::Protocol { negated, name } => (name == state.protocol) != *negated,
-            Match::DestPort { negated, port } => (*port == state.dport) != *negated,
-            Match::SrcLocal { negated } => tracer.is_local(state.src) != *negated,
-            Match::DstLocal { negated } => tracer.is_local(state.dst) != *negated,
-            Match::Probability(_) => true,
-            Match::RecentCheck => false,
-            Match::Mark { negated, value, mask } => (state.mark & mask == *value) != *negated,
-            // A first packet is NEW.
-            Match::CtState { negated, states } => states.iter().any(|s| s == "NEW") != *negated,
-            Match::Set { negated, .. } => *negated,
-        })
     }
 
     pub(super) fn probability(&self) -> Option<f64> {

@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use switchyard_api::{IpFamily, Protocol};
 
 use super::Tracer;
-use super::rule::{Rule, Target};
+use super::rule::{Match, Rule, Target};
 use crate::error::Error;
 use crate::iptables::payload::Table;
 
@@ -143,7 +143,7 @@ impl Tracer {
     /// Every possible path of `packet` through the modelled rules.
     pub fn trace(&self, packet: &Packet) -> Result<Trace, Error> {
         if IpFamily::of(&packet.source) != self.family || IpFamily::of(&packet.dest) != self.family {
-            return Err(Error::TracePacket(format!(
+            return Err(Error::ModelTrace(format!(
                 "packet is not {:?}: {packet:?}",
                 self.family
             )));
@@ -204,7 +204,7 @@ impl Tracer {
         Ok(Trace { branches })
     }
 
-    pub(super) fn is_local(&self, ip: IpAddr) -> bool {
+    fn is_local(&self, ip: IpAddr) -> bool {
         ip.is_loopback() || self.local_addrs.contains(&ip)
     }
 
@@ -216,7 +216,7 @@ impl Tracer {
         depth: usize,
     ) -> Result<Vec<(State, Flow)>, Error> {
         if depth > MAX_DEPTH {
-            return Err(Error::TracePacket(format!(
+            return Err(Error::ModelTrace(format!(
                 "chains nest deeper than {MAX_DEPTH} at {chain}"
             )));
         }
@@ -224,7 +224,7 @@ impl Tracer {
             .tables
             .get(&table)
             .and_then(|chains| chains.get(chain))
-            .ok_or_else(|| Error::TracePacket(format!("{table} chain {chain} does not exist")))?;
+            .ok_or_else(|| Error::ModelTrace(format!("{table} chain {chain} does not exist")))?;
         self.walk_from(table, chain, rules, 0, state, depth)
     }
 
@@ -240,7 +240,7 @@ impl Tracer {
     ) -> Result<Vec<(State, Flow)>, Error> {
         let mut out = Vec::new();
         for (index, rule) in rules.iter().enumerate().skip(start) {
-            if !rule.matches(&state, self) {
+            if !rule_matches(rule, &state, self) {
                 continue;
             }
             if let Some(p) = rule.probability() {
@@ -301,16 +301,16 @@ impl Tracer {
 }
 
 #[derive(Debug, Clone)]
-pub(super) struct State {
-    pub(super) src: IpAddr,
-    pub(super) dst: IpAddr,
-    pub(super) dport: u16,
-    pub(super) protocol: &'static str,
-    pub(super) mark: u32,
-    pub(super) weight: f64,
-    pub(super) dnat: Option<SocketAddr>,
-    pub(super) masquerade: bool,
-    pub(super) rules: Vec<String>,
+struct State {
+    src: IpAddr,
+    dst: IpAddr,
+    dport: u16,
+    protocol: &'static str,
+    mark: u32,
+    weight: f64,
+    dnat: Option<SocketAddr>,
+    masquerade: bool,
+    rules: Vec<String>,
 }
 
 impl State {
@@ -348,4 +348,22 @@ impl Flow {
             Self::Continue | Self::Accept => None,
         }
     }
+}
+
+/// Whether the first packet in `state` matches every match of `rule`.
+fn rule_matches(rule: &Rule, state: &State, tracer: &Tracer) -> bool {
+    rule.matches.iter().all(|m| match m {
+        Match::Source { negated, net } => net.contains(&state.src) != *negated,
+        Match::Dest { negated, net } => net.contains(&state.dst) != *negated,
+        Match::Protocol { negated, name } => (name == state.protocol) != *negated,
+        Match::DestPort { negated, port } => (*port == state.dport) != *negated,
+        Match::SrcLocal { negated } => tracer.is_local(state.src) != *negated,
+        Match::DstLocal { negated } => tracer.is_local(state.dst) != *negated,
+        Match::Probability(_) => true,
+        Match::RecentCheck => false,
+        Match::Mark { negated, value, mask } => (state.mark & mask == *value) != *negated,
+        // A first packet is NEW.
+        Match::CtState { negated, states } => states.iter().any(|s| s == "NEW") != *negated,
+        Match::Set { negated, .. } => *negated,
+    })
 }

@@ -14,8 +14,7 @@ use std::collections::HashSet;
 
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
-use super::facts::HostFacts;
-use super::scope::{families_of, node_port_ips};
+use crate::backend::{HostFacts, families_of, node_port_ips};
 use crate::iptables::{jump_rules, render};
 
 /// `arg` as a POSIX shell word: bare when it is safe, single-quoted otherwise.

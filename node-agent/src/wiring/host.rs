@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use switchyard_api::{Backend, NodeForwardingPlanSpec};
 
-use super::facts::HostFacts;
 use super::render_text::render_text;
-use super::select::{Candidate, Factory, Leftovers, Selector};
+use crate::backend::HostFacts;
+use crate::backend::select::{Candidate, Factory, Leftovers, Selector};
 use crate::command::{find_in_path, stdout_of};
 use crate::error::Error;
 use crate::host::{

@@ -1,7 +1,8 @@
 //! Synthetic clusters for benchmarks and scale simulations (never for semantics tests).
 //!
 //! ```text
-//! Shape { nodes, services, endpoints, zones, shares } ─► Snapshot of real k8s-openapi objects
+//! Shape { nodes, services, endpoints, zones, shares } ─► Cluster of real k8s-openapi objects (the
+//!                                                       controller's planner Snapshot, field for field)
 //! ```
 //!
 //! Every Service has one TCP port (80 → 8080) and one EndpointSlice; endpoints are spread over nodes
@@ -21,7 +22,16 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 
-use crate::planner::Snapshot;
+/// A synthetic cluster: the objects a controller would list.
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    /// `v1` Services.
+    pub services: Vec<Service>,
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    pub slices: Vec<EndpointSlice>,
+    /// `v1` Nodes.
+    pub nodes: Vec<Node>,
+}
 
 /// The size and mix of a synthetic cluster.
 #[derive(Debug, Clone, Copy)]
@@ -76,8 +86,15 @@ pub fn pod_ip(s: usize, j: usize, generation: usize) -> String {
     format!("10.{}.{}.{}", 64 + (n >> 16), (n >> 8) & 0xff, n & 0xff)
 }
 
+impl Cluster {
+    /// Services, EndpointSlices and Nodes, as the controller's `Snapshot::from` takes them.
+    pub fn into_parts(self) -> (Vec<Service>, Vec<EndpointSlice>, Vec<Node>) {
+        (self.services, self.slices, self.nodes)
+    }
+}
+
 /// The cluster.
-pub fn cluster(shape: &Shape) -> Snapshot {
+pub fn cluster(shape: &Shape) -> Cluster {
     let nodes = (0..shape.nodes).map(|i| node(i, shape)).collect();
     let mut services = Vec::with_capacity(shape.services);
     let mut slices = Vec::with_capacity(shape.services);
@@ -85,7 +102,7 @@ pub fn cluster(shape: &Shape) -> Snapshot {
         services.push(service(s, shape));
         slices.push(slice(s, shape, 0));
     }
-    Snapshot {
+    Cluster {
         services,
         slices,
         nodes,

@@ -1,0 +1,11 @@
+//! The three backends put together on this host: the real edges wired into one [`crate::backend::Selector`]
+//! for `apply` and `run`, what `render` prints for each backend, and what `cleanup` removes.
+//!
+//! ```text
+//! cli ─► host::host_dataplane ─► Selector(iptables, candidates: IPVS, nftables)   (real edges)
+//!     ─► host::render_for_host ─► render_text::render_text(backend)               (pure text)
+//!     ─► host::cleanup ─► every backend's rules and objects removed
+//! ```
+
+pub mod host;
+pub mod render_text;
