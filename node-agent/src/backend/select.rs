@@ -77,13 +77,14 @@ impl Slot {
         let title = self.candidate.title;
         match (self.candidate.factory)() {
             Ok(dataplane) => {
-                tracing::info!(backend = title, "{title} is available; using it");
+                tracing::info!(backend = title, "{title} is set up on this node");
                 self.dataplane = Some(dataplane);
                 self.unavailable = None;
                 true
             }
             Err(e) => {
-                tracing::warn!(backend = title, error = %e, "{title} is unavailable on this node; falling back to iptables");
+                // Whether that means a fallback is for the caller to say (`fallback_reason`).
+                tracing::warn!(backend = title, error = %e, "{title} is unavailable on this node");
                 self.unavailable = Some(e.to_string());
                 false
             }
