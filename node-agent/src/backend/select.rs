@@ -145,11 +145,6 @@ impl Selector {
         }
     }
 
-    /// Why `backend` could not be set up, if it could not.
-    pub fn unavailable(&self, backend: Backend) -> Option<&str> {
-        self.slot(backend)?.unavailable.as_deref()
-    }
-
     fn slot(&self, backend: Backend) -> Option<&Slot> {
         self.others.iter().find(|slot| slot.candidate.backend == backend)
     }
@@ -461,7 +456,6 @@ mod tests {
                     "the plan asks for {wanted}, but {title} is unavailable on this node ({why}); using iptables"
                 )
             );
-            assert_eq!(select.unavailable(wanted), Some(why.as_str()));
             // Asking for iptables is no fallback.
             sync(&mut select, Backend::Iptables);
             assert_eq!(select.fallback_reason(), None);

@@ -326,11 +326,10 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
         Ok(())
     }
 
-    fn drift_of(&mut self, model: &Model) -> Result<Vec<String>, Error> {
+    fn drift_of(&mut self, model: &Model, reasons: &mut DriftReasons) -> Result<(), Error> {
         self.finish_drains(&model.applied)?;
-        let mut reasons = Vec::new();
         if !self.failed.is_empty() {
-            reasons.push(format!(
+            reasons.note(format!(
                 "{} virtual servers the kernel refused in the last sync are retried",
                 self.failed.len()
             ));
@@ -339,14 +338,14 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
         let bound = self.edges.dummy.addresses()?;
         for (key, vs) in &model.applied {
             let Some(service) = services.get(key) else {
-                reasons.push(format!("virtual server {key} is missing"));
+                reasons.note(format!("virtual server {key} is missing"));
                 continue;
             };
             let want = Service::new(*key, &vs.scheduler, vs.persistence);
             if (service.scheduler.as_str(), service.persistence())
                 != (want.scheduler.as_str(), want.persistence())
             {
-                reasons.push(format!(
+                reasons.note(format!(
                     "virtual server {key} has scheduler {} {:?}",
                     service.scheduler,
                     service.persistence()
@@ -356,8 +355,8 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
             let draining = self.draining.get(key);
             for (real, weight) in &vs.reals {
                 match dests.iter().find(|d| d.real == *real) {
-                    None => reasons.push(format!("real server {real} of {key} is missing")),
-                    Some(d) if d.weight != *weight => reasons.push(format!(
+                    None => reasons.note(format!("real server {real} of {key} is missing")),
+                    Some(d) if d.weight != *weight => reasons.note(format!(
                         "real server {real} of {key} has weight {}, not {weight}",
                         d.weight
                     )),
@@ -366,24 +365,24 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
             }
             for dest in dests.iter().filter(|d| !vs.reals.contains_key(&d.real)) {
                 if !draining.is_some_and(|d| d.contains_key(&dest.real)) {
-                    reasons.push(format!("real server {} of {key} is not in the plan", dest.real));
+                    reasons.note(format!("real server {} of {key} is not in the plan", dest.real));
                 }
             }
         }
         for key in services.keys() {
             if bound.contains(&key.addr) && !model.applied.contains_key(key) && !self.failed.contains_key(key)
             {
-                reasons.push(format!("virtual server {key} is not in the plan"));
+                reasons.note(format!("virtual server {key} is not in the plan"));
             }
         }
         for ip in model.desired.addresses.difference(&bound) {
-            reasons.push(format!(
+            reasons.note(format!(
                 "address {ip} is missing from {}",
                 super::dummy::INTERFACE
             ));
         }
         for ip in bound.difference(&model.desired.addresses) {
-            reasons.push(format!(
+            reasons.note(format!(
                 "address {ip} on {} is not in the plan",
                 super::dummy::INTERFACE
             ));
@@ -395,8 +394,8 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
                 let saved = self.saved_table(*family, table)?;
                 for chain in glue.chains(table) {
                     match saved.owned.get(&chain.name) {
-                        None => reasons.push(format!("{family:?} {table} chain {} is missing", chain.name)),
-                        Some(n) if *n != chain.rules.len() => reasons.push(format!(
+                        None => reasons.note(format!("{family:?} {table} chain {} is missing", chain.name)),
+                        Some(n) if *n != chain.rules.len() => reasons.note(format!(
                             "{family:?} {table} chain {} has {n} rules, want {}",
                             chain.name,
                             chain.rules.len()
@@ -406,7 +405,7 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
                 }
                 for rule in jump_rules(*family).iter().filter(|r| r.table == table) {
                     if !saved.has_jump(rule) {
-                        reasons.push(format!(
+                        reasons.note(format!(
                             "{family:?} {table} jump {} -> {} is missing",
                             rule.chain,
                             rule.target()
@@ -415,7 +414,7 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
                 }
             }
         }
-        Ok(reasons)
+        Ok(())
     }
 }
 
@@ -531,10 +530,10 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         let Some(model) = self.model.take() else {
             return Ok(None);
         };
-        let result = self.drift_of(&model);
-        self.model = Some(model);
         let mut reasons = DriftReasons::default();
-        reasons.extend(result?);
+        let result = self.drift_of(&model, &mut reasons);
+        self.model = Some(model);
+        result?;
         Ok(reasons.finish())
     }
 

@@ -164,7 +164,8 @@ pub fn render_for_host(
     skip: &HashSet<usize>,
     local: &[IpAddr],
 ) -> String {
-    let version = iptables_version();
+    // nftables rules depend on no iptables feature: no `iptables --version` for them.
+    let version = (backend != Backend::Nftables).then(iptables_version).flatten();
     let mut facts = discover_facts(version.as_deref());
     facts.local_addrs = if backend == Backend::Ipvs {
         let bound = NetlinkDummy.addresses().unwrap_or_default();
