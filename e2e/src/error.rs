@@ -154,6 +154,14 @@ pub enum LabError {
     /// The signal-handling thread could not be started.
     #[error("installing the SIGINT/SIGTERM teardown handler: {0}")]
     Signals(String),
+    /// A step of bringing up or using a lab cluster (kubelets, containerd, the control plane) failed.
+    #[error("lab cluster: {what}: {detail}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// What was seen.
+        detail: String,
+    },
     /// Teardown left things behind.
     #[error("teardown of lab {lab} was incomplete: {problems}")]
     Teardown {

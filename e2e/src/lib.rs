@@ -18,6 +18,7 @@
 //! behind their node (Calico-style), so all pod traffic crosses the node's netfilter, as on a real node.
 //! Building a lab needs root and iproute2 ([`preflight`]).
 
+pub mod cgroups;
 pub mod checks;
 pub mod cluster;
 pub mod cluster_demo;
@@ -25,6 +26,7 @@ pub mod command;
 pub mod demo;
 pub mod deployed;
 pub mod error;
+pub mod kube;
 pub mod lab;
 pub mod layout;
 pub mod names;

@@ -116,6 +116,11 @@ enum Cmd {
         #[arg(long, default_value = "crds")]
         crds: PathBuf,
     },
+    /// A real Kubernetes cluster in the lab (control plane, kubelets with containerd, no proxy).
+    Kube {
+        #[command(subcommand)]
+        command: KubeCmd,
+    },
     /// Probe a destination and print the result as JSON.
     Probe {
         /// tcp or udp.
@@ -131,6 +136,51 @@ enum Cmd {
         /// Number of probes (more than one prints counts per pod).
         #[arg(long, default_value_t = 1)]
         count: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum KubeCmd {
+    /// Bring a cluster up: etcd, kube-apiserver, controller-manager and scheduler, and NODES kubelets
+    /// each with its own containerd (the images of --images imported), all from $SWITCHYARD_K8S_BIN.
+    Up {
+        /// How many nodes.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
+        /// The folder of Kubernetes binaries (../shared/k8s/unpack.sh prints one).
+        #[arg(long, env = "SWITCHYARD_K8S_BIN")]
+        k8s_bin: PathBuf,
+        /// The OCI archives to import into every node (make image writes them there).
+        #[arg(long, default_value = "target/images")]
+        images: PathBuf,
+        /// Leave the cluster up and print its id (remove it with `kube down ID`).
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Tear down a cluster left up with `kube up --keep` (everything it made).
+    Down {
+        /// The lab id.
+        id: String,
+    },
+    /// Hold a lab node's mount namespace: bind each SRC:DST, print "ready", wait (the lab runs this).
+    #[command(hide = true)]
+    Hold {
+        /// SRC:DST, a bind of the node's own directory over a default path.
+        #[arg(long = "bind")]
+        binds: Vec<String>,
+    },
+    /// Relay a port on the host's loopback to an address inside a namespace (the lab runs this).
+    #[command(hide = true)]
+    Relay {
+        /// The namespace connections are made from.
+        #[arg(long)]
+        netns: String,
+        /// The address to connect to.
+        #[arg(long)]
+        to: SocketAddr,
+        /// Where to listen on the host.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
     },
 }
 
@@ -235,6 +285,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+        Cmd::Kube { command } => run_kube(command, cli.state_dir),
         Cmd::Down { id } => {
             teardown::down(&cli.state_dir, &id)?;
             println!("lab {id} removed");
@@ -291,6 +342,77 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let all_answered = tally.total_answered() == count;
             println!("{}", serde_json::to_string(&tally)?);
             Ok(exit_for(all_answered))
+        }
+    }
+}
+
+fn run_kube(command: KubeCmd, state_dir: PathBuf) -> anyhow::Result<ExitCode> {
+    use switchyard_e2e::kube::{self, K8sBinaries, KubeCluster, KubeOptions};
+    match command {
+        KubeCmd::Up {
+            nodes,
+            k8s_bin,
+            images,
+            keep,
+        } => {
+            install_teardown_on_signal()?;
+            let options = KubeOptions {
+                nodes,
+                binaries: K8sBinaries::at(&k8s_bin)?,
+                images: kube::cluster::image_archives(&images),
+                lab_binary: options::locate_lab_binary(),
+                state_dir,
+                ready_timeout: Duration::from_secs(120),
+            };
+            let started = std::time::Instant::now();
+            let cluster = KubeCluster::up(options)?;
+            println!(
+                "cluster {} is up ({} nodes Ready after {:.1} s; no proxy runs yet)",
+                cluster.id(),
+                cluster.nodes().len(),
+                started.elapsed().as_secs_f64()
+            );
+            println!("  export KUBECONFIG={}", cluster.admin_kubeconfig().display());
+            println!(
+                "  API server (for pods and nodes): {}",
+                cluster.apiserver_address()
+            );
+            println!("  logs: {}", cluster.logs_dir().display());
+            if keep {
+                let id = cluster.keep()?;
+                println!("kept cluster {id}; remove it with: switchyard-lab kube down {id}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("Ctrl-C (or SIGTERM) tears it down");
+            loop {
+                std::thread::park();
+            }
+        }
+        KubeCmd::Down { id } => {
+            teardown::down(&state_dir, &id)?;
+            println!("cluster {id} removed");
+            Ok(ExitCode::SUCCESS)
+        }
+        KubeCmd::Hold { binds } => {
+            let binds = binds
+                .iter()
+                .map(|text| kube::hold::Bind::parse(text).map_err(anyhow::Error::msg))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            kube::hold::hold(&binds)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        KubeCmd::Relay { netns, to, listen } => {
+            let relay = switchyard_e2e::relay::Relay::into_netns(listen, &netns, to)?;
+            let addr = relay
+                .listen_addr()
+                .ok_or_else(|| anyhow::anyhow!("the relay has no listener"))?;
+            println!("listening {addr}");
+            // NB: the parent reads that one line; nothing else is printed.
+            use std::io::Write as _;
+            std::io::stdout().flush()?;
+            loop {
+                std::thread::park();
+            }
         }
     }
 }

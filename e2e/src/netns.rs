@@ -98,11 +98,21 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
+    in_netns_at(&netns_path(name), name, f)
+}
+
+/// Runs `f` on a new thread that has entered the namespace of file `path` (a named namespace, or
+/// `/proc/<pid>/ns/net` of a process such as a pod's sandbox); `name` is for messages.
+pub fn in_netns_at<T, F>(path: &Path, name: &str, f: F) -> Result<T>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
     let enter_error = |reason: String| LabError::EnterNetns {
         netns: name.to_owned(),
         reason,
     };
-    let file = File::open(netns_path(name)).map_err(|error| enter_error(error.to_string()))?;
+    let file = File::open(path).map_err(|error| enter_error(error.to_string()))?;
     std::thread::scope(|scope| {
         let worker = scope.spawn(move || -> Result<T> {
             setns(&file, CloneFlags::CLONE_NEWNET).map_err(|errno| enter_error(errno.to_string()))?;

@@ -1,9 +1,13 @@
-//! A TCP relay into a lab namespace: how an agent inside a node's namespace reaches an API server that
-//! listens in the host namespace, and how a test takes that API server away from it.
+//! A TCP relay between the host and a lab namespace, in either direction: how an agent inside a node's
+//! namespace reaches an API server that listens in the host namespace (and how a test takes that API
+//! server away from it), and how the host reaches a lab cluster's API server inside its namespace.
 //!
 //! ```text
-//! netns <node>: listener at the API server's own IP:port (bound from a setns thread)
-//!   accept ─► pipe on host threads ─► the real server (host namespace)
+//! Relay::start(netns, targets)       listener in <netns> at the server's own IP:port (setns thread)
+//!                                      accept ─► pipe on host threads ─► the real server (host)
+//! Relay::into_netns(listen, netns, target)
+//!                                    listener on the host (e.g. 127.0.0.1:0)
+//!                                      accept ─► connect from a <netns> thread ─► the server inside
 //! cut()     ─► listener closed (connect: refused) and every piped connection shut down
 //! restore() ─► listening again at the same address
 //! ```
@@ -25,8 +29,12 @@ type Live = Arc<Mutex<Vec<TcpStream>>>;
 
 /// Accepts inside a namespace at the API server's own address and pipes to the real server.
 pub struct Relay {
-    netns: String,
-    targets: Vec<SocketAddr>,
+    /// Where the listeners are: a namespace, or the host (None).
+    listen_in: Option<String>,
+    /// Where connections to the target are made from: a namespace, or the host (None).
+    connect_in: Option<String>,
+    /// (listen at, connect to) pairs.
+    routes: Vec<(SocketAddr, SocketAddr)>,
     running: Option<Running>,
 }
 
@@ -41,12 +49,31 @@ impl Relay {
     /// `::1` without IPv6, is skipped while another one binds).
     pub fn start(netns: &str, targets: &[SocketAddr]) -> Result<Self> {
         let mut relay = Relay {
-            netns: netns.to_string(),
-            targets: targets.to_vec(),
+            listen_in: Some(netns.to_string()),
+            connect_in: None,
+            routes: targets.iter().map(|&target| (target, target)).collect(),
             running: None,
         };
         relay.restore()?;
         Ok(relay)
+    }
+
+    /// Listens on the host at `listen` (port 0: any free port) and connects each accepted
+    /// connection to `target` from inside `netns`.
+    pub fn into_netns(listen: SocketAddr, netns: &str, target: SocketAddr) -> Result<Self> {
+        let mut relay = Relay {
+            listen_in: None,
+            connect_in: Some(netns.to_string()),
+            routes: vec![(listen, target)],
+            running: None,
+        };
+        relay.restore()?;
+        Ok(relay)
+    }
+
+    /// Where the (first) listener listens: with port 0 asked for, the port it got.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.routes.first().map(|&(listen, _)| listen)
     }
 
     /// True while the relay accepts.
@@ -82,32 +109,40 @@ impl Relay {
         let live: Live = Arc::default();
         let mut threads = Vec::new();
         let mut last_error = None;
-        for &target in &self.targets {
+        let place = self.listen_in.as_deref().unwrap_or("the host").to_owned();
+        for route in &mut self.routes {
+            let (listen, target) = *route;
             // The socket belongs to the namespace of the thread that created it, wherever it is used.
-            let listener = match netns::in_netns(&self.netns, move || TcpListener::bind(target))? {
+            let bound = match &self.listen_in {
+                Some(netns) => netns::in_netns(netns, move || TcpListener::bind(listen))?,
+                None => TcpListener::bind(listen),
+            };
+            let listener = match bound {
                 Ok(listener) => listener,
                 Err(source) => {
                     last_error = Some(LabError::Socket {
-                        what: format!("relay: binding {target} in {}", self.netns),
+                        what: format!("relay: binding {listen} in {place}"),
                         source,
                     });
                     continue;
                 }
             };
-            listener
-                .set_nonblocking(true)
-                .map_err(|source| LabError::Socket {
-                    what: format!("relay: listener at {target}"),
-                    source,
-                })?;
+            let socket_error = |source| LabError::Socket {
+                what: format!("relay: listener at {listen}"),
+                source,
+            };
+            listener.set_nonblocking(true).map_err(socket_error)?;
+            // NB: keep the port a listener on port 0 got, so restore() listens there again.
+            route.0 = listener.local_addr().map_err(socket_error)?;
             let (stop, live) = (Arc::clone(&stop), Arc::clone(&live));
+            let connect_in = self.connect_in.clone();
             threads.push(std::thread::spawn(move || {
-                accept_loop(listener, target, &stop, &live)
+                accept_loop(listener, target, connect_in.as_deref(), &stop, &live)
             }));
         }
         if threads.is_empty() {
             return Err(last_error.unwrap_or_else(|| LabError::Socket {
-                what: format!("relay: no address to relay in {}", self.netns),
+                what: format!("relay: no address to relay in {place}"),
                 source: std::io::ErrorKind::InvalidInput.into(),
             }));
         }
@@ -122,10 +157,16 @@ impl Drop for Relay {
     }
 }
 
-fn accept_loop(listener: TcpListener, target: SocketAddr, stop: &AtomicBool, live: &Live) {
+fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    connect_in: Option<&str>,
+    stop: &AtomicBool,
+    live: &Live,
+) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((conn, _)) => pipe(conn, target, live),
+            Ok((conn, _)) => pipe(conn, target, connect_in, live),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -137,10 +178,17 @@ fn accept_loop(listener: TcpListener, target: SocketAddr, stop: &AtomicBool, liv
     }
 }
 
-/// Copies both ways between a relayed connection and the real server (this thread is in the host
-/// namespace, so the connect reaches the real server).
-fn pipe(conn: TcpStream, target: SocketAddr, live: &Live) {
-    let Ok(server) = TcpStream::connect(target) else {
+/// Copies both ways between a relayed connection and the real server, connected from the host (this
+/// thread's namespace) or from inside `connect_in`.
+fn pipe(conn: TcpStream, target: SocketAddr, connect_in: Option<&str>, live: &Live) {
+    let connect = move || TcpStream::connect_timeout(&target, Duration::from_secs(5));
+    let server = match connect_in {
+        Some(netns) => netns::in_netns(netns, connect)
+            .ok()
+            .and_then(std::result::Result::ok),
+        None => connect().ok(),
+    };
+    let Some(server) = server else {
         return;
     };
     let _ = conn.set_nonblocking(false);

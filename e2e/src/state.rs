@@ -38,6 +38,16 @@ pub struct Manifest {
     pub kept: bool,
     /// Every namespace the lab creates.
     pub netns: Vec<String>,
+    /// cgroups (one name, in every v1 hierarchy) whose processes teardown kills (a cluster's pods).
+    pub cgroups: Vec<String>,
+    /// Processes outside the lab's namespaces that teardown kills: pid and start time.
+    pub pids: Vec<(u32, u64)>,
+    /// Host settings below /proc/sys the lab changed (or lets a kubelet change), with the value to
+    /// put back.
+    pub sysctls: Vec<(String, String)>,
+    /// Empty files and directories the lab made on the host as mount points; removed when no other
+    /// lab still lists them.
+    pub mount_points: Vec<PathBuf>,
 }
 
 impl LabState {
@@ -189,6 +199,7 @@ impl Manifest {
             owner: own_start_time().map(|start| (std::process::id(), start)),
             kept: false,
             netns,
+            ..Manifest::default()
         }
     }
 
@@ -209,6 +220,18 @@ impl Manifest {
         for name in &self.netns {
             let _ = writeln!(text, "netns {name}");
         }
+        for name in &self.cgroups {
+            let _ = writeln!(text, "cgroup {name}");
+        }
+        for (pid, start) in &self.pids {
+            let _ = writeln!(text, "pid {pid} {start}");
+        }
+        for (key, value) in &self.sysctls {
+            let _ = writeln!(text, "sysctl {key} {value}");
+        }
+        for path in &self.mount_points {
+            let _ = writeln!(text, "mount-point {}", path.display());
+        }
         text
     }
 
@@ -222,6 +245,16 @@ impl Manifest {
                 }
                 (Some("kept"), None, None) => manifest.kept = true,
                 (Some("netns"), Some(name), None) => manifest.netns.push(name.to_owned()),
+                (Some("cgroup"), Some(name), None) => manifest.cgroups.push(name.to_owned()),
+                (Some("pid"), Some(pid), Some(start)) => {
+                    if let (Ok(pid), Ok(start)) = (pid.parse(), start.parse()) {
+                        manifest.pids.push((pid, start));
+                    }
+                }
+                (Some("sysctl"), Some(key), Some(value)) => {
+                    manifest.sysctls.push((key.to_owned(), value.to_owned()))
+                }
+                (Some("mount-point"), Some(path), None) => manifest.mount_points.push(PathBuf::from(path)),
                 _ => {}
             }
         }
@@ -246,7 +279,7 @@ fn own_start_time() -> Option<u64> {
 }
 
 /// Field 22 of `/proc/<pid>/stat`: the start time, which tells a live process from a reused pid.
-fn process_start_time(pid: u32) -> Option<u64> {
+pub fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, after_comm) = stat.rsplit_once(')')?;
     after_comm.split_whitespace().nth(19)?.parse().ok()
@@ -262,6 +295,10 @@ mod tests {
             owner: Some((42, 1234)),
             kept: true,
             netns: vec!["sy0001-fabric".into(), "sy0001-node-a".into()],
+            cgroups: vec!["switchyard-lab-sy0001-node-a".into()],
+            pids: vec![(7, 99)],
+            sysctls: vec![("vm/overcommit_memory".into(), "0".into())],
+            mount_points: vec![PathBuf::from("/var/lib/kubelet")],
         };
         assert_eq!(Manifest::from_text(&manifest.to_text()), manifest);
     }

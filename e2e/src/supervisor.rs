@@ -89,13 +89,29 @@ impl Supervisor {
         argv: &[String],
         stdout: Stdout,
     ) -> Result<(ChildHandle, Option<ChildStdout>)> {
+        let entry = [IP.to_owned(), "netns".into(), "exec".into(), netns.to_owned()];
+        self.spawn_entered(&entry, label, argv, stdout)
+    }
+
+    /// Starts `argv` behind `entry`, a command that enters somewhere and runs the rest (`ip netns exec
+    /// NS`, `nsenter -t PID -m -n --`, …); an empty `entry` runs it here.
+    pub fn spawn_entered(
+        &self,
+        entry: &[String],
+        label: &str,
+        argv: &[String],
+        stdout: Stdout,
+    ) -> Result<(ChildHandle, Option<ChildStdout>)> {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let stem = format!("{seq:03}-{}", sanitize(label));
         let stdout_path = self.logs.join(format!("{stem}.stdout"));
         let stderr_path = self.logs.join(format!("{stem}.stderr"));
-        let mut cmd = Command::new(IP);
-        cmd.args(["netns", "exec", netns])
-            .args(argv)
+        let mut all = entry.iter().chain(argv);
+        let Some(program) = all.next() else {
+            return Err(LabError::Refused(format!("{label}: an empty command line")));
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(all)
             .process_group(0)
             .stdin(Stdio::null())
             .stderr(create(&stderr_path)?);

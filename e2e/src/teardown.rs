@@ -1,5 +1,6 @@
-//! Removing labs: manifest ─► kill every process inside its namespaces ─► delete the namespaces ─►
-//! retire the state directory.
+//! Removing labs: manifest ─► kill every process inside its namespaces, its cgroups and its listed
+//! pids ─► remove the cgroups ─► delete the namespaces ─► put host sysctls back ─► remove the mount
+//! points it made ─► retire the state directory.
 //!
 //! ```text
 //! Lab::drop / Lab::down ─┐
@@ -18,6 +19,7 @@ use std::{
 use nix::{sys::signal::Signal, unistd::Pid};
 
 use crate::{
+    cgroups,
     error::{LabError, Result},
     names, netns,
     registry::LiveLab,
@@ -49,7 +51,15 @@ pub fn teardown(state: &LabState, keep_logs: bool) -> Result<()> {
         return state.retire(keep_logs);
     };
     kill_processes_in(&manifest.netns);
-    let problems = netns::delete_all(&manifest.netns);
+    let mut problems = Vec::new();
+    if !manifest.cgroups.is_empty() || !manifest.pids.is_empty() {
+        problems.extend(kill_cgroups_and_pids(&manifest));
+        // NB: pods killed above may have left processes in the namespaces (hostNetwork pods); again.
+        kill_processes_in(&manifest.netns);
+    }
+    problems.extend(netns::delete_all(&manifest.netns));
+    problems.extend(restore_sysctls(&manifest.sysctls));
+    problems.extend(remove_mount_points(state, &manifest.mount_points));
     if !problems.is_empty() {
         return Err(LabError::Teardown {
             lab: state.id().to_owned(),
@@ -67,6 +77,97 @@ pub(crate) fn kill_processes_in(names: &[String]) {
             let _ = nix::sys::signal::kill(Pid::from_raw(*pid), Signal::SIGKILL);
         }
     }
+}
+
+/// Kills every process of the manifest's cgroups and listed pids, waits for them to be gone, and
+/// removes the cgroups; returns what could not be removed.
+fn kill_cgroups_and_pids(manifest: &crate::state::Manifest) -> Vec<String> {
+    for (pid, start) in &manifest.pids {
+        // NB: only the process that was recorded, never one that reused its pid.
+        if crate::state::process_start_time(*pid) == Some(*start)
+            && let Ok(pid) = i32::try_from(*pid)
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let pids: Vec<i32> = manifest
+            .cgroups
+            .iter()
+            .flat_map(|name| cgroups::pids(name))
+            .collect();
+        if pids.is_empty() || std::time::Instant::now() > deadline {
+            break;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut left = Vec::new();
+    for name in &manifest.cgroups {
+        // NB: a cgroup whose last process just died may need a moment before rmdir succeeds.
+        for attempt in 0..20 {
+            let remaining = cgroups::remove(name);
+            if remaining.is_empty() {
+                break;
+            }
+            if attempt == 19 {
+                left.extend(remaining);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    left
+}
+
+/// Writes back the host sysctls the lab recorded before changing them.
+fn restore_sysctls(sysctls: &[(String, String)]) -> Vec<String> {
+    sysctls
+        .iter()
+        .filter_map(|(key, value)| {
+            let path = Path::new("/proc/sys").join(key);
+            let current = std::fs::read_to_string(&path).ok();
+            if current.as_deref().map(str::trim) == Some(value.as_str()) {
+                return None;
+            }
+            std::fs::write(&path, value)
+                .err()
+                .map(|error| format!("restoring {} to {value}: {error}", path.display()))
+        })
+        .collect()
+}
+
+/// Removes the empty mount points the lab made on the host, unless another lab's manifest still
+/// lists them (it may have bound something over them in its own mount namespace).
+fn remove_mount_points(state: &LabState, paths: &[PathBuf]) -> Vec<String> {
+    if paths.is_empty() {
+        return Vec::new();
+    }
+    let state_dir = state.dir().parent().map(Path::to_path_buf).unwrap_or_default();
+    let others: Vec<PathBuf> = LabState::all(&state_dir)
+        .into_iter()
+        .filter(|other| other.id() != state.id())
+        .filter_map(|other| other.read_manifest().ok().flatten())
+        .flat_map(|manifest| manifest.mount_points)
+        .collect();
+    let mut problems = Vec::new();
+    // NB: deepest first, so a directory made for a deeper mount point goes after it.
+    let mut paths: Vec<&PathBuf> = paths.iter().filter(|path| !others.contains(path)).collect();
+    paths.sort_by_key(|path| std::cmp::Reverse(path.components().count()));
+    for path in paths {
+        let result = match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir(path),
+            Ok(meta) if meta.len() == 0 => std::fs::remove_file(path),
+            Ok(_) => continue,
+            Err(_) => continue,
+        };
+        if let Err(error) = result {
+            problems.push(format!("removing mount point {}: {error}", path.display()));
+        }
+    }
+    problems
 }
 
 /// `switchyard-lab down ID`.

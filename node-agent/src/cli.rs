@@ -454,9 +454,16 @@ fn run_command(args: &RunArgs) -> ExitCode {
         }
         (PlanFrom::File { .. }, _) => None,
     };
+    let missing_capabilities = crate::capabilities::effective()
+        .map(crate::capabilities::missing)
+        .and_then(|missing| crate::capabilities::explain(&missing));
+    if let Some(why) = &missing_capabilities {
+        tracing::error!("{why}; no rule can be programmed until it has them (the kernel keeps what it has)");
+    }
     let config = SyncConfig {
         full_sync_period: args.full_sync_period,
         health_timeout: args.resync_period * 2,
+        missing_capabilities,
         ..SyncConfig::default()
     };
     let syncer = match real_syncer(&args.iptables, config) {

@@ -50,6 +50,9 @@ pub struct SyncConfig {
     pub retry_max: Duration,
     /// A failure older than this makes the proxy unhealthy (kube-proxy: 2 × syncPeriod).
     pub health_timeout: Duration,
+    /// Why syncs cannot work here, said before every failure's message: the capabilities this
+    /// process lacks ([`crate::capabilities::explain`]).
+    pub missing_capabilities: Option<String>,
 }
 
 impl Default for SyncConfig {
@@ -59,6 +62,7 @@ impl Default for SyncConfig {
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
             health_timeout: Duration::from_secs(60),
+            missing_capabilities: None,
         }
     }
 }
@@ -575,7 +579,10 @@ impl Syncer {
                     Last::Failed { since, .. } => *since,
                     _ => now,
                 };
-                let mut message = e.to_string();
+                let mut message = match &self.config.missing_capabilities {
+                    Some(why) => format!("{why}; {e}"),
+                    None => e.to_string(),
+                };
                 if let Some(line) = e.failing_line() {
                     // The status is where an operator looks first: name the refused rule there too.
                     message.push_str(&format!("; the refused line: {line}"));
