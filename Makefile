@@ -8,7 +8,7 @@ IMAGE_REGISTRY ?= ghcr.io/switchyard
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: help build install test unit lint fmt generate verify-generated demo demo-cluster plan bench fuzz e2e e2e-cluster image clean
+.PHONY: help build install test unit lint fmt generate verify-generated demo demo-cluster plan bench fuzz e2e e2e-cluster e2e-kube kube-up image image-docker clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -22,8 +22,8 @@ install: ## cargo install switchyard-controller and switchyard-agent (release) i
 
 test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests
 
-unit: ## All tests (the lab suites need root)
-	$(CARGO) test --workspace --all-targets --locked
+unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the cluster suites, against a lab control plane, and the real-cluster suite)
+	./scripts/with-control-plane.sh $(CARGO) test --workspace --all-targets --locked
 
 lint: ## rustfmt and clippy, warnings are errors
 	$(CARGO) fmt --all --check
@@ -82,11 +82,25 @@ fuzz: ## Fuzz the parsers for a bounded time (FUZZ_SECONDS=60 each): plan files,
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests
 
-e2e-cluster: ## The cluster suites against the API server KUBECONFIG names (a bare kube-apiserver will do; root)
-	@test -n "$$KUBECONFIG" || { echo "e2e-cluster: set KUBECONFIG to a real API server"; exit 2; }
-	$(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent
+e2e-cluster: ## The cluster suites against the API server KUBECONFIG names, or a lab control plane from SWITCHYARD_K8S_BIN (root)
+	@test -n "$$KUBECONFIG$$SWITCHYARD_K8S_BIN" || { echo "e2e-cluster: set KUBECONFIG to a real API server, or SWITCHYARD_K8S_BIN to a folder of Kubernetes binaries (../shared/k8s/unpack.sh)"; exit 2; }
+	./scripts/with-control-plane.sh $(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent --test cluster_demo
 
-image: ## Container images switchyard-controller and switchyard-agent (skipped without a running engine)
+e2e-kube: ## The real-cluster suite: images, two kubelet nodes with containerd, install with kubectl apply -k, traffic, life cycle, bad input, back to kube-proxy (root; SWITCHYARD_K8S_BIN; ~15 min)
+	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "e2e-kube: set SWITCHYARD_K8S_BIN to a folder of Kubernetes v1.36 binaries (../shared/k8s/unpack.sh prints one)"; exit 2; }
+	$(CARGO) test -p switchyard-e2e --test kube_cluster -- --nocapture
+
+kube-up: ## A real two-node cluster in the lab, left up (no proxy; the images of `make image IMAGE_COMPONENTS="agent controller pause agnhost"` imported); `switchyard-lab kube down ID` removes it (root; SWITCHYARD_K8S_BIN)
+	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "kube-up: set SWITCHYARD_K8S_BIN (../shared/k8s/unpack.sh prints one)"; exit 2; }
+	$(CARGO) build -q -p switchyard-e2e --bin switchyard-lab
+	./target/debug/switchyard-lab kube up --keep
+
+IMAGE_COMPONENTS ?= agent controller
+
+image: ## OCI archives target/images/switchyard-{agent,controller}.tar without a daemon (mmdebstrap + umoci; Debian: apt-get install mmdebstrap umoci); prints digest and size
+	./scripts/image/build.sh --tag $(IMAGE_TAG) --registry $(IMAGE_REGISTRY) $(IMAGE_COMPONENTS)
+
+image-docker: ## The same images with Docker/BuildKit or podman (CONTAINER_ENGINE; skipped without a running engine)
 	@if ! $(CONTAINER_ENGINE) info >/dev/null 2>&1; then \
 	  echo "image: no container engine is running here ($(CONTAINER_ENGINE) info failed); skipping"; \
 	  exit 0; \

@@ -359,7 +359,12 @@ fn run_kube(command: KubeCmd, state_dir: PathBuf) -> anyhow::Result<ExitCode> {
             let options = KubeOptions {
                 nodes,
                 binaries: K8sBinaries::at(&k8s_bin)?,
-                images: kube::cluster::image_archives(&images),
+                // A control plane alone (the cluster suites') imports nothing.
+                images: if nodes == 0 {
+                    Vec::new()
+                } else {
+                    kube::cluster::image_archives(&images)
+                },
                 lab_binary: options::locate_lab_binary(),
                 state_dir,
                 ready_timeout: Duration::from_secs(120),

@@ -403,7 +403,7 @@ struct Names {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[cfg_attr(
     not(kubeconfig),
-    ignore = "needs a real API server: set KUBECONFIG (make e2e-cluster)"
+    ignore = "needs a real API server: set KUBECONFIG, or SWITCHYARD_K8S_BIN for `make unit` / `make e2e-cluster` to start one"
 )]
 async fn agent_reports_status_with_least_privilege_in_a_real_cluster() {
     let test = "agent_reports_status_with_least_privilege_in_a_real_cluster";

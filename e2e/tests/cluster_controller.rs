@@ -35,7 +35,7 @@ use switchyard_controller::{
 #[tokio::test]
 #[cfg_attr(
     not(kubeconfig),
-    ignore = "needs a real API server: set KUBECONFIG (make e2e-cluster)"
+    ignore = "needs a real API server: set KUBECONFIG, or SWITCHYARD_K8S_BIN for `make unit` / `make e2e-cluster` to start one"
 )]
 async fn controller_keeps_plans_current_in_a_real_cluster() {
     let client = client_from_kubeconfig("controller_keeps_plans_current_in_a_real_cluster").await;

@@ -1,8 +1,9 @@
 //! `switchyard-lab demo-cluster` (`make demo-cluster`) end to end against the fake API server served
 //! over HTTP, reached through a kubeconfig like any API server: the CRDs and the example's objects
 //! applied, the controller and the lab's agents on it, the checks passing before and after a change,
-//! and nothing of the demo's left on the server afterwards. (Against a real API server: `KUBECONFIG=…
-//! make demo-cluster`.) Needs root (the lab).
+//! and nothing of the demo's left on the server afterwards; and the same against the real API server
+//! `KUBECONFIG` names (`make unit` starts a lab control plane for it when `SWITCHYARD_K8S_BIN` is
+//! set; ignored when neither was set at build time). Needs root (the lab).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -84,6 +85,28 @@ fn the_cluster_demo_runs_through_an_api_server_and_removes_what_it_created() {
     }
     assert_eq!(server.keys(Kind::Service), vec!["default/theirs".to_string()]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[cfg_attr(
+    not(kubeconfig),
+    ignore = "needs a real API server: set KUBECONFIG, or SWITCHYARD_K8S_BIN for `make unit` to start one"
+)]
+fn the_cluster_demo_runs_on_a_real_api_server() {
+    if !common::lab_allowed("cluster_demo (real API server)") {
+        return;
+    }
+    let kubeconfig = std::env::var_os("KUBECONFIG")
+        .map(std::path::PathBuf::from)
+        .expect("KUBECONFIG names the API server (it was set when this test was built)");
+    let options = ClusterDemoOptions {
+        cluster: repo("examples/cluster.yaml"),
+        config: repo("examples/controller-config.yaml"),
+        kubeconfig,
+        crds: repo("crds"),
+    };
+    let failed = run(&options, common::options()).unwrap();
+    assert_eq!(failed, 0, "checks failed through the real API server");
 }
 
 fn tempdir() -> std::path::PathBuf {

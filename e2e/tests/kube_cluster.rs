@@ -81,6 +81,7 @@ fn build_images(bin: &K8sBinaries) -> Vec<PathBuf> {
             "--out",
             &out.display().to_string(),
             "agent",
+            "agent-no-nft",
             "controller",
             "pause",
             "agnhost",
@@ -497,10 +498,19 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     step("bad input: an overlay without NET_ADMIN", || {
         without_net_admin(&cluster)
     });
+    step("bad input: a node whose agent image lacks nft", || {
+        image_without_nft(&cluster, "node-b")
+    });
     assert_no_failures("steady Service through the bad inputs", &steady.stop());
 
-    // --- a node goes away ---
+    // node-b forwards nothing for a while here: only node-a's client and the outside are counted.
     let steady_a = steady_prober(&cluster, &["client-a"]);
+    step(
+        "bad input: a new node, no kube-proxy, no API-server ConfigMap",
+        || new_node_without_configmap(&cluster, "node-b"),
+    );
+
+    // --- a node goes away ---
     step("node-b's kubelet stopped and its Node deleted", || {
         let before = json(&cluster, &["get", "nfp", "node-a"]);
         cluster.stop_kubelet("node-b").unwrap();
@@ -782,6 +792,215 @@ fn without_net_admin(cluster: &KubeCluster) {
         &flows::standard()[..4],
     );
     undo_agent_rollout(cluster);
+}
+
+fn agent_image_now(cluster: &KubeCluster) -> String {
+    let ds = json(
+        cluster,
+        &["-n", "switchyard-system", "get", "daemonset", "switchyard-agent"],
+    );
+    ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn delete_agent_pod(cluster: &KubeCluster, node: &str) {
+    let (pod, _) = agent_pod(cluster, node).expect("an agent pod on the node");
+    cluster
+        .kubectl(&["-n", "switchyard-system", "delete", "pod", &pod, "--wait=true"])
+        .unwrap();
+}
+
+fn wait_agent_ready(cluster: &KubeCluster, node: &str) -> String {
+    wait_until(
+        Duration::from_secs(90),
+        &format!("{node}'s new agent pod to be Ready"),
+        || match agent_pod(cluster, node) {
+            Some((pod, true)) => Some(pod),
+            _ => None,
+        },
+    )
+}
+
+/// A node labelled for nftables whose image has no `nft` (a custom image, a stale node-local copy):
+/// the agent keeps forwarding with iptables and says so in `kubectl get nfp` (Degraded,
+/// BackendFallback) and its log; the right image and label bring it back.
+fn image_without_nft(cluster: &KubeCluster, node: &str) {
+    let image = agent_image_now(cluster);
+    let lacking = format!("{AGENT_IMAGE}:{}-no-nft", tag());
+    // The node's copy of the DaemonSet's image is replaced by one without nft.
+    cluster.node(node).unwrap().tag(&lacking, &image).unwrap();
+    delete_agent_pod(cluster, node);
+    let pod = wait_agent_ready(cluster, node);
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            node,
+            "switchyard.io/backend=nftables",
+            "--overwrite",
+        ])
+        .unwrap();
+    let status = wait_until(
+        Duration::from_secs(60),
+        "nfp status to say nft is missing",
+        || {
+            let plan = json(cluster, &["get", "nfp", node]);
+            let conditions = plan["status"]["conditions"].as_array()?.clone();
+            conditions
+                .iter()
+                .find(|c| c["type"] == "Degraded" && c["reason"] == "BackendFallback")
+                .filter(|c| c["message"].as_str().is_some_and(|m| m.contains("nft is not in")))
+                .map(|c| c["message"].as_str().unwrap_or_default().to_owned())
+        },
+    );
+    eprintln!(
+        "kube: image without nft on {node}: kubectl get nfp {node} says Degraded BackendFallback: {status}"
+    );
+    eprintln!(
+        "{}",
+        cluster.kubectl(&["get", "nfp", node, "-o", "wide"]).unwrap()
+    );
+    let logs = cluster
+        .kubectl(&["-n", "switchyard-system", "logs", &pod])
+        .unwrap();
+    let line = logs
+        .lines()
+        .find(|line| line.contains("nft is not in"))
+        .unwrap_or_else(|| panic!("the agent's log names the missing nft:\n{logs}"));
+    eprintln!("kube: image without nft on {node}: the agent logs: {line}");
+    assert!(swyd_rules(cluster, node) > 0, "forwarding goes on with iptables");
+    check_flows(
+        cluster,
+        "switchyard, one node's image without nft",
+        &flows::standard()[..4],
+    );
+    // Back: the label off, the right image, a new pod.
+    cluster
+        .kubectl(&["label", "node", node, "switchyard.io/backend-"])
+        .unwrap();
+    cluster
+        .node(node)
+        .unwrap()
+        .tag(&format!("{AGENT_IMAGE}:{}", tag()), &image)
+        .unwrap();
+    delete_agent_pod(cluster, node);
+    wait_agent_ready(cluster, node);
+    install::wait_all_applied(cluster, Duration::from_secs(60)).unwrap();
+}
+
+/// A node that joins a cluster without kube-proxy while the switchyard-apiserver ConfigMap is
+/// missing: its agent has only the `kubernetes` ClusterIP, which nothing programs there yet. It exits
+/// with what to configure, which the pod's status shows; the other node keeps forwarding; the
+/// ConfigMap, once created, is picked up at the next restart and the node is programmed.
+fn new_node_without_configmap(cluster: &KubeCluster, node: &str) {
+    const HOLD: &str = "lab.switchyard.io/hold-agent";
+    cluster
+        .kubectl(&[
+            "-n",
+            "switchyard-system",
+            "delete",
+            "configmap",
+            "switchyard-apiserver",
+        ])
+        .unwrap();
+    // An affinity that lets the test take the agent off one node (the pods restart once for it,
+    // from their caches).
+    let affinity = format!(
+        r#"{{"spec":{{"template":{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{{"matchExpressions":[{{"key":"{HOLD}","operator":"DoesNotExist"}}]}}]}}}}}}}}}}}}}}"#
+    );
+    cluster
+        .kubectl(&[
+            "-n",
+            "switchyard-system",
+            "patch",
+            "daemonset/switchyard-agent",
+            "--type=merge",
+            "-p",
+            &affinity,
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "-n",
+            "switchyard-system",
+            "rollout",
+            "status",
+            "daemonset/switchyard-agent",
+            "--timeout=180s",
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&["label", "node", node, &format!("{HOLD}=yes")])
+        .unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        &format!("the agent pod to leave {node}"),
+        || agent_pod(cluster, node).is_none().then_some(()),
+    );
+    // What a new node is: no rules, no cache.
+    let lab = env!("CARGO_BIN_EXE_switchyard-lab").to_owned();
+    let machine = cluster.node(node).unwrap();
+    machine
+        .run_in(&[lab, "agent".to_owned(), "cleanup".to_owned()])
+        .unwrap();
+    machine
+        .run_in(&[
+            "find".to_owned(),
+            "/var/lib/switchyard".to_owned(),
+            "-mindepth".to_owned(),
+            "1".to_owned(),
+            "-delete".to_owned(),
+        ])
+        .unwrap();
+    assert_eq!(swyd_rules(cluster, node), 0, "{node} starts without rules");
+    cluster
+        .kubectl(&["label", "node", node, &format!("{HOLD}-")])
+        .unwrap();
+    let message = wait_until(
+        Duration::from_secs(120),
+        "the agent pod's status to say what is missing",
+        || {
+            let (pod, _) = agent_pod(cluster, node)?;
+            let pod = json(cluster, &["-n", "switchyard-system", "get", "pod", &pod]);
+            let terminated = &pod["status"]["containerStatuses"][0]["lastState"]["terminated"];
+            terminated["message"]
+                .as_str()
+                .filter(|m| m.contains("switchyard-apiserver"))
+                .map(|m| format!("{}: {m}", terminated["reason"].as_str().unwrap_or_default()))
+        },
+    );
+    eprintln!("kube: no ConfigMap on a new {node}: the pod's last state says {message}");
+    assert!(message.contains("10.96.0.1:443"), "{message}");
+    check_flows(
+        cluster,
+        "switchyard, a new node that cannot reach the API server",
+        &flows::standard()[..1],
+    );
+    // The fix the message names; the next restart picks it up.
+    let created = Instant::now();
+    install::apiserver_configmap(cluster).unwrap();
+    // Ready only after a sync of the plan it fetched (its status was the old agent's until then).
+    wait_until(
+        Duration::from_secs(120),
+        &format!("{node}'s agent to start with the ConfigMap and be Ready"),
+        || match agent_pod(cluster, node) {
+            Some((_, true)) => Some(()),
+            _ => None,
+        },
+    );
+    assert!(swyd_rules(cluster, node) > 0, "{node} is programmed");
+    install::wait_all_applied(cluster, Duration::from_secs(60)).unwrap();
+    eprintln!(
+        "kube: number: ConfigMap created → new {node} Applied {:.1} s (includes the kubelet's restart back-off)",
+        created.elapsed().as_secs_f64()
+    );
+    check_flows(
+        cluster,
+        "switchyard, the new node programmed",
+        &flows::standard()[..2],
+    );
 }
 
 fn undo_agent_rollout(cluster: &KubeCluster) {

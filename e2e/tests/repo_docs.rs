@@ -84,3 +84,37 @@ fn relative_links_in_markdown_point_into_the_repository() {
         broken.join("\n")
     );
 }
+
+/// The Dockerfiles and `make image` (scripts/image/build.sh) must give the same image: the same base
+/// script for the same component, the binary at the same path, the same user and entrypoint.
+#[test]
+fn the_dockerfiles_build_what_make_image_builds() {
+    let build = std::fs::read_to_string(root().join("scripts/image/build.sh")).unwrap();
+    for (component, user) in [("agent", "0:0"), ("controller", "65532:65532")] {
+        let dockerfile = std::fs::read_to_string(root().join(format!("Dockerfile.{component}"))).unwrap();
+        let binary = format!("/usr/local/bin/switchyard-{component}");
+        for needle in [
+            format!("rootfs.sh {component} "),
+            "FROM scratch".to_owned(),
+            format!("COPY --from=builder /out/switchyard-{component} {binary}"),
+            format!("USER {user}"),
+            format!("ENTRYPOINT [\"{binary}\"]"),
+            "CARGO_PROFILE_RELEASE_STRIP=symbols".to_owned(),
+        ] {
+            assert!(
+                dockerfile.contains(&needle),
+                "Dockerfile.{component} lacks {needle:?}"
+            );
+        }
+        for needle in [
+            format!("base_tar {component})"),
+            format!("\"$files{binary}\""),
+            format!("--config.entrypoint={binary} --config.cmd=--help --config.user={user}"),
+        ] {
+            assert!(
+                build.contains(&needle),
+                "build.sh lacks {needle:?} for {component}"
+            );
+        }
+    }
+}

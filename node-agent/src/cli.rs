@@ -201,6 +201,12 @@ struct RunArgs {
     /// a view syncs on every slice change, so this bounds status writes to nodes / interval.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     status_progress_interval: Duration,
+    /// On a node with no plan cached, whose only API server address is the kubelet's (the
+    /// `kubernetes` Service's ClusterIP: no switchyard-apiserver ConfigMap), exit with what to
+    /// configure if the API server does not answer within this time (0s: wait forever). Below the
+    /// DaemonSet's liveness budget, so the pod status shows this message rather than a probe failure.
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    api_bootstrap_timeout: Duration,
     #[command(flatten)]
     iptables: IptablesArgs,
 }
@@ -436,6 +442,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         (None, Some(_)) => PlanFrom::Api {
             kubeconfig: args.kubeconfig.clone(),
             status_progress_interval: args.status_progress_interval,
+            bootstrap_timeout: args.api_bootstrap_timeout,
         },
         (None, None) => {
             return fail(
@@ -491,6 +498,11 @@ fn run_command(args: &RunArgs) -> ExitCode {
         let shutdown = shutdown_signal()?;
         run_agent(run_config, from, syncer, shutdown).await
     });
+    if let Err(e) = &result {
+        // In a pod the kubelet shows this as the container's last state (`kubectl describe pod`).
+        crate::bootstrap::write_termination_message(&format!("error: {e}"));
+        tracing::error!(error = %e, "the agent stops");
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ Error::KubeConfig { .. }) => fail(EXIT_USAGE, &e),

@@ -204,6 +204,10 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The API server did not answer at the address the kubelet gave, on a node with no plan cached
+    /// (the message says what to configure).
+    #[error("{0}")]
+    ReachApiServer(String),
     /// Reading a plan or its slices from the API server failed (`explain --node`).
     #[error("reading {what} from the API server: {source}")]
     FetchPlan {
@@ -301,6 +305,7 @@ impl Error {
             Self::WriteStatusToApi { .. } => "write_status_to_api",
             Self::BindMetrics { .. } => "bind_metrics",
             Self::KubeConfig { .. } => "kube_config",
+            Self::ReachApiServer(_) => "reach_api_server",
             Self::FetchPlan { .. } => "fetch_plan",
             Self::NftTransaction { .. } => "nft_transaction",
             Self::NftListing { .. } => "nft_listing",

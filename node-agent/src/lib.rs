@@ -31,6 +31,7 @@
 //! what the plan (and with `--kernel` the installed rules) make the node do.
 
 pub mod backend;
+pub mod bootstrap;
 pub mod capabilities;
 pub mod cli;
 pub mod command;

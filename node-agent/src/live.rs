@@ -9,13 +9,15 @@
 //! ```
 //!
 //! Building the client reads files only; nothing talks to the API server before the loop has
-//! applied the cached plan.
+//! applied the cached plan. A node with no plan cached that has only the kubelet's `kubernetes`
+//! Service address first waits for the API server to answer there ([`bootstrap`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube::Api;
 
+use crate::bootstrap;
 use crate::error::Error;
 use crate::metrics::LiveMetrics;
 use crate::run::{RunConfig, Wiring, run};
@@ -41,6 +43,9 @@ pub enum PlanFrom {
         /// A status that changes only in progress (slices applied, sync time, counts) is written at
         /// most this often.
         status_progress_interval: Duration,
+        /// With no plan cached and only the kubelet's `kubernetes` Service address to go by, how long
+        /// to wait for the API server before exiting with what to configure (zero: wait forever).
+        bootstrap_timeout: Duration,
     },
 }
 
@@ -126,8 +131,19 @@ pub async fn run_agent(
         PlanFrom::Api {
             kubeconfig,
             status_progress_interval,
+            bootstrap_timeout,
         } => {
             let client = client(kubeconfig.as_deref()).await?;
+            let nothing_cached = config.cache_file.as_deref().is_none_or(|path| !path.exists());
+            let service_address = kubeconfig
+                .is_none()
+                .then(|| bootstrap::kubelet_service_address(|key| std::env::var(key).ok()))
+                .flatten();
+            if let (true, Some(address), false) =
+                (nothing_cached, service_address, bootstrap_timeout.is_zero())
+            {
+                bootstrap::wait_for_api_server(&client, &address, bootstrap_timeout).await?;
+            }
             let node = config.node_name.clone();
             let (sink, writer) = status_writer::spawn(
                 Api::all(client.clone()),

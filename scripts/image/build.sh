@@ -5,6 +5,8 @@
 #   scripts/image/build.sh [--out DIR] [--tag TAG] [--registry REG] COMPONENT...
 #
 #   agent, controller   switchyard-agent / switchyard-controller from a release build of this tree
+#   agent-no-nft        the agent image with `nft` deleted by a whiteout layer: what a node whose image
+#                       lacks nftables runs (the real-cluster suite's bad input), tagged <tag>-no-nft
 #   pause, agnhost      the test images a lab cluster needs, from $SWITCHYARD_K8S_BIN (../shared/k8s)
 #
 # Each archive is DIR/<name>.tar (default target/images), with the image's full reference in the
@@ -98,10 +100,12 @@ k8s_binary() { # NAME: unpacked in $SWITCHYARD_K8S_BIN
 }
 
 # image NAME TAG BASE_TAR|- FILES_DIR CONFIG_ARGS...
+# (with $archive set: the archive's name instead of NAME; with $whiteouts set: one more layer that
+# deletes those paths, as `RUN rm` would in a Dockerfile)
 image() {
   local name=$1 image_tag=$2 base=$3 files=$4
   shift 4
-  local layout="$work/$name" ref="$registry/$name:$image_tag"
+  local layout="$work/${archive:-$name}" ref="$registry/$name:$image_tag"
   case $name in
     pause) ref="registry.k8s.io/pause:$image_tag" ;;
     agnhost) ref="registry.k8s.io/e2e-test-images/agnhost:$image_tag" ;;
@@ -115,14 +119,24 @@ image() {
   layer_tar "$files" "$work/$name-files.tar"
   umoci raw add-layer --image "$layout:$image_tag" --history.created="$created" \
     --history.created_by="scripts/image/build.sh $name" "$work/$name-files.tar"
+  if [[ -n ${whiteouts:-} ]]; then
+    local deleted="$work/$name-whiteouts" path
+    for path in $whiteouts; do
+      mkdir -p "$deleted/$(dirname "$path")"
+      : > "$deleted/$(dirname "$path")/.wh.$(basename "$path")"
+    done
+    layer_tar "$deleted" "$work/$name-whiteouts.tar"
+    umoci raw add-layer --image "$layout:$image_tag" --history.created="$created" \
+      --history.created_by="rm $whiteouts" "$work/$name-whiteouts.tar"
+  fi
   umoci config --image "$layout:$image_tag" --created="$created" --author=switchyard \
     --os=linux --architecture=amd64 --no-history "$@"
   umoci gc --layout "$layout"
   # The index names the image by its full reference, which is what importers tag it with.
   local index="$layout/index.json"
   sed -i "s|\"org.opencontainers.image.ref.name\":\"$image_tag\"|\"org.opencontainers.image.ref.name\":\"$ref\"|" "$index"
-  layer_tar "$layout" "$out/$name.tar.partial"
-  mv "$out/$name.tar.partial" "$out/$name.tar"
+  layer_tar "$layout" "$out/${archive:-$name}.tar.partial"
+  mv "$out/${archive:-$name}.tar.partial" "$out/${archive:-$name}.tar"
 
   local manifest_digest manifest size=0 blob last_layer
   manifest_digest=$(sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p' "$index")
@@ -159,6 +173,15 @@ for component in "${components[@]}"; do
         --config.entrypoint=/usr/local/bin/switchyard-agent --config.cmd=--help --config.user=0:0 \
         $(labels switchyard-agent)
       ;;
+    agent-no-nft)
+      binary=$(release_binary switchyard-agent)
+      base=$(base_tar agent)
+      install -D -m 0755 "$binary" "$files/usr/local/bin/switchyard-agent"
+      # shellcheck disable=SC2046
+      archive=switchyard-agent-no-nft whiteouts=usr/sbin/nft image switchyard-agent "$tag-no-nft" "$base" "$files" \
+        --config.entrypoint=/usr/local/bin/switchyard-agent --config.cmd=--help --config.user=0:0 \
+        $(labels switchyard-agent)
+      ;;
     controller)
       binary=$(release_binary switchyard-controller)
       base=$(base_tar controller)
@@ -181,7 +204,7 @@ for component in "${components[@]}"; do
       install -D -m 0755 "$binary" "$files/agnhost"
       image agnhost 2.63.0 "$base" "$files" --config.entrypoint=/agnhost
       ;;
-    *) echo "build.sh: unknown component '$component' (agent, controller, pause, agnhost)" >&2; exit 2 ;;
+    *) echo "build.sh: unknown component '$component' (agent, agent-no-nft, controller, pause, agnhost)" >&2; exit 2 ;;
   esac
 done
 mv "$out/images.txt.partial" "$out/images.txt"

@@ -322,6 +322,10 @@ impl KubeCluster {
 
     /// The Nodes, created before their kubelets with the pod CIDRs the CNI configuration uses.
     fn create_nodes(&self) -> Result<()> {
+        if self.spec.nodes.is_empty() {
+            // A control plane only (the cluster suites' API server).
+            return Ok(());
+        }
         let mut text = String::new();
         for node in &self.spec.nodes {
             text.push_str(&format!(
@@ -645,8 +649,14 @@ fn last_lines(text: &str, n: usize) -> String {
 /// The archives a cluster imports from `dir` (scripts/image/build.sh's names), the sandbox image
 /// first; those that do not exist are kept, so [`KubeCluster::up`] can say which are missing.
 pub fn image_archives(dir: &Path) -> Vec<PathBuf> {
-    ["pause", "agnhost", "switchyard-agent", "switchyard-controller"]
+    let mut archives: Vec<PathBuf> = ["pause", "agnhost", "switchyard-agent", "switchyard-controller"]
         .iter()
         .map(|name| dir.join(format!("{name}.tar")))
-        .collect()
+        .collect();
+    // The bad-input variant, when it was built (`build.sh agent-no-nft`).
+    let lacking_nft = dir.join("switchyard-agent-no-nft.tar");
+    if lacking_nft.is_file() {
+        archives.push(lacking_nft);
+    }
+    archives
 }

@@ -39,8 +39,13 @@ pub struct ExecNft {
 impl ExecNft {
     /// Finds `nft` in `$PATH` and checks that it runs.
     pub fn detect() -> Result<Self, Error> {
-        let binary = command::find_in_path("nft")
-            .ok_or_else(|| Error::FindNft("nft is not in $PATH (Debian: apt-get install nftables)".into()))?;
+        let binary = command::find_in_path("nft").ok_or_else(|| {
+            Error::FindNft(
+                "nft is not in $PATH: the switchyard-agent image has it; a custom image or a host needs \
+                 Debian's nftables package"
+                    .into(),
+            )
+        })?;
         let nft = Self {
             binary,
             netlink: None,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs COMMAND... with KUBECONFIG naming a real API server, for the cluster suites.
+#
+#   scripts/with-control-plane.sh COMMAND...
+#
+# KUBECONFIG set: that API server, as it is. Otherwise, with SWITCHYARD_K8S_BIN (a folder of Kubernetes
+# binaries; ../shared/k8s/unpack.sh prints one) and root: a lab control plane (etcd, kube-apiserver with
+# RBAC, controller-manager, scheduler; no nodes) in its own network namespaces, reached through a relay
+# on 127.0.0.1, removed when COMMAND ends (also when it fails). Neither: COMMAND runs as it is, and the
+# cluster suites say they are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ -n ${KUBECONFIG:-} ]]; then
+  echo "with-control-plane: KUBECONFIG=$KUBECONFIG: the cluster suites run against that API server"
+  exec "$@"
+fi
+if [[ -z ${SWITCHYARD_K8S_BIN:-} ]]; then
+  echo "with-control-plane: neither KUBECONFIG nor SWITCHYARD_K8S_BIN is set: the cluster suites" \
+    "(cluster_controller, cluster_agent, cluster_demo's real-server test, kube_cluster) are SKIPPED" \
+    "(../shared/k8s/unpack.sh gives a SWITCHYARD_K8S_BIN)"
+  exec "$@"
+fi
+if [[ $(id -u) != 0 ]]; then
+  echo "with-control-plane: a lab control plane needs root (network namespaces); the cluster suites are SKIPPED"
+  exec "$@"
+fi
+
+cargo build -q --locked -p switchyard-e2e --bin switchyard-lab
+lab=target/debug/switchyard-lab
+up=$("$lab" kube up --nodes 0 --keep)
+echo "$up"
+id=$(sed -n 's/^kept cluster \([^;]*\);.*/\1/p' <<<"$up")
+kubeconfig=$(sed -n 's/^  export KUBECONFIG=//p' <<<"$up")
+if [[ -z $id || -z $kubeconfig ]]; then
+  echo "with-control-plane: the control plane did not come up" >&2
+  exit 1
+fi
+trap '"$lab" kube down "$id" >/dev/null || echo "with-control-plane: removing $id failed; switchyard-lab cleanup --all removes it" >&2' EXIT
+echo "with-control-plane: SWITCHYARD_K8S_BIN=$SWITCHYARD_K8S_BIN: the cluster suites run against lab control plane $id"
+KUBECONFIG=$kubeconfig "$@"
