@@ -22,7 +22,7 @@ install: ## cargo install switchyard-controller and switchyard-agent (release) i
 
 test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests
 
-unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the cluster suites, against a lab control plane, and the real-cluster suite)
+unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the cluster suites, against a bare API server it starts, and the real-cluster suite)
 	./scripts/with-control-plane.sh $(CARGO) test --workspace --all-targets --locked
 
 lint: ## rustfmt and clippy, warnings are errors
@@ -82,7 +82,7 @@ fuzz: ## Fuzz the parsers for a bounded time (FUZZ_SECONDS=60 each): plan files,
 e2e: ## The network-namespace lab suites (root)
 	$(CARGO) test -p switchyard-e2e --tests
 
-e2e-cluster: ## The cluster suites against the API server KUBECONFIG names, or a lab control plane from SWITCHYARD_K8S_BIN (root)
+e2e-cluster: ## The cluster suites against the API server KUBECONFIG names, or a bare API server started from SWITCHYARD_K8S_BIN (root)
 	@test -n "$$KUBECONFIG$$SWITCHYARD_K8S_BIN" || { echo "e2e-cluster: set KUBECONFIG to a real API server, or SWITCHYARD_K8S_BIN to a folder of Kubernetes binaries (../shared/k8s/unpack.sh)"; exit 2; }
 	./scripts/with-control-plane.sh $(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent --test cluster_demo
 

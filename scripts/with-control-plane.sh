@@ -4,9 +4,10 @@
 #   scripts/with-control-plane.sh COMMAND...
 #
 # KUBECONFIG set: that API server, as it is. Otherwise, with SWITCHYARD_K8S_BIN (a folder of Kubernetes
-# binaries; ../shared/k8s/unpack.sh prints one) and root: a lab control plane (etcd, kube-apiserver with
-# RBAC, controller-manager, scheduler; no nodes) in its own network namespaces, reached through a relay
-# on 127.0.0.1, removed when COMMAND ends (also when it fails). Neither: COMMAND runs as it is, and the
+# binaries; ../shared/k8s/unpack.sh prints one) and root: a bare API server (etcd and kube-apiserver with
+# RBAC, as `switchyard-lab kube up --nodes 0` makes it; no controller rewrites what the suites write) in
+# its own network namespaces, reached through a relay on 127.0.0.1, removed when COMMAND ends (also
+# when it fails). Neither: COMMAND runs as it is, and the
 # cluster suites say they are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ if [[ -z ${SWITCHYARD_K8S_BIN:-} ]]; then
   exec "$@"
 fi
 if [[ $(id -u) != 0 ]]; then
-  echo "with-control-plane: a lab control plane needs root (network namespaces); the cluster suites are SKIPPED"
+  echo "with-control-plane: a bare API server needs root (network namespaces); the cluster suites are SKIPPED"
   exec "$@"
 fi
 
@@ -37,5 +38,5 @@ if [[ -z $id || -z $kubeconfig ]]; then
   exit 1
 fi
 trap '"$lab" kube down "$id" >/dev/null || echo "with-control-plane: removing $id failed; switchyard-lab cleanup --all removes it" >&2' EXIT
-echo "with-control-plane: SWITCHYARD_K8S_BIN=$SWITCHYARD_K8S_BIN: the cluster suites run against lab control plane $id"
+echo "with-control-plane: SWITCHYARD_K8S_BIN=$SWITCHYARD_K8S_BIN: the cluster suites run against the bare API server of lab $id"
 KUBECONFIG=$kubeconfig "$@"

@@ -21,9 +21,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
@@ -73,6 +74,9 @@ fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LabError {
 #[derive(Default)]
 struct Created {
     crds: Vec<String>,
+    /// Namespaces of the example's objects that did not exist (a real API server refuses objects in
+    /// a namespace that does not exist); left in place at the end.
+    namespaces: Vec<String>,
     nodes: Vec<String>,
     services: Vec<(String, String)>,
     slices: Vec<(String, String)>,
@@ -291,6 +295,36 @@ async fn install(
         created.nodes.push(name.clone());
         // A create drops `status`; a kubelet would write the addresses, here the demo does.
         apply_status(&nodes, &name, "Node", "v1", &node.status).await?;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let wanted: std::collections::BTreeSet<String> = description
+        .services
+        .iter()
+        .map(|service| namespaced(&service.metadata).0)
+        .chain(
+            description
+                .endpoint_slices
+                .iter()
+                .map(|slice| namespaced(&slice.metadata).0),
+        )
+        .collect();
+    for namespace in wanted {
+        let exists = namespaces
+            .get_opt(&namespace)
+            .await
+            .map_err(api_error(format!("reading namespace {namespace}")))?
+            .is_some();
+        if !exists {
+            let object = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            };
+            apply(&namespaces, &namespace, &object).await?;
+            created.namespaces.push(namespace);
+        }
     }
     for service in &description.services {
         let (namespace, name) = namespaced(&service.metadata);
@@ -631,6 +665,11 @@ async fn remove(client: &Client, created: &Created) {
             api.delete(name, &params).await.map(drop),
             &format!("Service {namespace}/{name}"),
         );
+    }
+    for name in &created.namespaces {
+        // NB: a bare kube-apiserver has no namespace controller: a deleted namespace would stay
+        // Terminating and refuse the next run's objects.
+        println!("left namespace {name} in place (empty; created for the example's objects)");
     }
     let nodes: Api<Node> = Api::all(client.clone());
     for name in &created.nodes {

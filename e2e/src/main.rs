@@ -143,6 +143,7 @@ enum Cmd {
 enum KubeCmd {
     /// Bring a cluster up: etcd, kube-apiserver, controller-manager and scheduler, and NODES kubelets
     /// each with its own containerd (the images of --images imported), all from $SWITCHYARD_K8S_BIN.
+    /// With --nodes 0: etcd and kube-apiserver only (a bare API server, as the cluster suites use).
     Up {
         /// How many nodes.
         #[arg(long, default_value_t = 2)]

@@ -101,12 +101,14 @@ pub enum Kind {
     Event,
     /// apiextensions.k8s.io/v1 CustomResourceDefinitions (established as soon as they are stored).
     CustomResourceDefinition,
+    /// core/v1 Namespaces (stored; nothing is refused for a namespace that does not exist).
+    Namespace,
 }
 
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
-            Self::Service | Self::Node => "v1",
+            Self::Service | Self::Node | Self::Namespace => "v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
             Self::Plan | Self::ForwardingSlice => "switchyard.io/v1alpha2",
             Self::Lease => "coordination.k8s.io/v1",
@@ -125,6 +127,7 @@ impl Kind {
             Self::Lease => "Lease",
             Self::Event => "Event",
             Self::CustomResourceDefinition => "CustomResourceDefinition",
+            Self::Namespace => "Namespace",
         }
     }
 }
@@ -165,6 +168,7 @@ fn parse_path(path: &str) -> Option<Target> {
         "leases" => Kind::Lease,
         "events" => Kind::Event,
         "customresourcedefinitions" => Kind::CustomResourceDefinition,
+        "namespaces" => Kind::Namespace,
         _ => return None,
     };
     Some(Target {

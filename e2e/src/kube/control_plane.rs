@@ -153,7 +153,7 @@ mod tests {
             "--etcd-servers=http://127.0.0.1:2379",
             "--kubelet-preferred-address-types=InternalIP",
             "--client-ca-file=/pki/ca.crt",
-            "--service-cluster-ip-range=10.96.0.0/16",
+            "--service-cluster-ip-range=10.96.0.0/12",
         ] {
             assert!(argv.iter().any(|a| a == expected), "{expected} missing: {argv:?}");
         }

@@ -22,7 +22,7 @@ use ipnet::Ipv4Net;
 /// The API server's secure port.
 pub const APISERVER_PORT: u16 = 6443;
 /// The Service CIDR; its first address is the `kubernetes` Service.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 /// The cluster's pod CIDR; node `i` gets `10.244.i.0/24`.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// External IPs and load-balancer IPs the tests give Services (TEST-NET-2, routed via the gateway node).
@@ -78,7 +78,7 @@ pub struct KubeSpec {
 impl KubeSpec {
     /// The cluster of lab `id` with `node_count` nodes (at most 26: node-a … node-z).
     pub fn new(id: &str, dir: &Path, node_count: usize) -> KubeSpec {
-        let node_count = node_count.clamp(1, 26);
+        let node_count = node_count.min(26);
         let fabric = Ipv4Net::new(Ipv4Addr::new(192, 168, 30, 0), 24).unwrap_or_default();
         let nodes = (0..node_count)
             .map(|index| {
@@ -259,5 +259,20 @@ mod tests {
         for (_, lines) in fabric.iter().chain(&members) {
             assert!(lines.iter().all(|line| !line.contains("203.0.113.")), "{lines:?}");
         }
+    }
+
+    #[test]
+    fn a_control_plane_alone_has_no_node_and_routes_nothing_from_the_client() {
+        let spec = KubeSpec::new("sy00aa", Path::new("/x"), 0);
+        assert!(spec.nodes.is_empty());
+        let (_, members) = spec.topology();
+        let client = members
+            .iter()
+            .find(|(netns, _)| netns == "sy00aa-client")
+            .unwrap();
+        assert!(
+            client.1.iter().all(|line| !line.starts_with("route")),
+            "{client:?}"
+        );
     }
 }
