@@ -29,6 +29,10 @@ pub const ANNOTATION_IPVS_WEIGHTS: &str = "switchyard.io/ipvs-weights";
 pub mod k8s {
     /// Services carrying it belong to another proxy (unless the value is ours).
     pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+    /// Services and EndpointSlices carrying it (any value) are not proxied, as kube-proxy's
+    /// informers select `!service.kubernetes.io/headless` (the EndpointSlice controller puts it on
+    /// the slices of headless Services).
+    pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
     /// EndpointSlice → Service link.
     pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
     /// Node zone.

@@ -14,7 +14,7 @@ use switchyard_controller::{
     input::load_files,
     live::run::{Options, run},
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
-    planner::{Planner, problems, snapshot_problems},
+    planner::{Planner, SkipReason, problems, snapshot_problems},
 };
 
 #[derive(Parser)]
@@ -287,6 +287,13 @@ fn plan(
     let diagnostics = planner.diagnostics();
     for warning in &diagnostics.warnings {
         eprintln!("warning: {warning}");
+    }
+    for (object, reason) in &diagnostics.skipped {
+        let kind = match reason {
+            SkipReason::SliceHeadlessLabel => "EndpointSlice",
+            _ => "Service",
+        };
+        eprintln!("note: {kind} {object}: {reason}");
     }
     for problem in snapshot_problems(&loaded.snapshot, &config) {
         // The planner's warning above already names a NodePort outside the range.

@@ -210,3 +210,30 @@ fn warnings_go_to_stderr_and_planning_continues() {
     assert!(!stdout.contains("ns/bad"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn services_not_forwarded_by_design_are_noted_with_why() {
+    let dir = std::env::temp_dir().join(format!("switchyard-plan-skip-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.yaml");
+    std::fs::write(
+        &file,
+        "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\nmetadata: {name: quiet, namespace: ns, \
+         labels: {service.kubernetes.io/headless: \"\"}}\nspec: {clusterIP: 10.96.0.4, ports: [{port: 80}]}\n\
+         ---\nkind: Service\nmetadata: {name: ok, namespace: ns}\nspec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&["plan", "-f", file.to_str().unwrap(), "-o", "yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains(
+            "note: Service ns/quiet: labelled service.kubernetes.io/headless: not forwarded, as kube-proxy does"
+        ),
+        "{stderr}"
+    );
+    // Not an input error, so no warning about it (ns/ok's missing endpoints are one).
+    assert!(!stderr.contains("warning: Service ns/quiet"), "{stderr}");
+    assert!(stdout.contains("name: ns/ok"));
+    assert!(!stdout.contains("ns/quiet"));
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -369,6 +369,14 @@ pub fn explain(
             addr,
             protocol.lower()
         ));
+        // NB: the plan holds only what is forwarded; why a Service is not is the controller's to say.
+        steps.push(
+            "a Service the controller does not forward is in no plan: headless (clusterIP None, or \
+             labelled service.kubernetes.io/headless), type ExternalName, or another proxy's \
+             (service.kubernetes.io/service-proxy-name); `switchyard-controller plan` notes each one \
+             with its reason"
+                .to_owned(),
+        );
         return Ok((
             Explanation {
                 node: spec.node_name.clone(),

@@ -29,6 +29,28 @@ pub enum SkipReason {
     ExternalName,
     /// Labelled `service.kubernetes.io/service-proxy-name` with another proxy's name.
     OtherProxy,
+    /// Labelled `service.kubernetes.io/headless` (any value), though it has a ClusterIP.
+    HeadlessLabel,
+    /// An EndpointSlice labelled `service.kubernetes.io/headless`: its endpoints are not used.
+    SliceHeadlessLabel,
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Headless => "headless (clusterIP: None): not forwarded",
+            Self::ExternalName => "type ExternalName: a DNS name, not forwarded",
+            Self::OtherProxy => {
+                "labelled service.kubernetes.io/service-proxy-name for another proxy: not forwarded"
+            }
+            Self::HeadlessLabel => {
+                "labelled service.kubernetes.io/headless: not forwarded, as kube-proxy does (remove the label to forward it)"
+            }
+            Self::SliceHeadlessLabel => {
+                "EndpointSlice labelled service.kubernetes.io/headless: its endpoints are not used, as kube-proxy does"
+            }
+        })
+    }
 }
 
 /// Warnings and skips collected while planning.
@@ -36,7 +58,8 @@ pub enum SkipReason {
 pub struct Diagnostics {
     /// Invalid input, sorted.
     pub warnings: Vec<Warning>,
-    /// Services skipped by design: (`namespace/name`, reason), sorted.
+    /// Services (and EndpointSlices, for [`SkipReason::SliceHeadlessLabel`]) skipped by design:
+    /// (`namespace/name`, reason), sorted.
     pub skipped: Vec<(String, SkipReason)>,
 }
 

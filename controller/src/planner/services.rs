@@ -1,7 +1,8 @@
 //! Services → one entry template per (port, family), kube-proxy's `newBaseServiceInfo` semantics.
 //!
 //! ```text
-//! Service ─► skip? (headless, ExternalName, another proxy's) ─► clusterIPs per family
+//! Service ─► skip? (headless: clusterIP None or labelled service.kubernetes.io/headless; ExternalName;
+//!                  another proxy's service-proxy-name) ─► clusterIPs per family
 //!         └► ports (protocol, port, nodePort) × families ─► frontends filtered by family
 //!            (externalIPs, LoadBalancer VIPs, source ranges), affinity, policies, health-check port
 //! ```
@@ -19,7 +20,8 @@ use switchyard_api::{
     IpFamily, Protocol, ServicePlan, TrafficPolicy,
     ip::{is_zero_cidr, parse_cidr_sloppy, parse_ip_sloppy},
     names::{
-        ANNOTATION_IPVS_SCHEDULER, ANNOTATION_IPVS_WEIGHTS, IPVS_SCHEDULERS, k8s::LABEL_SERVICE_PROXY_NAME,
+        ANNOTATION_IPVS_SCHEDULER, ANNOTATION_IPVS_WEIGHTS, IPVS_SCHEDULERS,
+        k8s::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME},
         service_port_name,
     },
     validate::MAX_AFFINITY_SECONDS,
@@ -105,6 +107,15 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
         && (proxy != &config.service_proxy_name || config.service_proxy_name.is_empty())
     {
         diag.skipped.push((object, SkipReason::OtherProxy));
+        return Vec::new();
+    }
+    if service
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_HEADLESS))
+    {
+        diag.skipped.push((object, SkipReason::HeadlessLabel));
         return Vec::new();
     }
     let cluster_ip_texts: Vec<&str> = match spec.cluster_ips.as_ref().filter(|ips| !ips.is_empty()) {

@@ -2,7 +2,8 @@
 //! `EndpointSliceCache` semantics.
 //!
 //! ```text
-//! EndpointSlice ─► service label ─► address type (FQDN skipped) ─► ports (name, port, protocol)
+//! EndpointSlice ─► headless label? skipped (as kube-proxy's informer selector)
+//!               ─► service label ─► address type (FQDN skipped) ─► ports (name, port, protocol)
 //!               └► endpoints: addresses[0], conditions, nodeName, hints ─► deduplicated per ip:port
 //! ```
 //!
@@ -15,9 +16,13 @@
 use std::{collections::HashMap, net::IpAddr};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use switchyard_api::{IpFamily, Protocol, ip::parse_ip_sloppy, names::k8s::LABEL_SERVICE_NAME};
+use switchyard_api::{
+    IpFamily, Protocol,
+    ip::parse_ip_sloppy,
+    names::k8s::{LABEL_HEADLESS, LABEL_SERVICE_NAME},
+};
 
-use super::diagnostics::Diagnostics;
+use super::diagnostics::{Diagnostics, SkipReason};
 
 /// One endpoint as the planner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +70,15 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
     let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
     let name = slice.metadata.name.as_deref().unwrap_or("<unnamed>");
     let object = format!("{namespace}/{name}");
+    if slice
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_HEADLESS))
+    {
+        diag.skipped.push((object, SkipReason::SliceHeadlessLabel));
+        return;
+    }
     let Some(service) = slice
         .metadata
         .labels

@@ -80,6 +80,10 @@ macro_rules! scenario_suite {
             scenarios::a_cluster_policy_udp_service_spreads_over_every_endpoint(SUITE);
         }
         #[test]
+        fn the_headless_label_takes_a_service_down_and_back() {
+            scenarios::the_headless_label_takes_a_service_down_and_back(SUITE);
+        }
+        #[test]
         fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit() {
             scenarios::explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(SUITE);
         }
@@ -393,6 +397,62 @@ pub fn an_endpoint_change_is_a_partial_sync(suite: Suite) {
             answered(&["apache"]),
         ),
     );
+}
+
+/// `service.kubernetes.io/headless` on a Service with a ClusterIP: kube-proxy stops forwarding it, and
+/// so does Switchyard, in one partial sync; without the label it is back.
+pub fn the_headless_label_takes_a_service_down_and_back(suite: Suite) {
+    let Some(mut deployed) = suite.deployed("the_headless_label_takes_a_service_down_and_back") else {
+        return;
+    };
+    let up = || {
+        Check::tcp(
+            "apache forwarded",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            6,
+            answered(&["apache"]),
+        )
+    };
+    must_pass(&deployed, up());
+    let mut description = deployed.description().clone();
+    let apache = description
+        .services
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("apache"))
+        .unwrap();
+    apache
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("service.kubernetes.io/headless".into(), String::new());
+    deployed.replan(description).unwrap();
+    for node in ["node-a", "node-b", "node-c"] {
+        let status = deployed.status(node).unwrap().unwrap();
+        assert_eq!(
+            status.last_sync_mode,
+            Some(SyncMode::Partial),
+            "{node}: {status:?}"
+        );
+    }
+    let down = checks::run(
+        &deployed.lab,
+        &Check::tcp(
+            "apache not forwarded",
+            Place::pod("nginx-pod-3"),
+            "10.96.0.80:80",
+            3,
+            answered(&["apache"]),
+        ),
+    )
+    .unwrap();
+    // Not DNATed: the ClusterIP is routed like any address the pod's node has no route for.
+    assert!(
+        down.tally.answered.is_empty(),
+        "still forwarded with the label: {down}"
+    );
+    deployed.replan(example()).unwrap();
+    must_pass(&deployed, up());
 }
 
 pub fn stale_udp_conntrack_entries_are_removed_after_an_endpoint_change(suite: Suite) {

@@ -172,3 +172,108 @@ fn node_hints_only_change_the_named_node() {
         (1, 1, 0)
     );
 }
+
+/// `service.kubernetes.io/headless` (any value) takes a Service out of every plan like a headless
+/// one, and a slice carrying it adds no endpoints (kube-proxy's informers select
+/// `!service.kubernetes.io/headless`); adding and removing the label live is a one-Service change.
+#[test]
+fn the_headless_label_on_a_service_or_its_slice_is_skipped_and_toggles_live() {
+    use crate::planner::SkipReason;
+    let labelled = |value: &str| {
+        let (mut svc, _) = other();
+        svc.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("service.kubernetes.io/headless".into(), value.into());
+        svc
+    };
+    let (other_svc, other_slice) = other();
+    let mut labelled_slice = other_slice.clone();
+    labelled_slice
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("service.kubernetes.io/headless".into(), String::new());
+    let names = |planner: &Planner| -> Vec<String> {
+        let mut names: Vec<String> = spec_of(planner, "node-a")
+            .services
+            .iter()
+            .map(|s| s.name.split(':').next().unwrap_or_default().to_owned())
+            .collect();
+        names.dedup();
+        names
+    };
+    let endpoints = |planner: &Planner| -> usize {
+        spec_of(planner, "node-a")
+            .services
+            .iter()
+            .map(|s| s.endpoints.len())
+            .sum()
+    };
+
+    // (case, service, slice, forwarded?, endpoints on node-a, skipped)
+    let cases = [
+        (
+            "no label",
+            other_svc.clone(),
+            other_slice.clone(),
+            true,
+            2,
+            vec![],
+        ),
+        (
+            "label on the Service, empty value",
+            labelled(""),
+            other_slice.clone(),
+            false,
+            0,
+            vec![("ns1/other".to_owned(), SkipReason::HeadlessLabel)],
+        ),
+        (
+            "label on the Service, any value",
+            labelled("true"),
+            other_slice.clone(),
+            false,
+            0,
+            vec![("ns1/other".to_owned(), SkipReason::HeadlessLabel)],
+        ),
+        (
+            "label on its slice only: forwarded without endpoints",
+            other_svc.clone(),
+            labelled_slice.clone(),
+            true,
+            0,
+            vec![("ns1/other-abc".to_owned(), SkipReason::SliceHeadlessLabel)],
+        ),
+    ];
+    for (case, svc, eps, forwarded, want_endpoints, skipped) in cases {
+        let planner = plan(&snapshot(vec![svc], vec![eps]));
+        assert_eq!(
+            names(&planner) == vec!["ns1/other".to_owned()],
+            forwarded,
+            "{case}: {:?}",
+            names(&planner)
+        );
+        assert_eq!(endpoints(&planner), want_endpoints, "{case}");
+        assert!(planner.diagnostics().warnings.is_empty(), "{case}");
+        assert_eq!(planner.diagnostics().skipped, skipped, "{case}");
+    }
+
+    // Live: label added, then removed, each one re-planned Service, equal to a full rebuild.
+    let mut planner = plan(&snapshot(vec![other_svc.clone()], vec![other_slice.clone()]));
+    let down = labelled("");
+    let changes = planner
+        .replan_service("ns1/other", Some(&down), &[&other_slice])
+        .unwrap();
+    assert_eq!(changes.slices.len(), 1, "{changes:?}");
+    assert!(names(&planner).is_empty());
+    let fresh = plan(&snapshot(vec![down], vec![other_slice.clone()]));
+    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    let changes = planner
+        .replan_service("ns1/other", Some(&other_svc), &[&other_slice])
+        .unwrap();
+    assert_eq!(changes.slices.len(), 1, "{changes:?}");
+    assert_eq!(names(&planner), vec!["ns1/other".to_owned()]);
+    let fresh = plan(&snapshot(vec![other_svc], vec![other_slice]));
+    assert_eq!(all_objects(&planner), all_objects(&fresh));
+}
