@@ -32,20 +32,40 @@ pub struct Loaded {
     pub ignored_kinds: Vec<String>,
 }
 
-/// Reads every file into one snapshot.
+/// Reads every file (`-`: standard input, as kubectl's `-f -`) into one snapshot. An empty file is an
+/// error: it is what a failed `kubectl get … > FILE` leaves, and planning nothing from it would look
+/// like success.
 pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<Loaded, Error> {
     let mut loaded = Loaded::default();
     for path in paths {
         let path = path.as_ref();
-        let name = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| Error::ReadFile {
+        let stdin = path == Path::new("-");
+        let name = if stdin {
+            "standard input".to_owned()
+        } else {
+            path.display().to_string()
+        };
+        let read_error = |source| Error::ReadFile {
             path: name.clone(),
             source,
-        })?;
+        };
+        let bytes = if stdin {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes).map_err(read_error)?;
+            bytes
+        } else {
+            std::fs::read(path).map_err(read_error)?
+        };
         let text = String::from_utf8(bytes).map_err(|e| Error::ParseInput {
             path: name.clone(),
             message: format!("not UTF-8: {e}"),
         })?;
+        if text.trim().is_empty() {
+            return Err(Error::ParseInput {
+                path: name,
+                message: "the input is empty (what a failed `kubectl get … > FILE` leaves)".into(),
+            });
+        }
         load_text(&name, &text, &mut loaded)?;
     }
     Ok(loaded)

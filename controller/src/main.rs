@@ -62,7 +62,7 @@ enum Command {
     /// its overrides composed, exactly as its agent composes them), or with --objects the
     /// ForwardingSlices and NodeForwardingPlans the controller would write.
     Plan {
-        /// Input files: a v1 List, multi-document YAML, or JSON. Repeatable.
+        /// Input files (`-`: standard input): a v1 List, multi-document YAML, or JSON. Repeatable.
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<PathBuf>,
         /// Controller configuration file (YAML).
@@ -87,7 +87,7 @@ enum Command {
         /// Kubeconfig file (default: in-cluster config, then KUBECONFIG, then ~/.kube/config).
         #[arg(long, env = "KUBECONFIG")]
         kubeconfig: Option<PathBuf>,
-        /// Read these dump files instead of the API server. Repeatable.
+        /// Read these dump files (`-`: standard input) instead of the API server. Repeatable.
         #[arg(short = 'f', long = "filename")]
         files: Vec<PathBuf>,
     },
@@ -221,6 +221,17 @@ fn audit_command(kubeconfig: Option<PathBuf>, files: &[PathBuf]) -> ExitCode {
         }
     } else {
         match load_files(files) {
+            Ok(loaded) if loaded.plans.is_empty() && !loaded.snapshot.nodes.is_empty() => {
+                eprintln!(
+                    "error: the input is a cluster dump (Services, EndpointSlices, Nodes): audit reads what \
+                     the controller wrote, `kubectl get nodeforwardingplans,forwardingslices -o yaml`"
+                );
+                return ExitCode::from(2);
+            }
+            Ok(loaded) if loaded.plans.is_empty() => {
+                eprintln!("error: the input holds no NodeForwardingPlan: nothing to audit");
+                return ExitCode::from(2);
+            }
             Ok(loaded) => (loaded.plans, loaded.forwarding_slices),
             Err(error) => {
                 eprintln!("error: {error}");
@@ -277,6 +288,24 @@ fn plan(
             return ExitCode::from(2);
         }
     };
+    let dump = &loaded.snapshot;
+    let no_cluster_objects = dump.services.is_empty() && dump.slices.is_empty() && dump.nodes.is_empty();
+    if no_cluster_objects && !(loaded.plans.is_empty() && loaded.forwarding_slices.is_empty()) {
+        eprintln!(
+            "error: the input holds NodeForwardingPlans or ForwardingSlices, which are plan's output: plan \
+             reads a cluster dump (`kubectl get services,endpointslices,nodes -A -o yaml`); to apply, render \
+             or explain a plan use switchyard-agent, to check plans `switchyard-controller audit -f`"
+        );
+        return ExitCode::from(2);
+    }
+    if no_cluster_objects {
+        eprintln!(
+            "error: the input holds no Service, EndpointSlice or Node (only {} object(s) of other kinds): \
+             plan reads `kubectl get services,endpointslices,nodes -A -o yaml`",
+            loaded.ignored_kinds.len()
+        );
+        return ExitCode::from(2);
+    }
     let planner = match Planner::build(&loaded.snapshot, &config) {
         Ok(planner) => planner,
         Err(error) => {

@@ -237,3 +237,60 @@ fn services_not_forwarded_by_design_are_noted_with_why() {
     assert!(!stdout.contains("ns/quiet"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+fn run_with_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-controller"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn dash_reads_standard_input_as_kubectl_does() {
+    let dump = std::fs::read_to_string(repo("examples/cluster.yaml")).unwrap();
+    let (code, stdout, stderr) = run_with_stdin(&["plan", "-f", "-", "-o", "table"], &dump);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("NODE"), "{stdout}");
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
+}
+
+/// Empty input (a failed `kubectl get … > FILE`) and input of the wrong kind exit 2 with what to do,
+/// never 0 with an empty table.
+#[test]
+fn empty_input_and_the_wrong_kind_of_input_exit_2_saying_what_is_expected() {
+    let cluster = repo("examples/cluster.yaml");
+    let (_, plans, _) = run(&["plan", "-f", cluster.to_str().unwrap(), "--objects", "-o", "yaml"]);
+    let cases: [(&[&str], &str, &str); 6] = [
+        (&["plan", "-f", "-"], "", "the input is empty"),
+        (&["plan", "-f", "-"], "\n  \n", "the input is empty"),
+        (&["audit", "-f", "-"], "", "the input is empty"),
+        (&["plan", "-f", "-"], &plans, "which are plan's output"),
+        (
+            &["plan", "-f", "-"],
+            "kind: ConfigMap\nmetadata: {name: x}\n",
+            "holds no Service, EndpointSlice or Node",
+        ),
+        (
+            &["audit", "-f", "-"],
+            "kind: Node\nmetadata: {name: n1}\n",
+            "the input is a cluster dump",
+        ),
+    ];
+    for (args, stdin, want) in cases {
+        let (code, stdout, stderr) = run_with_stdin(args, stdin);
+        assert_eq!(code, 2, "{args:?} {stdin:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    }
+}

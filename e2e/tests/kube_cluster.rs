@@ -353,6 +353,47 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
             check_port_forward(&cluster);
         },
     );
+    step(
+        "service.kubernetes.io/headless: the ClusterIP goes down, and back without the label",
+        || {
+            let (netns, _) = flows::resolve(&cluster, &flows::From::Pod("client-a")).unwrap();
+            let web = "10.96.100.10:80".parse().unwrap();
+            let answered = || traffic::http_probe(&netns, web, Duration::from_secs(1)).is_answered();
+            cluster
+                .kubectl(&[
+                    "-n",
+                    "flows",
+                    "label",
+                    "service",
+                    "web",
+                    "service.kubernetes.io/headless=",
+                ])
+                .unwrap();
+            let labelled = Instant::now();
+            wait_until(
+                Duration::from_secs(20),
+                "the labelled Service to stop answering",
+                || (!answered()).then_some(()),
+            );
+            eprintln!(
+                "kube: number: headless label → ClusterIP no longer forwarded within {:.1} s",
+                labelled.elapsed().as_secs_f64()
+            );
+            cluster
+                .kubectl(&[
+                    "-n",
+                    "flows",
+                    "label",
+                    "service",
+                    "web",
+                    "service.kubernetes.io/headless-",
+                ])
+                .unwrap();
+            wait_until(Duration::from_secs(20), "the Service to answer again", || {
+                answered().then_some(())
+            });
+        },
+    );
     step("kubectl get nfp", || {
         eprintln!("{}", cluster.kubectl(&["get", "nfp", "-o", "wide"]).unwrap())
     });

@@ -28,7 +28,9 @@ use serde_json::value::RawValue;
 use switchyard_api::bounded;
 use switchyard_api::validate::MAX_NODE_NAME;
 use switchyard_api::yaml::MAX_PLAN_BYTES;
-use switchyard_api::{ForwardingSliceSpec, NodeForwardingPlanSpec, NodeForwardingPlanStatus};
+use switchyard_api::{
+    ForwardingSliceSpec, NodeForwardingPlanSpec, NodeForwardingPlanStatus, PlanSummary, ServicePlan,
+};
 
 use crate::error::Error;
 use crate::sync::SliceObject;
@@ -65,14 +67,68 @@ pub fn parse_plan_text(text: &str) -> Result<PlanFile, String> {
     if trimmed.is_empty() {
         return Err("the file is empty".into());
     }
-    let plans = if text.contains("ForwardingSlice") {
-        return parse_documents(text);
+    let parsed = if text.contains("ForwardingSlice") {
+        parse_documents(text)
     } else if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        parse_json(text)?
+        parse_json(text).and_then(|plans| one_plan(plans, Vec::new()))
     } else {
-        parse_yaml(text)?
+        parse_yaml(text).and_then(|plans| one_plan(plans, Vec::new()))
     };
-    one_plan(plans, Vec::new())
+    let file = parsed.map_err(|error| match cluster_dump_kind(text) {
+        Some(kind) => format!(
+            "this is a cluster dump (it holds a {kind}), not a node's plan: make one with \
+             `switchyard-controller plan -f DUMP --node NAME -o yaml` first ({error})"
+        ),
+        None => error,
+    })?;
+    check_summaries(&file)?;
+    Ok(file)
+}
+
+/// The first cluster-dump kind (`Service`, `EndpointSlice`, `Node`) the text declares, if any: what
+/// `kubectl get services,endpointslices,nodes` prints, which `plan` reads and the agent does not.
+fn cluster_dump_kind(text: &str) -> Option<&'static str> {
+    const KINDS: [&str; 3] = ["Service", "EndpointSlice", "Node"];
+    // `kind: X` in YAML, `"kind": "X"` in JSON (anywhere on a line: `kubectl -o json` may be one line).
+    let values = text.match_indices("kind").filter_map(|(at, _)| {
+        let rest = text[at + 4..].trim_start_matches('"').trim_start();
+        let value = rest.strip_prefix(':')?.trim_start().trim_start_matches('"');
+        let end = value
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(value.len());
+        Some(&value[..end])
+    });
+    values
+        .into_iter()
+        .find_map(|value| KINDS.into_iter().find(|kind| *kind == value))
+}
+
+/// A plan and each slice carry the counts of their own entries (`summary`): a file whose entries
+/// disagree was cut short (a half-written file, a `head`) or edited by hand, and applying it would drop
+/// Services silently. A summary of zeros is taken as absent (hand-written plans leave it out).
+fn check_summaries(file: &PlanFile) -> Result<(), String> {
+    let mismatch = |what: &str, stated: PlanSummary, entries: &[&Arc<ServicePlan>]| {
+        let found = PlanSummary::of(entries.iter().copied());
+        (stated != PlanSummary::default() && stated != found).then(|| {
+            format!(
+                "{what} is truncated or edited: its summary says {} entries and {} endpoints, the file \
+                 holds {} and {}; refused (the rules applied last stay)",
+                stated.entries, stated.endpoints, found.entries, found.endpoints
+            )
+        })
+    };
+    let plan = &file.plan;
+    let entries: Vec<&Arc<ServicePlan>> = plan.services.iter().chain(&plan.overrides).collect();
+    if let Some(problem) = mismatch("the plan", plan.summary, &entries) {
+        return Err(problem);
+    }
+    for (name, slice) in &file.slices {
+        let entries: Vec<&Arc<ServicePlan>> = slice.entries.iter().collect();
+        if let Some(problem) = mismatch(&format!("ForwardingSlice {name}"), slice.summary, &entries) {
+            return Err(problem);
+        }
+    }
+    Ok(())
 }
 
 fn one_plan(
@@ -551,6 +607,76 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_cut_short_or_edited_against_its_summary_is_refused() {
+        let mut full = plan(
+            "node-a",
+            vec![
+                entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80)),
+                entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.2", 80)),
+                entry("ns/c:p", "10.96.0.3", 80),
+            ],
+        );
+        full.summary = PlanSummary::of(&full.services);
+        let text = serde_saphyr::to_string(&object(full.clone())).unwrap();
+        assert!(parse_plan_text(&text).is_ok());
+        // Cut at a line boundary after the second entry, as `head` or a half-written file leaves it.
+        let cut_at = text.find("ns/c:p").unwrap();
+        let cut = &text[..text[..cut_at].rfind("\n  - ").unwrap() + 1];
+        let error = parse_plan_text(cut).unwrap_err();
+        assert!(error.contains("truncated or edited"), "{error}");
+        assert!(
+            error.contains("says 3 entries and 2 endpoints, the file holds 2 and 2"),
+            "{error}"
+        );
+        // A plan without a summary (hand-written) is taken as it is.
+        let mut bare = full.clone();
+        bare.summary = PlanSummary::default();
+        bare.services.pop();
+        let text = serde_saphyr::to_string(&object(bare)).unwrap();
+        assert!(parse_plan_text(&text).is_ok());
+        // A slice's own summary is checked too.
+        let (name, mut view) = slice("all", 0, 1, vec![entry("ns/a:p", "10.96.0.1", 80)]);
+        view.summary = PlanSummary {
+            entries: 2,
+            endpoints: 0,
+        };
+        let text = format!(
+            "{}---\n{}",
+            serde_saphyr::to_string(&object(live_plan("node-a", &["all"], vec![]))).unwrap(),
+            serde_saphyr::to_string(&ForwardingSlice::new(&name, view)).unwrap()
+        );
+        let error = parse_plan_text(&text).unwrap_err();
+        assert!(
+            error.contains(&format!("ForwardingSlice {name} is truncated or edited")),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_dump_given_as_a_plan_says_how_to_make_one() {
+        for dump in [
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: a}\n",
+            "{\"apiVersion\": \"v1\", \"kind\": \"List\", \"items\": [{\"kind\": \"Node\", \"metadata\": {\"name\": \"n\"}}]}",
+            "kind: EndpointSlice\nmetadata: {name: a}\naddressType: IPv4\n",
+        ] {
+            let error = parse_plan_text(dump).unwrap_err();
+            assert!(
+                error.contains("this is a cluster dump") && error.contains("switchyard-controller plan"),
+                "{dump}: {error}"
+            );
+        }
+        // A list of plans is no cluster dump.
+        let plans = format!(
+            "kind: List\nitems:\n- {}",
+            serde_saphyr::to_string(&object(spec("node-a")))
+                .unwrap()
+                .replace('\n', "\n  ")
+        );
+        let error = parse_plan_text(&plans).err().unwrap_or_default();
+        assert!(!error.contains("cluster dump"), "{error}");
+    }
+
+    #[test]
     fn every_plan_file_shape_parses() {
         let one = spec("node-a");
         let object_yaml = serde_saphyr::to_string(&object(one.clone())).unwrap();
@@ -759,7 +885,9 @@ mod tests {
         plan("node-a", (0..3).map(good_entry).collect())
     }
 
-    fn yaml(spec: NodeForwardingPlanSpec) -> String {
+    /// The plan as a file, its summary counting the entries it now holds (as the controller writes it).
+    fn yaml(mut spec: NodeForwardingPlanSpec) -> String {
+        spec.summary = PlanSummary::of(spec.services.iter().chain(&spec.overrides));
         serde_saphyr::to_string(&object(spec)).unwrap()
     }
 
