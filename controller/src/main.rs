@@ -243,11 +243,28 @@ fn audit_command(kubeconfig: Option<PathBuf>, files: &[PathBuf]) -> ExitCode {
         eprintln!("note: no NodeForwardingPlans found; nothing to audit");
     }
     let audits = audit::audit(&plans, &slices);
-    print!("{}", audit::table(&audits));
+    if let Err(code) = print_stdout(&audit::table(&audits)) {
+        return code;
+    }
     if audits.iter().all(|a| a.current) {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(3)
+    }
+}
+
+/// Writes `text` to standard output. A closed pipe (`… | head`) ends the command quietly, as kubectl
+/// does, instead of the panic `print!` gives; other write errors are reported.
+fn print_stdout(text: &str) -> Result<(), ExitCode> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: writing to standard output: {e}");
+            Err(ExitCode::from(1))
+        }
     }
 }
 
@@ -354,10 +371,10 @@ fn plan(
         composed_output(&planner, node, format)
     };
     match text {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+        Ok(text) => match print_stdout(&text) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(code) => code,
+        },
         Err(error) => {
             eprintln!("error: {error}");
             ExitCode::from(1)

@@ -294,3 +294,23 @@ fn empty_input_and_the_wrong_kind_of_input_exit_2_saying_what_is_expected() {
         assert!(stdout.is_empty(), "{args:?}: {stdout}");
     }
 }
+
+/// `plan … | head` closes the pipe early: the command ends quietly, exit 0, no panic.
+#[test]
+fn a_closed_pipe_ends_printing_quietly() {
+    let cluster = repo("examples/cluster.yaml");
+    for format in ["yaml", "json", "table"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-controller"))
+            .args(["plan", "-f", cluster.to_str().unwrap(), "-o", format])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before the command has written anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{format}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{format}: {stderr}");
+    }
+}

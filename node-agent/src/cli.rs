@@ -269,6 +269,21 @@ fn init_logging(format: LogFormat) {
     };
 }
 
+/// Writes `text` to standard output. A closed pipe (`… | head`) ends the command quietly, as kubectl
+/// does, instead of the panic `print!` gives; other write errors are reported.
+fn print_stdout(text: &str) -> Result<(), ExitCode> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: writing to standard output: {e}");
+            Err(ExitCode::from(EXIT_FAILED))
+        }
+    }
+}
+
 fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("error: {error}");
     ExitCode::from(code)
@@ -375,11 +390,12 @@ fn render_command(args: &RenderArgs) -> ExitCode {
     } else {
         Vec::new()
     };
-    print!(
-        "{}",
-        crate::wiring::host::render_for_host(backend, &spec, &skip, &local)
-    );
-    ExitCode::SUCCESS
+    match print_stdout(&crate::wiring::host::render_for_host(
+        backend, &spec, &skip, &local,
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
 }
 
 // === apply / run / cleanup ===
@@ -413,7 +429,10 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
     drop(loaded);
     let status = syncer.status();
     match status_yaml(&status) {
-        Ok(yaml) => print!("{yaml}"),
+        Ok(yaml) => {
+            // The status file and the exit status still follow when nobody reads the output.
+            let _ = print_stdout(&yaml);
+        }
         Err(e) => eprintln!("error: {e}"),
     }
     if let Some(path) = &args.status_file
@@ -618,12 +637,15 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             return fail(EXIT_FAILED, &e);
         }
     }
-    match args.output {
-        ExplainOutput::Text => print!("{}", explanation.text()),
+    let text = match args.output {
+        ExplainOutput::Text => explanation.text(),
         ExplainOutput::Json => match serde_json::to_string_pretty(&explanation) {
-            Ok(json) => println!("{json}"),
+            Ok(json) => json + "\n",
             Err(e) => return fail(EXIT_FAILED, &e),
         },
+    };
+    if let Err(code) = print_stdout(&text) {
+        return code;
     }
     ExitCode::from(explanation.exit_code())
 }
@@ -632,7 +654,9 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     for (what, done) in crate::wiring::host::cleanup(args.iptables_mode) {
         match done {
-            Ok(done) => println!("{what}: {done}"),
+            Ok(done) => {
+                let _ = print_stdout(&format!("{what}: {done}\n"));
+            }
             Err(e) => {
                 eprintln!("error: {what}: {e}");
                 code = ExitCode::from(EXIT_FAILED);

@@ -50,3 +50,31 @@ fn a_piped_plan_is_explained_with_the_documented_exit_status() {
     let (code, _) = explain("not a plan", "10.96.0.1:80", "node");
     assert_eq!(code, Some(2));
 }
+
+/// `render … | head` and `explain … | head`: the reader goes away, the command ends quietly.
+#[test]
+fn a_closed_pipe_ends_render_and_explain_quietly() {
+    let spec = plan(
+        "node-a",
+        vec![entry("ns1/web:http", "10.96.0.1", 80).with(ep("10.244.2.5", 8080))],
+    );
+    let yaml = serde_saphyr::to_string(&NodeForwardingPlan::new("node-a", spec)).unwrap();
+    for args in [
+        &["render", "--plan", "-"][..],
+        &["explain", "--plan", "-", "--to", "10.96.0.1:80", "--from", "node"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}
