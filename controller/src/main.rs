@@ -39,7 +39,9 @@ enum Command {
     /// Runs the controller against the API server (in cluster, or with --kubeconfig / KUBECONFIG).
     Run {
         /// Kubeconfig file (default: in-cluster config, then KUBECONFIG, then ~/.kube/config).
-        #[arg(long, env = "KUBECONFIG")]
+        // NB: not `env = "KUBECONFIG"`: kube reads it itself, as a list (`a:b`) and empty as unset,
+        // as kubectl does; clap would take it as one path and refuse an empty one.
+        #[arg(long)]
         kubeconfig: Option<PathBuf>,
         /// Controller configuration file (YAML).
         #[arg(long)]
@@ -85,7 +87,9 @@ enum Command {
     /// 3 when some node lags.
     Audit {
         /// Kubeconfig file (default: in-cluster config, then KUBECONFIG, then ~/.kube/config).
-        #[arg(long, env = "KUBECONFIG")]
+        // NB: not `env = "KUBECONFIG"`: kube reads it itself, as a list (`a:b`) and empty as unset,
+        // as kubectl does; clap would take it as one path and refuse an empty one.
+        #[arg(long)]
         kubeconfig: Option<PathBuf>,
         /// Read these dump files (`-`: standard input) instead of the API server. Repeatable.
         #[arg(short = 'f', long = "filename")]
@@ -170,9 +174,39 @@ async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
         }
         None => kube::Config::infer()
             .await
-            .context("finding a kubeconfig or in-cluster config")?,
+            .map_err(|error| anyhow::anyhow!(no_client_config(&error)))?,
     };
     kube::Client::try_from(config).context("building the Kubernetes client")
+}
+
+/// What to do when no client configuration was found, in our words: kube's error nests the in-cluster
+/// and kubeconfig causes and repeats the last one.
+fn no_client_config(error: &kube::config::InferConfigError) -> String {
+    let kubeconfig = std::env::var("KUBECONFIG").ok().filter(|v| !v.is_empty());
+    let tried = match &kubeconfig {
+        Some(list) => format!("KUBECONFIG={list}"),
+        None => "~/.kube/config (KUBECONFIG is empty or not set)".to_owned(),
+    };
+    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    format!(
+        "no Kubernetes client configuration: {}; {tried} could not be used ({}). Pass --kubeconfig FILE \
+         or set KUBECONFIG",
+        if in_pod {
+            "the in-cluster configuration could not be read"
+        } else {
+            "not running in a pod"
+        },
+        innermost(error)
+    )
+}
+
+/// The last cause of an error chain (the one that says what actually failed).
+fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

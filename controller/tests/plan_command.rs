@@ -314,3 +314,34 @@ fn a_closed_pipe_ends_printing_quietly() {
         assert_eq!(out.status.code(), Some(0), "{format}: {stderr}");
     }
 }
+
+/// No kubeconfig anywhere, or an empty `KUBECONFIG`: one sentence saying what was tried and what to
+/// do, not clap's "a value is required for --kubeconfig" nor kube's nested, repeated causes.
+#[test]
+fn a_missing_kubeconfig_is_said_once_in_plain_words() {
+    for kubeconfig in [None, Some(""), Some("/nonexistent/kubeconfig")] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_switchyard-controller"));
+        command
+            .arg("audit")
+            .env("HOME", "/nonexistent")
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        match kubeconfig {
+            Some(value) => command.env("KUBECONFIG", value),
+            None => command.env_remove("KUBECONFIG"),
+        };
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{kubeconfig:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: no Kubernetes client configuration"),
+            "{kubeconfig:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("Pass --kubeconfig FILE or set KUBECONFIG"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("a value is required"), "{stderr}");
+        assert!(!stderr.contains("'\""), "doubled quotes: {stderr}");
+        assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+    }
+}
