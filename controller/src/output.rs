@@ -150,7 +150,11 @@ pub fn serialize<T: Serialize>(objects: &[T], format: Format) -> Result<String, 
     }
 }
 
-/// The composed plans as a table: per node what it forwards, and how (views, overrides).
+/// The composed plans as a table: per node what it forwards, and how (views, overrides). Two
+/// revisions, because there are two objects: REVISION is the live plan's (what the controller writes
+/// and `kubectl get nfp` shows as DESIRED), FILE REVISION the self-contained plan's (what `plan --node N
+/// -o yaml` prints and `render`/`apply` report for that file). LOCAL counts the node's entries of
+/// Local-policy Services with an endpoint on it.
 pub fn composed_table(planner: &Planner, composed: &[NodeForwardingPlan], wide: bool) -> String {
     let mut head = vec![
         "NODE",
@@ -161,6 +165,7 @@ pub fn composed_table(planner: &Planner, composed: &[NodeForwardingPlan], wide: 
         "OVERRIDES",
         "LOCAL",
         "REVISION",
+        "FILE REVISION",
     ];
     if wide {
         head.extend(["VIEWS", "ENDPOINTS ON NODE"]);
@@ -178,6 +183,7 @@ pub fn composed_table(planner: &Planner, composed: &[NodeForwardingPlan], wide: 
             live.as_ref().map_or(0, |p| p.overrides.len()).to_string(),
             live.as_ref().map_or(0, |p| p.local_endpoints.len()).to_string(),
             live.as_ref().map_or_else(String::new, |p| p.revision.clone()),
+            object.spec.revision.clone(),
         ];
         if wide {
             row.push(live.as_ref().map_or_else(String::new, |p| p.views.join(",")));
