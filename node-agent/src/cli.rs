@@ -73,7 +73,9 @@ enum Command {
     Apply(ApplyArgs),
     /// Apply a plan file, re-apply it when it changes, repair drift; until SIGTERM/SIGINT.
     Run(RunArgs),
-    /// Remove every rule and chain the agent owns (jump rules, then SWYD-* chains), both families.
+    /// Remove everything the agent owns, in both families: iptables jump rules and SWYD-* chains
+    /// (iptables-nft and iptables-legacy), the nftables tables, IPVS virtual servers, ipsets and the dummy
+    /// interface.
     Cleanup(CleanupArgs),
     /// Explain the path a new connection takes on this node, in words: frontend, policy, endpoints,
     /// masquerade, REJECT/DROP. Exit 0 forwarded, 3 rejected/dropped/not a Service, 2 bad input.
@@ -118,7 +120,8 @@ enum ExplainOutput {
 
 #[derive(Args, Debug)]
 struct RenderArgs {
-    /// Plan file: a NodeForwardingPlan object (YAML/JSON), multi-document YAML of shards, or a bare spec.
+    /// Plan file (`-`: standard input): a NodeForwardingPlan object (YAML/JSON), a live plan with its
+    /// views' ForwardingSlices (multi-document YAML or a List), or a bare spec.
     #[arg(long)]
     plan: PathBuf,
     /// Backend to render for (iptables, nftables or ipvs); the plan's own `spec.backend` when not given.
