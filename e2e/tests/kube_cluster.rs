@@ -150,17 +150,7 @@ fn steady_prober(cluster: &KubeCluster, pods: &[&str]) -> Prober {
 }
 
 fn agent_pod(cluster: &KubeCluster, node: &str) -> Option<(String, bool)> {
-    let pods = json(
-        cluster,
-        &[
-            "-n",
-            "switchyard-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/component=agent",
-        ],
-    );
+    let pods = agent_pods(cluster);
     pods["items"].as_array()?.iter().find_map(|pod| {
         (pod["spec"]["nodeName"] == node && pod["metadata"]["deletionTimestamp"].is_null()).then(|| {
             let ready = pod["status"]["conditions"]
@@ -172,6 +162,35 @@ fn agent_pod(cluster: &KubeCluster, node: &str) -> Option<(String, bool)> {
             )
         })
     })
+}
+
+/// `kubectl rollout status` of `what` in `namespace`, waiting at most `timeout_s`.
+fn rollout_status(cluster: &KubeCluster, namespace: &str, what: &str, timeout_s: u32) {
+    cluster
+        .kubectl(&[
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            what,
+            &format!("--timeout={timeout_s}s"),
+        ])
+        .unwrap();
+}
+
+/// The agent DaemonSet's pods, as JSON.
+fn agent_pods(cluster: &KubeCluster) -> Value {
+    json(
+        cluster,
+        &[
+            "-n",
+            "switchyard-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/component=agent",
+        ],
+    )
 }
 
 fn swyd_rules(cluster: &KubeCluster, node: &str) -> usize {
@@ -236,16 +255,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
             ])
             .unwrap();
         for deployment in ["web", "local", "steady"] {
-            cluster
-                .kubectl(&[
-                    "-n",
-                    "flows",
-                    "rollout",
-                    "status",
-                    &format!("deployment/{deployment}"),
-                    "--timeout=120s",
-                ])
-                .unwrap();
+            rollout_status(&cluster, "flows", &format!("deployment/{deployment}"), 120);
         }
         cluster
             .kubectl(&[
@@ -291,16 +301,12 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
         installed.applied_after.as_secs_f64()
     );
     step("controller: two replicas, one leader", || {
-        cluster
-            .kubectl(&[
-                "-n",
-                "switchyard-system",
-                "rollout",
-                "status",
-                "deployment/switchyard-controller",
-                "--timeout=120s",
-            ])
-            .unwrap();
+        rollout_status(
+            &cluster,
+            "switchyard-system",
+            "deployment/switchyard-controller",
+            120,
+        );
         let lease = json(
             &cluster,
             &["-n", "switchyard-system", "get", "lease", "switchyard-controller"],
@@ -415,16 +421,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
         cluster
             .kubectl(&["-n", "flows", "rollout", "restart", "deployment/web"])
             .unwrap();
-        cluster
-            .kubectl(&[
-                "-n",
-                "flows",
-                "rollout",
-                "status",
-                "deployment/web",
-                "--timeout=180s",
-            ])
-            .unwrap();
+        rollout_status(&cluster, "flows", "deployment/web", 180);
         std::thread::sleep(Duration::from_secs(6));
     });
     assert_no_failures("web Service during its own rolling update", &web_prober.stop());
@@ -444,16 +441,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
                 &format!("agent={new}"),
             ])
             .unwrap();
-        cluster
-            .kubectl(&[
-                "-n",
-                "switchyard-system",
-                "rollout",
-                "status",
-                "daemonset/switchyard-agent",
-                "--timeout=180s",
-            ])
-            .unwrap();
+        rollout_status(&cluster, "switchyard-system", "daemonset/switchyard-agent", 180);
         install::wait_all_applied(&cluster, Duration::from_secs(60)).unwrap();
     });
 
@@ -498,16 +486,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
             cluster
                 .kubectl(&["-n", "flows", "scale", "deployment/web", "--replicas=5"])
                 .unwrap();
-            cluster
-                .kubectl(&[
-                    "-n",
-                    "flows",
-                    "rollout",
-                    "status",
-                    "deployment/web",
-                    "--timeout=120s",
-                ])
-                .unwrap();
+            rollout_status(&cluster, "flows", "deployment/web", 120);
             let pods = json(&cluster, &["-n", "flows", "get", "pods", "-l", "app=web"]);
             let names: Vec<String> = pods["items"]
                 .as_array()
@@ -733,17 +712,7 @@ fn bad_image(cluster: &KubeCluster) {
         Duration::from_secs(90),
         "an agent pod to report the failed pull",
         || {
-            let pods = json(
-                cluster,
-                &[
-                    "-n",
-                    "switchyard-system",
-                    "get",
-                    "pods",
-                    "-l",
-                    "app.kubernetes.io/component=agent",
-                ],
-            );
+            let pods = agent_pods(cluster);
             pods["items"].as_array()?.iter().find_map(|pod| {
                 let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
                 let reason = waiting["reason"].as_str()?;
@@ -775,17 +744,7 @@ fn without_net_admin(cluster: &KubeCluster) {
         Duration::from_secs(90),
         "an agent pod without NET_ADMIN to start",
         || {
-            let pods = json(
-                cluster,
-                &[
-                    "-n",
-                    "switchyard-system",
-                    "get",
-                    "pods",
-                    "-l",
-                    "app.kubernetes.io/component=agent",
-                ],
-            );
+            let pods = agent_pods(cluster);
             pods["items"].as_array()?.iter().find_map(|pod| {
                 let caps = &pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"];
                 let running = !pod["status"]["containerStatuses"][0]["state"]["running"].is_null();
@@ -962,16 +921,7 @@ fn new_node_without_configmap(cluster: &KubeCluster, node: &str) {
             &affinity,
         ])
         .unwrap();
-    cluster
-        .kubectl(&[
-            "-n",
-            "switchyard-system",
-            "rollout",
-            "status",
-            "daemonset/switchyard-agent",
-            "--timeout=180s",
-        ])
-        .unwrap();
+    rollout_status(cluster, "switchyard-system", "daemonset/switchyard-agent", 180);
     cluster
         .kubectl(&["label", "node", node, &format!("{HOLD}=yes")])
         .unwrap();
@@ -1054,15 +1004,6 @@ fn undo_agent_rollout(cluster: &KubeCluster) {
             "daemonset/switchyard-agent",
         ])
         .unwrap();
-    cluster
-        .kubectl(&[
-            "-n",
-            "switchyard-system",
-            "rollout",
-            "status",
-            "daemonset/switchyard-agent",
-            "--timeout=180s",
-        ])
-        .unwrap();
+    rollout_status(cluster, "switchyard-system", "daemonset/switchyard-agent", 180);
     install::wait_all_applied(cluster, Duration::from_secs(60)).unwrap();
 }
