@@ -20,9 +20,10 @@ install: ## cargo install switchyard-controller and switchyard-agent (release) i
 	$(CARGO) install --locked --path controller $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 	$(CARGO) install --locked --path node-agent $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 
-test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests
+test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests (installs missing apt packages and a Debian kernel for the IPVS VM: README)
 
 unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the cluster suites, against a bare API server it starts, and the real-cluster suite)
+	@echo "unit: the IPVS suite installs missing apt packages and downloads a Debian kernel into ~/.cache/switchyard (README; SWITCHYARD_SKIP_VM=1 skips it)"
 	./scripts/with-control-plane.sh $(CARGO) test --workspace --all-targets --locked
 
 lint: ## rustfmt and clippy, warnings are errors

@@ -630,7 +630,7 @@ async fn controller_restart_during_rollout_never_deletes_or_empties_a_plan_and_c
     // before its first write on a slow machine).
     assert!(writes_by.last().is_some_and(|(_, n)| *n > 0), "{writes_by:?}");
     assert_eq!(stops + crashes, 3);
-    println!(
+    switchyard_test_support::announce::announce(&format!(
         "fault: controller-restart-during-rollout: {STEPS} steps on {} Services, {} restarts ({stops} \
          graceful, {crashes} crashes), {writes} plan/slice writes ({}), 0 plans or slices deleted or \
          emptied, {} agent-view samples complete, converged {:.2} s after the last step",
@@ -643,7 +643,7 @@ async fn controller_restart_during_rollout_never_deletes_or_empties_a_plan_and_c
             .join(", "),
         invariants.samples,
         took.as_secs_f64()
-    );
+    ));
 }
 
 /// The checks above have teeth: a deleted plan, a plan without views, an emptied slice and a rolled
@@ -909,7 +909,7 @@ async fn two_replicas_one_writer_and_failover_within_the_lease() {
         "took {:?} after a graceful stop",
         stop.leading
     );
-    println!(
+    switchyard_test_support::announce::announce(&format!(
         "fault: leader-failover: 2 replicas, exactly one wrote, the follower none; leader crashed: \
          takeover {:.2} s, change applied {:.2} s ({} writes; lease {} s, retry {} ms); leader stopped: \
          lease released, takeover {:.2} s, change applied {:.2} s ({} writes)",
@@ -921,5 +921,5 @@ async fn two_replicas_one_writer_and_failover_within_the_lease() {
         stop.leading.as_secs_f64(),
         stop.applied.as_secs_f64(),
         stop.writes,
-    );
+    ));
 }

@@ -559,7 +559,7 @@ fn hostile_plans_keep_the_last_good_rules(test: &str, backend: Backend) {
     }
     std::thread::sleep(Duration::from_secs(2));
     let report = traffic.stop();
-    println!("{}", report.line("hostile-plan"));
+    switchyard_test_support::announce::announce(&report.line("hostile-plan"));
 
     assert!(
         kernel_has_firewall(&deployed, backend),

@@ -83,9 +83,11 @@ enum Command {
 }
 
 #[derive(Args, Debug)]
+// One of the two is needed, and clap's message names both.
+#[command(group(clap::ArgGroup::new("the_plan").required(true).args(["plan", "node"])))]
 struct ExplainArgs {
     /// The node's plan (as for render; `switchyard-controller plan -f DUMP --node NAME` writes one).
-    #[arg(long, required_unless_present = "node", conflicts_with = "node")]
+    #[arg(long)]
     plan: Option<PathBuf>,
     /// Read this node's plan and its slices from the API server instead of a file.
     #[arg(long)]
@@ -564,7 +566,12 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             Ok(spec) => spec,
             Err(code) => return code,
         },
-        (None, None) => return fail(EXIT_USAGE, &"--plan FILE or --node NAME"),
+        (None, None) => {
+            return fail(
+                EXIT_USAGE,
+                &"explain needs the plan: --plan FILE (- for standard input), or --node NAME to read it from the API server",
+            );
+        }
     };
     let local = if args.kernel {
         match NetlinkAddrs.local_addrs() {

@@ -63,6 +63,19 @@ impl std::str::FromStr for Destination {
         if let Ok(addr) = address.parse::<SocketAddr>() {
             return Ok(Self::Address(addr, protocol));
         }
+        // An address with a protocol the proxy does not handle, or a port out of range: say which.
+        if let Some((address, proto)) = text.rsplit_once('/')
+            && address.parse::<SocketAddr>().is_ok()
+        {
+            return Err(format!(
+                "unknown protocol {proto:?} in {text:?}: a Service port is tcp, udp or sctp"
+            ));
+        }
+        if let Some((ip, port)) = address.rsplit_once(':')
+            && ip.trim_matches(['[', ']']).parse::<IpAddr>().is_ok()
+        {
+            return Err(format!("port {port:?} in {text:?} is not a port (1-65535)"));
+        }
         match text.split_once('/') {
             Some((namespace, rest)) if !namespace.is_empty() && !rest.is_empty() && !rest.contains('/') => {
                 let (name, port) = match rest.split_once(':') {
@@ -640,6 +653,20 @@ pub fn kernel(
     saves: &[String],
 ) -> Result<(), Error> {
     let family = IpFamily::of(&packet.dest);
+    // No chain of ours at all: the node is not programmed (never, or cleaned up); a rule-by-rule
+    // comparison would list every rule of the plan as drift.
+    if !saves
+        .iter()
+        .any(|save| save.lines().any(|line| line.starts_with(":SWYD-")))
+    {
+        explanation.drift = Some(vec![
+            "no Switchyard rules on this host (no SWYD-* chain in iptables-save): its agent has not \
+             programmed it, or `switchyard-agent cleanup` ran"
+                .to_owned(),
+        ]);
+        explanation.outcome = Outcome::NotAService;
+        return Ok(());
+    }
     let installed = kernel_tracer(family, local, saves)?;
     let kernel_trace = installed.trace(packet)?;
     let plan = plan_tracer(spec, family, Some(local))?;
@@ -965,6 +992,15 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(text.parse::<Destination>().ok(), want, "{text}");
         }
+        for (text, says) in [
+            ("10.96.0.1:80/icmp", "unknown protocol \"icmp\""),
+            ("[fd00::1]:80/gre", "unknown protocol \"gre\""),
+            ("10.96.0.1:70000", "port \"70000\""),
+            ("10.96.0.1:http", "port \"http\""),
+        ] {
+            let error = text.parse::<Destination>().unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
         assert_eq!("node".parse::<Source>(), Ok(Source::Node));
         assert_eq!(
             "10.244.1.5".parse::<Source>(),
@@ -976,6 +1012,33 @@ mod tests {
                 .unwrap_err()
                 .contains("neither `node` nor an IP")
         );
+    }
+
+    #[test]
+    fn a_host_without_our_rules_is_said_to_be_unprogrammed_not_drifted() {
+        let spec = plan(
+            "node-a",
+            vec![entry("ns1/web:http", "10.96.0.1", 80).with(ep("10.244.2.5", 8080))],
+        );
+        let dest = Destination::Address("10.96.0.1:80".parse().unwrap(), Protocol::TCP);
+        let (mut explanation, packet, plan_trace) = explain(&spec, &dest, Source::Node, None).unwrap();
+        let someone_elses = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n\
+                             -A PREROUTING -j KUBE-SERVICES\nCOMMIT\n"
+            .to_owned();
+        kernel(
+            &spec,
+            &mut explanation,
+            &packet,
+            &plan_trace,
+            &[],
+            &[someone_elses],
+        )
+        .unwrap();
+        assert_eq!(explanation.outcome, Outcome::NotAService);
+        let drift = explanation.drift.clone().unwrap();
+        assert_eq!(drift.len(), 1, "{drift:?}");
+        assert!(drift[0].contains("no Switchyard rules on this host"), "{drift:?}");
+        assert!(explanation.text().contains("no Switchyard rules on this host"));
     }
 
     #[test]

@@ -6,9 +6,11 @@
 //!                                        SSA field owners, status subresource, label selectors, watches
 //!                                        with bookmarks and 410 relists, injected faults)
 //!   used by: controller tests and benches · agent tests · e2e (fault suite, demo-cluster test)
+//! announce::announce ─► a result line on stderr that `cargo test` does not swallow (fault suites)
 //! synthetic::Shape ─► synthetic::cluster ─► Services, EndpointSlices, Nodes (benchmarks, scale and
 //!                                            fault suites; never semantics tests)
 //! ```
 
+pub mod announce;
 pub mod fake_apiserver;
 pub mod synthetic;

@@ -58,7 +58,7 @@ fn api_server_outage_keeps_forwarding_and_status_catches_up() {
         "an outage must not cause a full resync"
     );
     let report = traffic.stop();
-    println!("{}", report.line("api-outage"));
+    switchyard_test_support::announce::announce(&report.line("api-outage"));
     assert_eq!(report.total().failed, 0, "{:#?}", report.failures);
     assert!(report.phase("during").connections > 0);
 
@@ -101,11 +101,11 @@ fn api_server_outage_keeps_forwarding_and_status_catches_up() {
         "a changed plan after an outage is a partial sync"
     );
     let report = traffic.stop();
-    println!(
+    switchyard_test_support::announce::announce(&format!(
         "{} ; every status caught up {:.1} s after the API server was back (watch backoff)",
         report.line("api-outage-with-changed-plan"),
         caught_up.as_secs_f64()
-    );
+    ));
     assert_eq!(report.total().failed, 0, "{:#?}", report.failures);
 }
 
@@ -167,10 +167,10 @@ fn api_server_errors_and_slow_answers_keep_forwarding() {
         .filter_map(|n| api.metric(n, STATUS_WRITE_FAILURES))
         .sum();
     let report = traffic.stop();
-    println!(
+    switchyard_test_support::announce::announce(&format!(
         "{} ; status write failures counted: {failures}",
         report.line("api-errors-and-slow-answers")
-    );
+    ));
     assert_eq!(report.total().failed, 0, "{:#?}", report.failures);
     assert!(
         failures > 0.0,

@@ -100,13 +100,13 @@ fn controller_restarts_during_a_rollout_lose_no_plan_and_no_connection() {
         .filter(|r| r.path.contains("nodeforwardingplans") || r.path.contains("forwardingslices"))
         .map(|r| r.path)
         .collect();
-    println!(
+    switchyard_test_support::announce::announce(&format!(
         "{} ; {} rollout steps, controller {} meanwhile, {} plans or slices deleted",
         report.line("controller-restart-during-rollout"),
         STEPS.len(),
         restarts.join(" + "),
         deletes.len()
-    );
+    ));
     assert!(deletes.is_empty(), "{deletes:?}");
     assert_eq!(report.total().failed, 0, "{:#?}", report.failures);
 }

@@ -20,7 +20,7 @@ const LARGE: usize = 10_000;
 const SAMPLES: [usize; 5] = [0, 1_234, 5_000, 8_765, LARGE - 1];
 
 fn assert_clean(report: &TrafficReport, fault: &str) {
-    println!("{}", report.line(fault));
+    switchyard_test_support::announce::announce(&report.line(fault));
     assert_eq!(report.total().failed, 0, "{fault}: {:#?}", report.failures);
 }
 

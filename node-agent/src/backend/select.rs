@@ -66,8 +66,10 @@ struct Slot {
 impl Slot {
     /// Sets the backend up on first use; after a failure it is tried again only when `retry` (full
     /// syncs: at start, after failures, on drift, periodically), so a module that becomes loadable
-    /// later is picked up without retrying on every partial sync.
-    fn ready(&mut self, retry: bool) -> bool {
+    /// later is picked up without retrying on every partial sync. Set up only to look for leftovers
+    /// (`for_leftovers`), success and failure are logged at debug: that backend is not the one in use,
+    /// and a host without it is normal.
+    fn ready(&mut self, retry: bool, for_leftovers: bool) -> bool {
         if self.dataplane.is_some() {
             return true;
         }
@@ -76,6 +78,20 @@ impl Slot {
         }
         let title = self.candidate.title;
         match (self.candidate.factory)() {
+            Ok(dataplane) if for_leftovers => {
+                tracing::debug!(
+                    backend = title,
+                    "{title} set up to look for leftovers of an earlier run"
+                );
+                self.dataplane = Some(dataplane);
+                self.unavailable = None;
+                true
+            }
+            Err(e) if for_leftovers => {
+                tracing::debug!(backend = title, error = %e, "{title} is not available here, so it left nothing");
+                self.unavailable = Some(e.to_string());
+                false
+            }
             Ok(dataplane) => {
                 tracing::info!(backend = title, "{title} is set up on this node");
                 self.dataplane = Some(dataplane);
@@ -98,7 +114,7 @@ impl Slot {
             return leftovers();
         }
         if self.cleans_by_setup
-            && self.ready(false)
+            && self.ready(false, true)
             && let Some(dataplane) = self.dataplane.as_mut()
         {
             return dataplane.cleanup();
@@ -211,7 +227,9 @@ impl Dataplane for Selector {
     fn sync(&mut self, request: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
         let wanted = request.spec.backend;
         self.wanted = Some(wanted);
-        let ready = self.slot_mut(wanted).is_some_and(|slot| slot.ready(request.full));
+        let ready = self
+            .slot_mut(wanted)
+            .is_some_and(|slot| slot.ready(request.full, false));
         let target = if ready { wanted } else { Backend::Iptables };
         if self.current != Some(target) {
             match self.current {

@@ -69,7 +69,8 @@ impl ExecIptables {
                 let legacy = count_saved_rules(Variant::Legacy);
                 let nft = count_saved_rules(Variant::Nft);
                 let variant = choose(legacy, nft);
-                tracing::info!(?legacy, ?nft, %variant, "detected the iptables variant the host uses");
+                // NB: debug: `run` logs the variant it uses at INFO; render and explain need not say it.
+                tracing::debug!(?legacy, ?nft, %variant, "detected the iptables variant the host uses");
                 variant
             }
         };
