@@ -112,8 +112,13 @@ fn entry(name: &str, cluster_ip: &str, port: u16) -> ServicePlan {
     testing::entry(name, cluster_ip, port).with(testing::ep(endpoint, 8080))
 }
 
+/// The plan as a file, its summary counting what it holds (a hostile plan that contradicts its own
+/// summary is refused before its content is looked at: parsing the file already says "truncated or
+/// edited", which `planfile`'s tests cover).
 fn yaml(spec: &NodeForwardingPlanSpec) -> String {
-    serde_saphyr::to_string(&NodeForwardingPlan::new(NODE, spec.clone())).unwrap()
+    let mut spec = spec.clone();
+    spec.summary = PlanSummary::of(spec.services.iter().chain(&spec.overrides));
+    serde_saphyr::to_string(&NodeForwardingPlan::new(NODE, spec)).unwrap()
 }
 
 /// `spec` with one more entry (an unused Service: skipping it costs no traffic) and a new revision.
