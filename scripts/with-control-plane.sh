@@ -27,16 +27,17 @@ if [[ $(id -u) != 0 ]]; then
   exec "$@"
 fi
 
-cargo build -q --locked -p switchyard-e2e --bin switchyard-lab
-lab=target/debug/switchyard-lab
+${CARGO:-cargo} build -q --locked -p switchyard-e2e --bin switchyard-lab
+lab=${CARGO_TARGET_DIR:-target}/debug/switchyard-lab
 up=$("$lab" kube up --nodes 0 --keep)
-echo "$up"
 id=$(sed -n 's/^kept cluster \([^;]*\);.*/\1/p' <<<"$up")
+# Removed however this script ends, as soon as its id is known.
+[[ -n $id ]] && trap '"$lab" kube down "$id" >/dev/null || echo "with-control-plane: removing $id failed; switchyard-lab cleanup --all removes it" >&2' EXIT
+echo "$up"
 kubeconfig=$(sed -n 's/^  export KUBECONFIG=//p' <<<"$up")
 if [[ -z $id || -z $kubeconfig ]]; then
   echo "with-control-plane: the control plane did not come up" >&2
   exit 1
 fi
-trap '"$lab" kube down "$id" >/dev/null || echo "with-control-plane: removing $id failed; switchyard-lab cleanup --all removes it" >&2' EXIT
 echo "with-control-plane: SWITCHYARD_K8S_BIN=$SWITCHYARD_K8S_BIN: the cluster suites run against the bare API server of lab $id"
 KUBECONFIG=$kubeconfig "$@"

@@ -38,7 +38,7 @@ enum LogFormat {
 enum Command {
     /// Runs the controller against the API server (in cluster, or with --kubeconfig / KUBECONFIG).
     Run {
-        /// Kubeconfig file (default: in-cluster config, then KUBECONFIG, then ~/.kube/config).
+        /// Kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then the in-cluster config).
         // NB: not `env = "KUBECONFIG"`: kube reads it itself, as a list (`a:b`) and empty as unset,
         // as kubectl does; clap would take it as one path and refuse an empty one.
         #[arg(long)]
@@ -86,7 +86,7 @@ enum Command {
     /// `kubectl get nodeforwardingplans,forwardingslices -o yaml`. Exit 0 when every node is current,
     /// 3 when some node lags.
     Audit {
-        /// Kubeconfig file (default: in-cluster config, then KUBECONFIG, then ~/.kube/config).
+        /// Kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then the in-cluster config).
         // NB: not `env = "KUBECONFIG"`: kube reads it itself, as a list (`a:b`) and empty as unset,
         // as kubectl does; clap would take it as one path and refuse an empty one.
         #[arg(long)]

@@ -53,32 +53,33 @@ pub fn unreachable_advice(address: &str, waited: Duration) -> String {
     )
 }
 
-/// Asks `/version` until it is answered or `timeout` has passed.
+/// Asks `/version` until the API server answers or `timeout` has passed. Any HTTP answer counts,
+/// an error status too (401, 429, 503: the server is reachable, so the ConfigMap is not what is
+/// missing, and the usual start retries those); only a connection that cannot be made or answered
+/// in time does not.
 pub async fn wait_for_api_server(
     client: &kube::Client,
     address: &str,
     timeout: Duration,
 ) -> Result<(), Error> {
-    let started = tokio::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut said = false;
     loop {
-        let attempt = tokio::time::timeout(Duration::from_secs(3), client.apiserver_version()).await;
-        match attempt {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(error)) if !said => {
-                tracing::warn!(%address, %error, "the API server does not answer yet; retrying");
-                said = true;
-            }
-            Err(_) if !said => {
-                tracing::warn!(%address, "the API server does not answer yet (3 s); retrying");
-                said = true;
-            }
-            _ => {}
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let attempt = tokio::time::timeout(left.min(Duration::from_secs(3)), client.apiserver_version()).await;
+        let failure = match attempt {
+            Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))) => return Ok(()),
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "no answer within 3 s".to_owned(),
+        };
+        if !said {
+            tracing::warn!(%address, error = %failure, "the API server does not answer yet; retrying");
+            said = true;
         }
-        if started.elapsed() >= timeout {
+        if tokio::time::Instant::now() + Duration::from_millis(500) >= deadline {
             return Err(Error::ReachApiServer(unreachable_advice(address, timeout)));
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -208,9 +208,10 @@ struct RunArgs {
     status_progress_interval: Duration,
     /// On a node with no plan cached, whose only API server address is the kubelet's (the
     /// `kubernetes` Service's ClusterIP: no switchyard-apiserver ConfigMap), exit with what to
-    /// configure if the API server does not answer within this time (0s: wait forever). Below the
-    /// DaemonSet's liveness budget, so the pod status shows this message rather than a probe failure.
-    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    /// configure if the API server does not answer within this time (0s: wait forever). Well below
+    /// the DaemonSet's liveness budget (first probe at 10 s, killed after the third failure at ~30 s),
+    /// so the pod status shows this message rather than a probe failure.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
     api_bootstrap_timeout: Duration,
     #[command(flatten)]
     iptables: IptablesArgs,

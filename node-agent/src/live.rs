@@ -135,8 +135,10 @@ pub async fn run_agent(
         } => {
             let client = client(kubeconfig.as_deref()).await?;
             let nothing_cached = config.cache_file.as_deref().is_none_or(|path| !path.exists());
-            let service_address = kubeconfig
-                .is_none()
+            // A kubeconfig (flag or KUBECONFIG) names its own server: only in-cluster config goes
+            // through the kubelet's address.
+            let in_cluster = kubeconfig.is_none() && std::env::var_os("KUBECONFIG").is_none();
+            let service_address = in_cluster
                 .then(|| bootstrap::kubelet_service_address(|key| std::env::var(key).ok()))
                 .flatten();
             if let (true, Some(address), false) =

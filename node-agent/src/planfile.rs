@@ -89,6 +89,10 @@ pub fn parse_plan_text(text: &str) -> Result<PlanFile, String> {
 /// `kubectl get services,endpointslices,nodes` prints, which `plan` reads and the agent does not.
 fn cluster_dump_kind(text: &str) -> Option<&'static str> {
     const KINDS: [&str; 3] = ["Service", "EndpointSlice", "Node"];
+    // Plans name their Node in ownerReferences (`kind: Node`): a file with plans is no dump.
+    if text.contains("NodeForwardingPlan") || text.contains("ForwardingSlice") {
+        return None;
+    }
     // `kind: X` in YAML, `"kind": "X"` in JSON (anywhere on a line: `kubectl -o json` may be one line).
     let values = text.match_indices("kind").filter_map(|(at, _)| {
         let rest = text[at + 4..].trim_start_matches('"').trim_start();
@@ -665,7 +669,24 @@ mod tests {
                 "{dump}: {error}"
             );
         }
-        // A list of plans is no cluster dump.
+        // A list of plans is no cluster dump, though each names its Node as owner.
+        let mut owned = object(spec("node-a"));
+        owned.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: "node-a".into(),
+                uid: "u".into(),
+                ..Default::default()
+            },
+        ]);
+        let two = format!(
+            "{}---\n{}",
+            serde_saphyr::to_string(&owned).unwrap(),
+            serde_saphyr::to_string(&owned).unwrap()
+        );
+        let error = parse_plan_text(&two).unwrap_err();
+        assert!(!error.contains("cluster dump") && error.contains("want one"), "{error}");
         let plans = format!(
             "kind: List\nitems:\n- {}",
             serde_saphyr::to_string(&object(spec("node-a")))

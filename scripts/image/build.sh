@@ -71,7 +71,8 @@ base_tar() { # COMPONENT
     echo "build.sh: $1 base: mmdebstrap (Debian packages; about a minute)" >&2
     mkdir -p "$out/base"
     find "$out/base" -name "$1-*.tar" -delete
-    scripts/image/rootfs.sh "$1" "$cached"
+    # NB: `|| return`: this runs in a command substitution, where bash does not apply `set -e`.
+    scripts/image/rootfs.sh "$1" "$cached" || return 1
   fi
   echo "$cached"
 }
@@ -86,7 +87,7 @@ release_binary() { # NAME
   CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=symbols \
   RUSTFLAGS="--remap-path-prefix=$repo=/src --remap-path-prefix=$cargo_home=/cargo ${RUSTFLAGS:-}" \
     cargo build --release --locked -q -p switchyard-agent -p switchyard-controller \
-      --bin switchyard-agent --bin switchyard-controller >&2
+      --bin switchyard-agent --bin switchyard-controller >&2 || return 1
   echo "target/image-build/release/$1"
 }
 

@@ -47,6 +47,8 @@ const KUBELET_SYSCTLS: [&str; 6] = [
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 ];
+/// The xtables lock: bound into each node, made when the host has none, never removed.
+const XTABLES_LOCK: &str = "/run/xtables.lock";
 /// How long processes get between SIGTERM and SIGKILL at teardown.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -130,13 +132,36 @@ impl KubeCluster {
         // From here on, dropping `cluster` (also on an early return) removes whatever exists.
         let binds: Vec<_> = cluster.spec.nodes.iter().flat_map(node::binds).collect();
         let mount_points = node::missing_mount_points(&binds);
-        let sysctls = KUBELET_SYSCTLS
-            .iter()
-            .filter_map(|key| {
-                let value = std::fs::read_to_string(Path::new("/proc/sys").join(key)).ok()?;
-                Some(((*key).to_owned(), value.trim().to_owned()))
-            })
+        // Other labs' manifests: a mount point another lab made and we bind over is ours too until
+        // we are gone, and the host's original sysctls are what the oldest lab recorded (a running
+        // kubelet has changed them since).
+        let state_dir = cluster.options.state_dir.clone();
+        let others: Vec<Manifest> = LabState::all(&state_dir)
+            .into_iter()
+            .filter(|other| other.id() != cluster.state.id())
+            .filter_map(|other| other.read_manifest().ok().flatten())
             .collect();
+        let targets: Vec<&Path> = binds.iter().map(|(bind, _)| bind.target.as_path()).collect();
+        let shared: Vec<PathBuf> = others
+            .iter()
+            .flat_map(|manifest| manifest.mount_points.iter())
+            .filter(|path| targets.contains(&path.as_path()))
+            .cloned()
+            .collect();
+        let sysctls = if cluster.spec.nodes.is_empty() {
+            // No kubelet: nothing to put back.
+            Vec::new()
+        } else if let Some(recorded) = others.iter().map(|m| &m.sysctls).find(|s| !s.is_empty()) {
+            recorded.clone()
+        } else {
+            KUBELET_SYSCTLS
+                .iter()
+                .filter_map(|key| {
+                    let value = std::fs::read_to_string(Path::new("/proc/sys").join(key)).ok()?;
+                    Some(((*key).to_owned(), value.trim().to_owned()))
+                })
+                .collect()
+        };
         let manifest = Manifest {
             netns: cluster.spec.namespaces(),
             cgroups: cluster
@@ -146,7 +171,13 @@ impl KubeCluster {
                 .map(|node| node.cgroup.clone())
                 .collect(),
             sysctls,
-            mount_points: mount_points.iter().map(|(path, _)| path.clone()).collect(),
+            // NB: never /run/xtables.lock: host iptables may hold it, and it is what iptables makes anyway.
+            mount_points: mount_points
+                .iter()
+                .map(|(path, _)| path.clone())
+                .filter(|path| path != Path::new(XTABLES_LOCK))
+                .chain(shared)
+                .collect(),
             ..Manifest::owned_by_me(Vec::new())
         };
         cluster.state.write_manifest(&manifest)?;
@@ -267,6 +298,13 @@ impl KubeCluster {
             Some(pipe) => read_listen_line(pipe, Duration::from_secs(10))?,
             None => return Err(LabError::Refused("the relay's stdout was not piped".into())),
         };
+        // The relay is started outside the lab's namespaces: recorded now, so a teardown after a
+        // SIGKILL of this process finds it.
+        if let Some(start) = crate::state::process_start_time(relay.pid()) {
+            let mut manifest = self.state.read_manifest()?.unwrap_or_default();
+            manifest.pids.push((relay.pid(), start));
+            self.state.write_manifest(&manifest)?;
+        }
         self.relay = Some(relay);
         self.host_server = format!("https://{listen}");
         let (cert, key) = self.pki.pair("admin");
@@ -561,12 +599,7 @@ impl KubeCluster {
         let mut manifest = self.state.read_manifest()?.unwrap_or_default();
         manifest.kept = true;
         manifest.owner = None;
-        // The relay outlives this process; teardown kills it by pid.
-        if let Some(relay) = &self.relay
-            && let Some(start) = crate::state::process_start_time(relay.pid())
-        {
-            manifest.pids.push((relay.pid(), start));
-        }
+        // The relay outlives this process; teardown kills it by the pid recorded when it started.
         self.state.write_manifest(&manifest)?;
         self.supervisor.detach_all();
         registry::lock().remove(self.state.id());
