@@ -61,6 +61,9 @@ struct Slot {
     dataplane: Option<Box<dyn Dataplane>>,
     /// Why the last set-up failed.
     unavailable: Option<String>,
+    /// That failure came from looking for leftovers and was logged at debug only: the first plan
+    /// that asks for this backend tries it again, so the log says why it cannot run.
+    unavailable_quietly: bool,
 }
 
 impl Slot {
@@ -73,10 +76,12 @@ impl Slot {
         if self.dataplane.is_some() {
             return true;
         }
-        if self.unavailable.is_some() && !retry {
+        let say_why_now = self.unavailable_quietly && !for_leftovers;
+        if self.unavailable.is_some() && !retry && !say_why_now {
             return false;
         }
         let title = self.candidate.title;
+        self.unavailable_quietly = for_leftovers;
         match (self.candidate.factory)() {
             Ok(dataplane) if for_leftovers => {
                 tracing::debug!(
@@ -154,6 +159,7 @@ impl Selector {
                     candidate,
                     dataplane: None,
                     unavailable: None,
+                    unavailable_quietly: false,
                 })
                 .collect(),
             wanted: None,
