@@ -66,7 +66,8 @@ pub async fn wait_for_api_server(
     let mut said = false;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let attempt = tokio::time::timeout(left.min(Duration::from_secs(3)), client.apiserver_version()).await;
+        let attempt =
+            tokio::time::timeout(left.min(Duration::from_secs(3)), client.apiserver_version()).await;
         let failure = match attempt {
             Ok(Ok(_)) | Ok(Err(kube::Error::Api(_))) => return Ok(()),
             Ok(Err(error)) => error.to_string(),

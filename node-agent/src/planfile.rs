@@ -686,7 +686,10 @@ mod tests {
             serde_saphyr::to_string(&owned).unwrap()
         );
         let error = parse_plan_text(&two).unwrap_err();
-        assert!(!error.contains("cluster dump") && error.contains("want one"), "{error}");
+        assert!(
+            !error.contains("cluster dump") && error.contains("want one"),
+            "{error}"
+        );
         let plans = format!(
             "kind: List\nitems:\n- {}",
             serde_saphyr::to_string(&object(spec("node-a")))

@@ -414,6 +414,43 @@ mod tests {
         )
     }
 
+    #[test]
+    fn a_backend_found_missing_while_looking_for_leftovers_is_tried_once_more_when_wanted() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let log = Log::default();
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&tries);
+        let factory: Factory = Box::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Err(Error::FindNft("nft is not in $PATH".into()))
+        });
+        let mut select = Selector::new(
+            Recorder::boxed(Backend::Iptables, &log),
+            vec![Candidate {
+                backend: Backend::Nftables,
+                title: "nftables",
+                factory,
+                leftovers: None,
+                replaces: &[],
+            }],
+        );
+        sync(&mut select, Backend::Iptables);
+        assert_eq!(
+            tries.load(Ordering::SeqCst),
+            1,
+            "set up (quietly) to look for leftovers"
+        );
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(
+            tries.load(Ordering::SeqCst),
+            2,
+            "tried again, so the log says why"
+        );
+        assert!(select.fallback_reason().unwrap().contains("nft is not in $PATH"));
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(tries.load(Ordering::SeqCst), 2, "then only on full syncs");
+    }
+
     fn taken(log: &Log) -> Vec<String> {
         std::mem::take(&mut *log.lock().unwrap())
     }
