@@ -16,9 +16,10 @@ help: ## List the targets
 build: ## Build both binaries and the lab (debug) into target/debug/: switchyard-controller, switchyard-agent, switchyard-lab
 	$(CARGO) build --workspace --bins
 
-install: ## cargo install switchyard-controller and switchyard-agent (release) into ~/.cargo/bin (INSTALL_ROOT=dir: dir/bin)
-	$(CARGO) install --locked --path controller $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
-	$(CARGO) install --locked --path node-agent $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
+install: ## cargo install switchyard-controller, switchyard-agent and switchyard-lab (release) into ~/.cargo/bin (INSTALL_ROOT=dir: dir/bin); one shared target dir, so dependencies are built once
+	$(CARGO) install --locked --target-dir target/install --path controller $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
+	$(CARGO) install --locked --target-dir target/install --path node-agent $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
+	$(CARGO) install --locked --target-dir target/install --path e2e --bin switchyard-lab $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 
 test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests (installs missing apt packages and a Debian kernel for the IPVS VM: README)
 
@@ -50,8 +51,9 @@ demo-cluster: ## The demo through the API server KUBECONFIG names (a cluster wit
 	$(CARGO) build -q --bins
 	./target/debug/switchyard-lab demo-cluster --cluster $(CLUSTER) --config $(CONFIG) --kubeconfig "$$KUBECONFIG"
 
-plan: ## Plan the example cluster offline and print a table in `kubectl get nfp` columns
-	$(CARGO) run -q -p switchyard-controller -- plan -f $(CLUSTER) --config $(CONFIG) -o table
+plan: ## Plan the example cluster offline: per node its backend, zone, Services, endpoints, overrides, Local entries and both revisions (README "Plan offline"); reuses make build's binaries
+	$(CARGO) build -q --bins
+	./target/debug/switchyard-controller plan -f $(CLUSTER) --config $(CONFIG) -o table
 
 bench: ## All benchmarks (release build) and one summary table against the targets (agent, latency: root; SWITCHYARD_BENCH_SMOKE=1: tiny)
 	@summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
