@@ -164,6 +164,13 @@ fn agent_pod(cluster: &KubeCluster, node: &str) -> Option<(String, bool)> {
     })
 }
 
+/// Whether the `web` Service's ClusterIP answers one HTTP probe from `pod`.
+fn web_answers(cluster: &KubeCluster, pod: &'static str) -> bool {
+    flows::resolve(cluster, &flows::From::Pod(pod)).is_ok_and(|(netns, _)| {
+        traffic::http_probe(&netns, "10.96.100.10:80".parse().unwrap(), Duration::from_secs(1)).is_answered()
+    })
+}
+
 /// `kubectl rollout status` of `what` in `namespace`, waiting at most `timeout_s`.
 fn rollout_status(cluster: &KubeCluster, namespace: &str, what: &str, timeout_s: u32) {
     cluster
@@ -274,12 +281,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     wait_until(
         Duration::from_secs(60),
         "kube-proxy to forward the web Service",
-        || {
-            let (netns, _) = flows::resolve(&cluster, &flows::From::Pod("client-a")).ok()?;
-            traffic::http_probe(&netns, "10.96.100.10:80".parse().unwrap(), Duration::from_secs(1))
-                .is_answered()
-                .then_some(())
-        },
+        || web_answers(&cluster, "client-a").then_some(()),
     );
     step("flows through kube-proxy (the reference)", || {
         check_flows(&cluster, "kube-proxy", &standard)
@@ -362,9 +364,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     step(
         "service.kubernetes.io/headless: the ClusterIP goes down, and back without the label",
         || {
-            let (netns, _) = flows::resolve(&cluster, &flows::From::Pod("client-a")).unwrap();
-            let web = "10.96.100.10:80".parse().unwrap();
-            let answered = || traffic::http_probe(&netns, web, Duration::from_secs(1)).is_answered();
+            let answered = || web_answers(&cluster, "client-a");
             cluster
                 .kubectl(&[
                     "-n",

@@ -164,22 +164,17 @@ for component in "${components[@]}"; do
   files="$work/$component-root"
   mkdir -p "$files"
   case "$component" in
-    agent)
+    agent | agent-no-nft)
       binary=$(release_binary switchyard-agent)
       base=$(base_tar agent)
       install -D -m 0755 "$binary" "$files/usr/local/bin/switchyard-agent"
+      image_tag=$tag archive= whiteouts=
+      if [[ $component == agent-no-nft ]]; then
+        image_tag=$tag-no-nft archive=switchyard-agent-no-nft whiteouts=usr/sbin/nft
+      fi
       # Root, not privileged: the DaemonSet grants NET_ADMIN and NET_RAW in the host network namespace.
       # shellcheck disable=SC2046
-      image switchyard-agent "$tag" "$base" "$files" \
-        --config.entrypoint=/usr/local/bin/switchyard-agent --config.cmd=--help --config.user=0:0 \
-        $(labels switchyard-agent)
-      ;;
-    agent-no-nft)
-      binary=$(release_binary switchyard-agent)
-      base=$(base_tar agent)
-      install -D -m 0755 "$binary" "$files/usr/local/bin/switchyard-agent"
-      # shellcheck disable=SC2046
-      archive=switchyard-agent-no-nft whiteouts=usr/sbin/nft image switchyard-agent "$tag-no-nft" "$base" "$files" \
+      archive=$archive whiteouts=$whiteouts image switchyard-agent "$image_tag" "$base" "$files" \
         --config.entrypoint=/usr/local/bin/switchyard-agent --config.cmd=--help --config.user=0:0 \
         $(labels switchyard-agent)
       ;;
