@@ -15,10 +15,3 @@ pub fn announce(line: &str) {
     let _ = writeln!(err, "{line}");
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_line_is_written_without_panicking() {
-        super::announce("fault: example: 1 connections, 0 failed");
-    }
-}
