@@ -168,13 +168,15 @@ for component in "${components[@]}"; do
       binary=$(release_binary switchyard-agent)
       base=$(base_tar agent)
       install -D -m 0755 "$binary" "$files/usr/local/bin/switchyard-agent"
-      image_tag=$tag archive= whiteouts=
+      # NB: image() reads `archive` and `whiteouts`: set them only for its call (prefix assignments),
+      # never as globals a later component would inherit.
+      agent_tag=$tag agent_archive= agent_whiteouts=
       if [[ $component == agent-no-nft ]]; then
-        image_tag=$tag-no-nft archive=switchyard-agent-no-nft whiteouts=usr/sbin/nft
+        agent_tag=$tag-no-nft agent_archive=switchyard-agent-no-nft agent_whiteouts=usr/sbin/nft
       fi
       # Root, not privileged: the DaemonSet grants NET_ADMIN and NET_RAW in the host network namespace.
       # shellcheck disable=SC2046
-      archive=$archive whiteouts=$whiteouts image switchyard-agent "$image_tag" "$base" "$files" \
+      archive=$agent_archive whiteouts=$agent_whiteouts image switchyard-agent "$agent_tag" "$base" "$files" \
         --config.entrypoint=/usr/local/bin/switchyard-agent --config.cmd=--help --config.user=0:0 \
         $(labels switchyard-agent)
       ;;
