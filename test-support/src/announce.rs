@@ -14,4 +14,3 @@ pub fn announce(line: &str) {
     // A closed stderr loses the line; the test's own assertions still decide.
     let _ = writeln!(err, "{line}");
 }
-
