@@ -3,8 +3,10 @@
 //! hold it against the per-node oracle.
 //!
 //! ```text
-//! plan.views [all, zone-a] ─► per view: slices <view>-0000 … <view>-<count-1>, all agreeing on count
+//! plan.views [all, zone-a] ─► per view: packed slices <view>-0000 … <view>-<count-1>, all agreeing on count
 //!                                 │        (missing / disagreeing ─► Incomplete: apply nothing)
+//!                                 │      + Service slices <view>.<namespace>.<name>: each replaces every
+//!                                 │        packed entry of its Service in that view (none: the packed copy)
 //!                                 ▼
 //! entries: view `all`, replaced by the zone view's, replaced by the plan's overrides (same key)
 //!          onNode of view entries ◄─ plan.endpointsOnNode;  local ◄─ plan.localEndpoints
@@ -26,7 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     plan::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan},
     revision::REVISION_LEN,
-    slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, slice_name},
+    slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, service_slice_name, slice_name},
     status::{ObservedSlices, ServiceFailure},
 };
 
@@ -63,33 +65,49 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
         });
     }
     let mut used: Vec<SliceRef<'_>> = Vec::new();
-    for view in &plan.views {
-        used.extend(complete_view(view, slices)?);
-    }
-    let on_node: HashSet<&str> = plan.endpoints_on_node.iter().map(String::as_str).collect();
-    // key → (view position, slice name, entry)
+    // key → (view position, slice name, entry); a later (more specific) view replaces an earlier one.
     let mut chosen: HashMap<Key<'_>, (usize, &str, &Arc<ServicePlan>)> = HashMap::new();
     let mut conflicts = Vec::new();
-    for slice in &used {
-        let rank = plan.views.iter().position(|v| *v == slice.spec.view).unwrap_or(0);
-        for entry in &slice.spec.entries {
-            match chosen.get(&entry.key()) {
-                Some((have_rank, have_slice, _)) if *have_rank == rank => {
-                    conflicts.push(ServiceFailure {
-                        service: format!("{} {:?} {:?}", entry.name, entry.protocol, entry.family),
-                        reason: format!(
-                            "in slices {have_slice} and {} of view {}; {have_slice}'s entry is used",
-                            slice.name, slice.spec.view
-                        ),
-                    });
+    for (rank, view) in plan.views.iter().enumerate() {
+        let packed = complete_view(view, slices)?;
+        let own = service_slices(view, slices);
+        let replaced: HashSet<&str> = own.iter().filter_map(|s| s.spec.service.as_deref()).collect();
+        let mut in_view: HashMap<Key<'_>, (&str, &Arc<ServicePlan>)> = HashMap::new();
+        for slice in &packed {
+            for entry in &slice.spec.entries {
+                if replaced.contains(entry.service_key()) {
+                    continue;
                 }
-                Some((have_rank, _, _)) if *have_rank > rank => {}
-                _ => {
-                    chosen.insert(entry.key(), (rank, slice.name, entry));
+                match in_view.get(&entry.key()) {
+                    Some((have_slice, _)) => conflicts.push(twice(entry, have_slice, slice)),
+                    None => {
+                        in_view.insert(entry.key(), (slice.name, entry));
+                    }
                 }
             }
         }
+        for slice in &own {
+            let service = slice.spec.service.as_deref().unwrap_or_default();
+            for entry in &slice.spec.entries {
+                if entry.service_key() != service {
+                    conflicts.push(ServiceFailure {
+                        service: format!("{} {:?} {:?}", entry.name, entry.protocol, entry.family),
+                        reason: format!("in Service slice {} of another Service; ignored", slice.name),
+                    });
+                    continue;
+                }
+                if let Some((have_slice, _)) = in_view.insert(entry.key(), (slice.name, entry)) {
+                    conflicts.push(twice(entry, have_slice, slice));
+                }
+            }
+        }
+        for (key, (name, entry)) in in_view {
+            chosen.insert(key, (rank, name, entry));
+        }
+        used.extend(packed);
+        used.extend(own);
     }
+    let on_node: HashSet<&str> = plan.endpoints_on_node.iter().map(String::as_str).collect();
     let overrides: HashSet<Key<'_>> = plan.overrides.iter().map(|e| e.key()).collect();
     let locals: HashMap<Key<'_>, HashSet<(&str, u16)>> = plan
         .local_endpoints
@@ -149,6 +167,33 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
     })
 }
 
+fn twice(entry: &ServicePlan, have_slice: &str, slice: &SliceRef<'_>) -> ServiceFailure {
+    ServiceFailure {
+        service: format!("{} {:?} {:?}", entry.name, entry.protocol, entry.family),
+        reason: format!(
+            "in slices {have_slice} and {} of view {}; {have_slice}'s entry is used",
+            slice.name, slice.spec.view
+        ),
+    }
+}
+
+/// The Service slices of one view: named for their view and Service, in name order.
+fn service_slices<'a>(view: &str, slices: &[SliceRef<'a>]) -> Vec<SliceRef<'a>> {
+    let mut out: Vec<SliceRef<'a>> = slices
+        .iter()
+        .filter(|s| {
+            s.spec.view == view
+                && s.spec
+                    .service
+                    .as_deref()
+                    .is_some_and(|service| s.name == service_slice_name(view, service))
+        })
+        .copied()
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(b.name));
+    out
+}
+
 /// Why the plan's views are not complete with these slices, without composing anything (`None`: they
 /// are complete, or the plan has no views).
 pub fn incomplete(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Option<String> {
@@ -159,7 +204,9 @@ pub fn incomplete(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Opt
 
 /// The slices of one complete view, in index order; `Err` says what is missing.
 fn complete_view<'a>(view: &str, slices: &[SliceRef<'a>]) -> Result<Vec<SliceRef<'a>>, String> {
-    let ours = |s: &&SliceRef<'a>| s.spec.view == view && s.name == slice_name(view, s.spec.index);
+    let ours = |s: &&SliceRef<'a>| {
+        s.spec.view == view && s.spec.service.is_none() && s.name == slice_name(view, s.spec.index)
+    };
     let mut by_index: HashMap<u32, SliceRef<'a>> = HashMap::new();
     for slice in slices.iter().filter(ours) {
         by_index.insert(slice.spec.index, *slice);
@@ -215,7 +262,7 @@ pub fn slices_digest<'a>(slices: impl IntoIterator<Item = (&'a str, &'a str)>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{EndpointExt, EntryExt, entry, ep, live_plan, slice};
+    use crate::testing::{EndpointExt, EntryExt, entry, ep, live_plan, service_slice, slice};
 
     fn names(spec: &NodeForwardingPlanSpec) -> Vec<&str> {
         spec.services.iter().map(|s| s.name.as_str()).collect()
@@ -412,6 +459,117 @@ mod tests {
             composed.conflicts[0].reason.contains("all-0000 and all-0001"),
             "{:?}",
             composed.conflicts
+        );
+    }
+
+    #[test]
+    fn a_service_slice_replaces_every_packed_entry_of_its_service_in_its_view() {
+        let plan = live_plan("node-a", &["all", "zone-a"], vec![]);
+        let web = |port: u16, ip: &str| {
+            let mut e = entry("ns/web", "10.96.0.1", port).with(ep(ip, 8080));
+            e.name = format!("ns/web:p{port}");
+            e
+        };
+        let packed = slice(
+            "all",
+            0,
+            1,
+            vec![
+                web(80, "10.244.1.5"),
+                web(443, "10.244.1.5"),
+                entry("ns/db", "10.96.0.2", 5432).with(ep("10.244.2.5", 5432)),
+            ],
+        );
+        let zone = slice("zone-a", 0, 1, vec![]);
+        type Case = (
+            &'static str,
+            Vec<(String, ForwardingSliceSpec)>,
+            Vec<&'static str>,
+            &'static str,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "packed copy alone",
+                vec![],
+                vec!["ns/db", "ns/web:p443", "ns/web:p80"],
+                "10.244.1.5",
+            ),
+            (
+                "the Service slice's entries, port 443 gone with it",
+                vec![service_slice("all", 0, 1, "ns/web", vec![web(80, "10.244.1.6")])],
+                vec!["ns/db", "ns/web:p80"],
+                "10.244.1.6",
+            ),
+            (
+                "an empty Service slice: the Service has no entries",
+                vec![service_slice("all", 0, 1, "ns/web", vec![])],
+                vec!["ns/db"],
+                "",
+            ),
+            (
+                "a Service slice of another view changes nothing here",
+                vec![service_slice("zone-b", 0, 1, "ns/web", vec![])],
+                vec!["ns/db", "ns/web:p443", "ns/web:p80"],
+                "10.244.1.5",
+            ),
+        ];
+        for (name, extra, want, web_ip) in cases {
+            let mut slices = vec![packed.clone(), zone.clone()];
+            slices.extend(extra.clone());
+            let composed = compose(&plan, &refs(&slices)).unwrap();
+            assert_eq!(names(&composed.spec), want, "{name}");
+            let ip = composed
+                .spec
+                .services
+                .iter()
+                .find(|s| s.name == "ns/web:p80")
+                .map_or("", |s| s.endpoints[0].ip.as_str());
+            assert_eq!(ip, web_ip, "{name}");
+            assert!(composed.conflicts.is_empty(), "{name}: {:?}", composed.conflicts);
+            let used: Vec<(String, ForwardingSliceSpec)> = slices
+                .into_iter()
+                .filter(|(n, _)| n.starts_with("all") || n.starts_with("zone-a"))
+                .collect();
+            let observed = composed.slices.unwrap();
+            assert_eq!(
+                observed.count as usize,
+                used.len(),
+                "{name}: Service slices are reported"
+            );
+            assert_eq!(
+                observed.digest,
+                slices_digest(used.iter().map(|(n, s)| (n.as_str(), s.revision.as_str()))),
+                "{name}"
+            );
+        }
+        // A Service slice alone does not make a view complete.
+        let lone = service_slice("all", 0, 1, "ns/web", vec![web(80, "10.244.1.6")]);
+        assert!(compose(&plan, &refs(&[lone, zone.clone()])).is_err());
+        // Misnamed: ignored. Another Service's entry inside: ignored and reported.
+        let mut misnamed = service_slice("all", 0, 1, "ns/web", vec![]);
+        misnamed.0 = "all.ns.other".into();
+        let stray = service_slice(
+            "all",
+            0,
+            1,
+            "ns/db",
+            vec![
+                entry("ns/db", "10.96.0.2", 5432).with(ep("10.244.2.6", 5432)),
+                web(80, "10.244.9.9"),
+            ],
+        );
+        let composed = compose(&plan, &refs(&[packed, zone, misnamed, stray])).unwrap();
+        assert_eq!(names(&composed.spec), ["ns/db", "ns/web:p443", "ns/web:p80"]);
+        assert_eq!(composed.spec.services[0].endpoints[0].ip, "10.244.2.6");
+        assert_eq!(
+            composed.spec.services[2].endpoints[0].ip, "10.244.1.5",
+            "the stray copy is ignored"
+        );
+        assert_eq!(composed.conflicts.len(), 1, "{:?}", composed.conflicts);
+        assert!(
+            composed.conflicts[0]
+                .reason
+                .contains("all.ns.db of another Service")
         );
     }
 

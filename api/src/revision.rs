@@ -90,6 +90,9 @@ struct SliceHeader<'a> {
     view: &'a str,
     zone: &'a Option<String>,
     node: &'a Option<String>,
+    // Absent on packed slices, so their revisions are what they were before Service slices existed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service: &'a Option<String>,
     index: u32,
     count: u32,
     summary: &'a PlanSummary,
@@ -156,6 +159,7 @@ pub fn slice_revision_with(spec: &ForwardingSliceSpec, entries: EntrySum) -> Res
         view,
         zone,
         node,
+        service,
         index,
         count,
         revision: _,
@@ -166,6 +170,7 @@ pub fn slice_revision_with(spec: &ForwardingSliceSpec, entries: EntrySum) -> Res
         view,
         zone,
         node,
+        service,
         index: *index,
         count: *count,
         summary,
@@ -280,6 +285,7 @@ mod tests {
             view: "all".into(),
             zone: None,
             node: None,
+            service: None,
             index: 0,
             count: 2,
             revision: String::new(),

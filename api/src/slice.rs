@@ -2,14 +2,20 @@
 //!
 //! ```text
 //! planner: entry answered alike in every zone ──► view `all`            ─┐ bucket = hash(Service) mod count
-//!          entry that differs by zone (hints) ──► view `zone-<zone>`     ─┼─► slices <view>-0000 … <view>-<count-1>
+//!          entry that differs by zone (hints) ──► view `zone-<zone>`     ─┼─► packed slices <view>-0000 … <view>-<count-1>
 //!          a node's overrides too big for its plan ► view `node-<node>` ─┘      (count: a power of two)
+//!          a Service that changed since its packed slice was written ───► Service slice <view>.<namespace>.<name>
 //! agent:   plan.views ─► label selector switchyard.io/view in (…) ─► crate::compose
 //! ```
 //!
-//! Like an EndpointSlice for kube-proxy: one endpoint change rewrites one small slice (one per zone for
-//! a zone-hinted Service) instead of one plan per node. A view is complete when slices `0..count` are all
-//! present and agree on `count`; an agent never programs from an incomplete view.
+//! Packed slices hold many Services each, so a fresh start writes few objects. A Service that changes
+//! afterwards gets a Service slice of its own (like its EndpointSlice for kube-proxy): its entries there
+//! replace the packed copy, which stays as it was, so one endpoint change writes one object of about the
+//! size of the Service's EndpointSlice and every node of the view receives only that. Once every Service
+//! slice of a packed slice has been quiet for a while, the controller folds them back: the packed slice
+//! is written with their current entries first, then the Service slices are deleted. A view is complete
+//! when packed slices `0..count` are all present and agree on `count`; an agent never programs from an
+//! incomplete view. Service slices are optional: without one, a Service's packed copy is current.
 
 use std::sync::Arc;
 
@@ -75,6 +81,12 @@ pub const MAX_SLICES_PER_VIEW: u32 = 4096;
         json_path = ".spec.revision",
         description = "Content hash the agents report"
     ),
+    printcolumn(
+        name = "Service",
+        type_ = "string",
+        json_path = ".spec.service",
+        description = "The one Service of a Service slice (empty: a packed slice)"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone", priority = 1),
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.node", priority = 1),
@@ -93,7 +105,13 @@ pub struct ForwardingSliceSpec {
     /// The node of a node view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// This slice's position, `0..count`.
+    /// A Service slice's Service (`namespace/name`): the slice carries that Service's current entries
+    /// for its view, which replace the Service's entries in the view's packed slices (an empty Service
+    /// slice: the Service has no entries in this view). Absent on a packed slice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 317))]
+    pub service: Option<String>,
+    /// This slice's position, `0..count` (a Service slice: the packed slice whose copy it replaces).
     pub index: u32,
     /// How many slices the view has; every slice of a complete view carries the same count.
     #[schemars(range(min = 1, max = 4096))]
@@ -218,9 +236,26 @@ fn prefixed(prefix: &str, name: &str) -> String {
     }
 }
 
-/// Name of slice `index` of a view: `<view id>-<index, 4 digits>` (e.g. `all-0007`).
+/// Name of packed slice `index` of a view: `<view id>-<index, 4 digits>` (e.g. `all-0007`).
 pub fn slice_name(view_id: &str, index: u32) -> String {
     format!("{view_id}-{index:04}")
+}
+
+/// Name of a view's Service slice for `service` (`namespace/name`): `<view id>.<namespace>.<name>`
+/// (e.g. `all.default.web`). View ids hold no dot and namespaces are DNS labels, so names never collide
+/// with packed slices or each other.
+pub fn service_slice_name(view_id: &str, service: &str) -> String {
+    let (namespace, name) = service.split_once('/').unwrap_or(("", service));
+    format!("{view_id}.{namespace}.{name}")
+}
+
+/// The name a slice must carry for its spec: [`service_slice_name`] for a Service slice,
+/// [`slice_name`] otherwise.
+pub fn expected_name(spec: &ForwardingSliceSpec) -> String {
+    match &spec.service {
+        Some(service) => service_slice_name(&spec.view, service),
+        None => slice_name(&spec.view, spec.index),
+    }
 }
 
 #[cfg(test)]
@@ -260,6 +295,7 @@ mod tests {
             View::Zone(Some("Zone-A".into())).id()
         );
         assert_eq!(slice_name("all", 7), "all-0007");
+        assert_eq!(service_slice_name("zone-a", "default/web"), "zone-a.default.web");
     }
 
     #[test]
@@ -268,6 +304,7 @@ mod tests {
             view: view.into(),
             zone: zone.map(Into::into),
             node: node.map(Into::into),
+            service: None,
             index: 0,
             count: 1,
             revision: "x".into(),

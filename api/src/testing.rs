@@ -228,6 +228,7 @@ pub fn slice(
         view: view.into(),
         zone: view.strip_prefix("zone-").map(str::to_string),
         node: view.strip_prefix("node-").map(str::to_string),
+        service: None,
         index,
         count,
         revision: String::new(),
@@ -236,6 +237,21 @@ pub fn slice(
     };
     spec.revision = revision::compute_slice(&spec).unwrap_or_default();
     (slice_name(view, index), spec)
+}
+
+/// A Service slice of `view` for `service` (`namespace/name`), shadowing packed slice `index` of
+/// `count`, named as the controller names it.
+pub fn service_slice(
+    view: &str,
+    index: u32,
+    count: u32,
+    service: &str,
+    entries: Vec<ServicePlan>,
+) -> (String, ForwardingSliceSpec) {
+    let (_, mut spec) = slice(view, index, count, entries);
+    spec.service = Some(service.to_string());
+    spec.revision = revision::compute_slice(&spec).unwrap_or_default();
+    (crate::slice::service_slice_name(view, service), spec)
 }
 
 /// Re-sorts entries and recomputes summary and revision after a test edited a spec.

@@ -40,6 +40,9 @@ pub const MAX_NODE_NAME: usize = 253;
 pub const MAX_ZONE: usize = 63;
 /// Longest revision (the CRD's `maxLength`).
 pub const MAX_REVISION: usize = 64;
+/// Longest `namespace/name` of a Service slice (a 253-character namespace is refused by the API
+/// server long before; 63 + 1 + 253 keeps this generous).
+pub const MAX_SERVICE_KEY: usize = 317;
 /// Longest value quoted whole in a problem's message; longer ones are cut and their length given.
 pub const MAX_SHOWN: usize = 64;
 /// Longest ClientIP affinity timeout the API allows (one day).
@@ -273,6 +276,30 @@ pub fn validate_slice_header(spec: &ForwardingSliceSpec) -> Report {
             "index",
             format!("{} is not below count {}", spec.index, spec.count),
         );
+    }
+    if let Some(service) = &spec.service {
+        c.length("service", "service", service, MAX_SERVICE_KEY);
+        if service
+            .split_once('/')
+            .is_none_or(|(ns, name)| ns.is_empty() || name.is_empty())
+        {
+            c.push("service", format!("{} is not namespace/name", Shown(service)));
+        } else if let Some((index, entry)) = spec
+            .entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.service_key() != service)
+        {
+            // A Service slice replaces its Service's entries and nothing else.
+            c.push(
+                "entries",
+                format!(
+                    "entries[{index}] {} is not of the slice's Service {}",
+                    Shown(&entry.name),
+                    Shown(service)
+                ),
+            );
+        }
     }
     if spec.revision.is_empty() {
         c.push("revision", "must not be empty");
@@ -913,6 +940,7 @@ mod tests {
             view: "zone-a".into(),
             zone: Some("a".into()),
             node: None,
+            service: None,
             index: 0,
             count: 2,
             revision: "abc".into(),
@@ -933,6 +961,15 @@ mod tests {
             ),
             (|s| s.revision = "r".repeat(MAX_REVISION + 1), "spec.revision"),
             (|s| s.zone = Some("z".repeat(MAX_ZONE + 1)), "spec.zone"),
+            (|s| s.service = Some("no-slash".into()), "spec.service"),
+            (|s| s.service = Some("/svc1".into()), "spec.service"),
+            (|s| s.service = Some("ns1/".into()), "spec.service"),
+            (
+                |s| s.service = Some(format!("ns1/{}", "s".repeat(MAX_SERVICE_KEY))),
+                "spec.service",
+            ),
+            // A Service slice carries its own Service's entries only.
+            (|s| s.service = Some("ns1/other".into()), "spec.entries"),
         ];
         for (mutate, path) in cases {
             let mut s = good();
@@ -940,6 +977,17 @@ mod tests {
             let report = validate_slice(&s);
             assert!(report.plan.iter().any(|p| p.path == path), "{path}: {report:?}");
         }
+        let mut service_slice = good();
+        service_slice.service = Some("ns1/svc1".into());
+        assert!(
+            validate_slice(&service_slice).is_clean(),
+            "its own Service's entries"
+        );
+        service_slice.entries.clear();
+        assert!(
+            validate_slice(&service_slice).is_clean(),
+            "empty: the Service has no entries"
+        );
         let mut s = good();
         Arc::make_mut(&mut s.entries[0]).cluster_ip = "nope".into();
         let report = validate_slice(&s);

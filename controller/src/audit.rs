@@ -3,14 +3,21 @@
 //!
 //! ```text
 //! NodeForwardingPlans ─► per node: spec.revision vs status.observedRevision                  ─┐
-//! ForwardingSlices ────► per view of the plan: complete set of slices ─► digest (as the agent) ├► NodeAudit
-//!                         vs status.observedSlices.digest; slices written after the node's    ─┘
-//!                         last sync are what it most likely misses
+//! ForwardingSlices ────► per view of the plan: complete set of packed slices + its Service       ├► NodeAudit
+//!                         slices ─► digest (as the agent) vs status.observedSlices.digest; slices ─┘
+//!                         written after the node's last sync are what it most likely misses
+//! behind only by slices written in the last REPORT_GRACE ─► "reporting", not lagging
 //! ```
+//!
+//! Why "reporting": an agent writes a new plan revision, a condition or a failure at once, but progress
+//! alone (newer slices applied) at most every `--status-progress-interval` (1 minute), so that status
+//! writes do not grow with churn times nodes. A node behind only by slices written within that window has
+//! most likely applied them and not said so yet.
 //!
 //! Pure: the command lists the objects and prints [`table`].
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use switchyard_api::{
@@ -18,8 +25,12 @@ use switchyard_api::{
     compose::slices_digest,
     conditions::{APPLIED, status as cond},
     meta::written_at,
-    slice::slice_name,
+    slice::{expected_name, slice_name},
 };
+
+/// How long a node may be behind by newly written slices alone and count as reporting rather than
+/// lagging: the agent's default status progress interval (60 s) plus time for a sync and its write.
+pub const REPORT_GRACE: Duration = Duration::from_secs(75);
 
 /// One node's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +39,9 @@ pub struct NodeAudit {
     pub node: String,
     /// The agent applied the current plan and the current slices of its views.
     pub current: bool,
+    /// Not current, but behind only by slices written less than [`REPORT_GRACE`] ago (its agent
+    /// reports progress at most once a minute).
+    pub reporting: bool,
     /// What is behind, in words (empty when current).
     pub lag: Vec<String>,
     /// Slices the node most likely misses: those written after its last sync (name, written at).
@@ -37,28 +51,66 @@ pub struct NodeAudit {
 }
 
 /// Audits every plan against the slices.
-pub fn audit(plans: &[NodeForwardingPlan], slices: &[ForwardingSlice]) -> Vec<NodeAudit> {
-    let mut by_view: BTreeMap<&str, BTreeMap<u32, &ForwardingSlice>> = BTreeMap::new();
+/// Audits every plan against the slices, at `now` (`None`: no node counts as reporting).
+pub fn audit(
+    plans: &[NodeForwardingPlan],
+    slices: &[ForwardingSlice],
+    now: Option<Timestamp>,
+) -> Vec<NodeAudit> {
+    let mut views = Views::default();
     for slice in slices {
         let Some(name) = slice.metadata.name.as_deref() else {
             continue;
         };
-        if name == slice_name(&slice.spec.view, slice.spec.index) {
-            by_view
+        if name != expected_name(&slice.spec) {
+            continue;
+        }
+        if slice.spec.service.is_some() {
+            views
+                .services
+                .entry(slice.spec.view.as_str())
+                .or_default()
+                .push((name, slice));
+        } else {
+            views
+                .packed
                 .entry(slice.spec.view.as_str())
                 .or_default()
                 .insert(slice.spec.index, slice);
         }
     }
-    let mut out: Vec<NodeAudit> = plans.iter().map(|plan| audit_one(plan, &by_view)).collect();
+    let mut out: Vec<NodeAudit> = plans.iter().map(|plan| audit_one(plan, &views, now)).collect();
     out.sort_by(|a, b| a.node.cmp(&b.node));
     out
 }
 
-fn audit_one(
-    plan: &NodeForwardingPlan,
-    by_view: &BTreeMap<&str, BTreeMap<u32, &ForwardingSlice>>,
-) -> NodeAudit {
+/// The latest time any object of a dump was written or synced: the dump is at least that recent.
+pub fn newest_write(plans: &[NodeForwardingPlan], slices: &[ForwardingSlice]) -> Option<Timestamp> {
+    let synced = plans.iter().filter_map(|p| {
+        p.status
+            .as_ref()?
+            .last_sync_time
+            .as_deref()?
+            .parse::<Timestamp>()
+            .ok()
+    });
+    let written = plans
+        .iter()
+        .map(|p| &p.metadata)
+        .chain(slices.iter().map(|s| &s.metadata))
+        .filter_map(written_at);
+    synced.chain(written).max()
+}
+
+#[derive(Default)]
+struct Views<'a> {
+    /// Packed slices by view and index.
+    packed: BTreeMap<&'a str, BTreeMap<u32, &'a ForwardingSlice>>,
+    /// Service slices by view: (name, slice).
+    services: BTreeMap<&'a str, Vec<(&'a str, &'a ForwardingSlice)>>,
+}
+
+fn audit_one(plan: &NodeForwardingPlan, views: &Views<'_>, now: Option<Timestamp>) -> NodeAudit {
     let node = plan
         .metadata
         .name
@@ -86,7 +138,7 @@ fn audit_one(
     }
     let mut current_slices: Vec<(String, &ForwardingSlice)> = Vec::new();
     for view in &plan.spec.views {
-        let Some(slices) = by_view.get(view.as_str()) else {
+        let Some(slices) = views.packed.get(view.as_str()) else {
             lag.push(format!(
                 "view {view} has no slices in the API (the controller has not written it)"
             ));
@@ -105,7 +157,11 @@ fn audit_one(
                 )),
             }
         }
+        for (name, slice) in views.services.get(view.as_str()).into_iter().flatten() {
+            current_slices.push((name.to_string(), slice));
+        }
     }
+    let other_lag = lag.len();
     let mut misses = Vec::new();
     if !plan.spec.views.is_empty() {
         let want = slices_digest(
@@ -133,9 +189,16 @@ fn audit_one(
             }
         }
     }
+    let recent = |at: &Option<Timestamp>| {
+        now.zip(*at)
+            .is_some_and(|(now, at)| now.duration_since(at).unsigned_abs().le(&REPORT_GRACE))
+    };
+    let reporting =
+        other_lag == 0 && !lag.is_empty() && !misses.is_empty() && misses.iter().all(|(_, at)| recent(at));
     NodeAudit {
         node,
         current: lag.is_empty(),
+        reporting,
         lag,
         misses,
         last_sync: status.last_sync_time,
@@ -146,16 +209,22 @@ fn audit_one(
 pub fn table(audits: &[NodeAudit]) -> String {
     let mut out = String::new();
     let width = audits.iter().map(|a| a.node.len()).max().unwrap_or(4).max(4);
-    out.push_str(&format!("{:<width$}   {:<7}   LAST SYNC\n", "NODE", "STATE"));
+    out.push_str(&format!("{:<width$}   {:<9}   LAST SYNC\n", "NODE", "STATE"));
     for a in audits {
         out.push_str(&format!(
-            "{:<width$}   {:<7}   {}\n",
+            "{:<width$}   {:<9}   {}\n",
             a.node,
-            if a.current { "current" } else { "lagging" },
+            if a.current {
+                "current"
+            } else if a.reporting {
+                "reporting"
+            } else {
+                "lagging"
+            },
             a.last_sync.as_deref().unwrap_or("<none>")
         ));
     }
-    for a in audits.iter().filter(|a| !a.current) {
+    for a in audits.iter().filter(|a| !a.current && !a.reporting) {
         out.push_str(&format!("\n{}:\n", a.node));
         for line in &a.lag {
             out.push_str(&format!("  {line}\n"));
@@ -169,7 +238,16 @@ pub fn table(audits: &[NodeAudit]) -> String {
         }
     }
     let current = audits.iter().filter(|a| a.current).count();
-    out.push_str(&format!("\n{current} of {} nodes current\n", audits.len()));
+    let reporting = audits.iter().filter(|a| a.reporting).count();
+    out.push_str(&format!("\n{current} of {} nodes current", audits.len()));
+    if reporting > 0 {
+        out.push_str(&format!(
+            ", {reporting} reporting (behind only by slices written in the last {} s: agents report \
+             progress at most once a minute)",
+            REPORT_GRACE.as_secs()
+        ));
+    }
+    out.push('\n');
     out
 }
 
@@ -235,7 +313,7 @@ mod tests {
                 .iter()
                 .map(|s| (s.metadata.name.as_deref().unwrap(), s.spec.revision.as_str())),
         );
-        let audits = audit(&[plan(Some(digest), "2026-01-01T00:00:09Z")], &slices);
+        let audits = audit(&[plan(Some(digest), "2026-01-01T00:00:09Z")], &slices, None);
         assert!(audits[0].current, "{:?}", audits[0]);
         assert!(table(&audits).contains("1 of 1 nodes current"));
     }
@@ -245,9 +323,13 @@ mod tests {
         let audits = audit(
             &[plan(Some("000000000000".into()), "2026-01-01T00:00:01Z")],
             &slices(),
+            Some("2026-01-01T00:05:00Z".parse().unwrap()),
         );
         let a = &audits[0];
-        assert!(!a.current);
+        assert!(
+            !a.current && !a.reporting,
+            "the missed slice was written minutes ago"
+        );
         assert!(
             a.lag
                 .iter()
@@ -261,12 +343,72 @@ mod tests {
     }
 
     #[test]
+    fn service_slices_count_and_a_node_behind_only_by_fresh_slices_is_reporting() {
+        let mut slices = slices();
+        let (name, spec) = switchyard_api::testing::service_slice(
+            "all",
+            0,
+            2,
+            "ns/a",
+            vec![entry("ns/a", "10.96.0.1", 80).with(ep("10.244.1.6", 80))],
+        );
+        let mut own = slice_object(&name, spec);
+        own.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("switchyard-controller".into()),
+            time: Some(Time("2026-01-01T00:01:00Z".parse().unwrap())),
+            ..Default::default()
+        }]);
+        let without = slices_digest(
+            slices
+                .iter()
+                .map(|s| (s.metadata.name.as_deref().unwrap(), s.spec.revision.as_str())),
+        );
+        slices.push(own);
+        let with = slices_digest(
+            slices
+                .iter()
+                .map(|s| (s.metadata.name.as_deref().unwrap(), s.spec.revision.as_str())),
+        );
+        let current = audit(&[plan(Some(with), "2026-01-01T00:01:05Z")], &slices, None);
+        assert!(current[0].current, "{:?}", current[0]);
+        type Case = (&'static str, &'static str, bool);
+        let cases: [Case; 3] = [
+            (
+                "30 s after the Service slice was written",
+                "2026-01-01T00:01:30Z",
+                true,
+            ),
+            ("75 s after", "2026-01-01T00:02:15Z", true),
+            ("two minutes after", "2026-01-01T00:03:00Z", false),
+        ];
+        for (name, now, reporting) in cases {
+            let audits = audit(
+                &[plan(Some(without.clone()), "2026-01-01T00:00:30Z")],
+                &slices,
+                Some(now.parse().unwrap()),
+            );
+            let a = &audits[0];
+            assert!(!a.current, "{name}");
+            assert_eq!(a.reporting, reporting, "{name}: {a:?}");
+            let missed: Vec<&str> = a.misses.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(missed, ["all.ns.a"], "{name}");
+            let text = table(&audits);
+            let state = if reporting { "reporting" } else { "lagging" };
+            assert!(text.contains(state), "{name}: {text}");
+        }
+        assert_eq!(
+            newest_write(&[plan(None, "2026-01-01T00:00:30Z")], &slices),
+            Some("2026-01-01T00:01:00Z".parse().unwrap())
+        );
+    }
+
+    #[test]
     fn an_unapplied_plan_or_an_incomplete_view_is_lag() {
         let mut p = plan(None, "2026-01-01T00:00:01Z");
         p.status.as_mut().unwrap().observed_revision = Some("old".into());
         let mut s = slices();
         s.remove(1);
-        let a = &audit(&[p], &s)[0];
+        let a = &audit(&[p], &s, None)[0];
         assert!(
             a.lag.iter().any(|l| l.contains("applied plan revision old")),
             "{a:?}"

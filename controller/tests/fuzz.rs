@@ -31,7 +31,7 @@ fn cluster_dump(text: &str) {
     if load_text("fuzz", text, &mut loaded).is_err() {
         return;
     }
-    let audits = audit::audit(&loaded.plans, &loaded.forwarding_slices);
+    let audits = audit::audit(&loaded.plans, &loaded.forwarding_slices, None);
     let _ = audit::table(&audits);
     let config =
         Config::parse("clusterCIDRs: [10.244.0.0/16, fd00:10:244::/56]\nnodePortRange: 30000-32767\n")

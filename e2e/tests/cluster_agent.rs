@@ -377,6 +377,8 @@ async fn start_agent(id: &str, node: &str) -> NetnsAgent {
         .arg(netns.dir.join("state"))
         .args(["--metrics-bind", "127.0.0.1:10263"])
         .args(["--resync-period", "5s", "--min-sync-interval", "0s"])
+        // The suite reads progress from the status; the default writes it at most once a minute.
+        .args(["--status-progress-interval", "1s"])
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())

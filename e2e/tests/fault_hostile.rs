@@ -181,6 +181,7 @@ fn with_slice(
             view: "all".into(),
             zone: None,
             node: None,
+            service: None,
             index: 0,
             count: 1,
             revision: format!("{revision}-slice"),

@@ -16,7 +16,7 @@
 //! only when their Node is known to be gone: the engine lists candidates, the edge confirms each with a
 //! GET of the Node answering 404 before deleting.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::{
@@ -108,6 +108,8 @@ pub struct PlanOutcome {
     pub services: usize,
     /// What the planner could not use.
     pub diagnostics: Diagnostics,
+    /// The packed slice its quiet Service slices were folded back into, if any.
+    pub folded: Option<String>,
 }
 
 /// What one pending object needs.
@@ -272,7 +274,15 @@ pub struct Engine {
     /// The object last handed out by `next_pending`, as it was queued: a requeue restores it whole
     /// (its place in the order, whether it goes first).
     in_flight: Option<(ObjectRef, Pending)>,
+    /// When each recently re-planned Service last changed (kept for those with a Service slice).
+    changed_at: HashMap<String, Instant>,
+    /// No fold before this (one packed slice per [`FOLD_EVERY`]).
+    next_fold: Option<Instant>,
 }
+
+/// At most one packed slice is folded per this interval: each fold sends a whole packed slice to every
+/// node of its view, so folds are spread out instead of bunched after a cluster-wide rollout.
+pub const FOLD_EVERY: Duration = Duration::from_secs(10);
 
 impl Engine {
     /// An empty engine.
@@ -294,6 +304,8 @@ impl Engine {
             restored: Vec::new(),
             suspects: BTreeSet::new(),
             in_flight: None,
+            changed_at: HashMap::new(),
+            next_fold: None,
         }
     }
 
@@ -306,9 +318,49 @@ impl Engine {
             && self.fws.synced
     }
 
-    /// A planning run is due.
+    /// A planning run is due (changed input, or a fold of quiet Service slices).
     pub fn dirty(&self) -> bool {
-        self.rebuild || !self.dirty_services.is_empty()
+        self.rebuild || !self.dirty_services.is_empty() || self.fold_due(Instant::now())
+    }
+
+    fn fold_due(&self, now: Instant) -> bool {
+        self.planner.as_ref().is_some_and(|p| p.service_slice_count() > 0)
+            && self.next_fold.is_none_or(|at| now >= at)
+    }
+
+    /// Folds the most shadowed packed slice whose Service slices were all quiet for
+    /// `sliceFoldAfter` (at most one per [`FOLD_EVERY`]).
+    fn fold_quiet(&mut self, now: Instant) -> Result<Option<(String, Changes)>, Error> {
+        if !self.fold_due(now) {
+            return Ok(None);
+        }
+        self.next_fold = Some(now + FOLD_EVERY);
+        let Some(planner) = self.planner.as_mut() else {
+            return Ok(None);
+        };
+        let after = self.config.slice_fold_after;
+        let changed_at = &self.changed_at;
+        let quiet = |service: &str| {
+            changed_at
+                .get(service)
+                .is_none_or(|at| now.saturating_duration_since(*at) >= after)
+        };
+        let shadowed = planner.shadowed();
+        let live: HashSet<String> = shadowed
+            .iter()
+            .flat_map(|(_, services)| services.iter().map(|s| s.to_string()))
+            .collect();
+        let due = shadowed
+            .into_iter()
+            .filter(|(_, services)| services.iter().all(|s| quiet(s)))
+            .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(&a.0)))
+            .map(|(name, _)| name);
+        self.changed_at.retain(|service, _| live.contains(service));
+        let Some(name) = due else {
+            return Ok(None);
+        };
+        let changes = planner.fold(std::slice::from_ref(&name))?;
+        Ok(Some((name, changes)))
     }
 
     /// Objects waiting for a write or a delete.
@@ -566,6 +618,10 @@ impl Engine {
         }
         let dirty = std::mem::take(&mut self.dirty_services);
         let earliest = dirty.values().copied().fold(None, min_time);
+        let now = Instant::now();
+        for key in dirty.keys() {
+            self.changed_at.insert(key.clone(), now);
+        }
         let (changes, full, services) = match self.planner.as_mut() {
             Some(planner) if !self.rebuild => {
                 let mut by_service: BTreeMap<&str, Vec<&EndpointSlice>> =
@@ -604,8 +660,16 @@ impl Engine {
                 let slices: Vec<&EndpointSlice> = self.slices.values().collect();
                 self.problems =
                     problems_by_service(services.iter().copied(), slices.iter().copied(), &self.config);
-                let planner = match Planner::build_from(&services, &slices, self.nodes.values(), &self.config)
-                {
+                // Built after the previous layout: what its packed slices hold stays as written, so a
+                // Node joining does not rewrite every packed slice a Service slice shadows.
+                let built = Planner::build_after(
+                    &services,
+                    &slices,
+                    self.nodes.values(),
+                    &self.config,
+                    previous.as_ref(),
+                );
+                let planner = match built {
                     Ok(planner) => planner,
                     Err(error) => {
                         self.previous = previous;
@@ -651,7 +715,13 @@ impl Engine {
                 (changes, true, 0)
             }
         };
-        Ok(self.queue(changes, earliest, full, services))
+        let mut outcome = self.queue(changes, earliest, full, services);
+        if let Some((name, changes)) = self.fold_quiet(now)? {
+            let folded = self.queue(changes, None, false, 0);
+            outcome.slices.extend(folded.slices);
+            outcome.folded = Some(name);
+        }
+        Ok(outcome)
     }
 
     fn queue(
@@ -689,6 +759,7 @@ impl Engine {
             full,
             services,
             diagnostics: changes.diagnostics,
+            folded: None,
         }
     }
 
@@ -969,7 +1040,8 @@ mod tests {
         assert!(!engine.dirty());
         write_all(&mut engine);
         // Ten updates of one slice before the next tick: one incremental run for one Service, which
-        // rewrites the one slice holding it and the plan of the node its endpoint moved to.
+        // writes the Service's own slice (its packed copy in all-0000 stays) and the plans of the
+        // nodes its endpoint moved between.
         for i in 0..10 {
             let eps = slice(
                 "ns1",
@@ -982,13 +1054,55 @@ mod tests {
         let outcome = engine.plan().unwrap();
         assert!(!outcome.full);
         assert_eq!(outcome.services, 1);
-        assert_eq!(outcome.slices, vec!["all-0000"]);
+        assert_eq!(outcome.slices, vec!["all.ns1.web"]);
         assert_eq!(
             outcome.changed,
             vec!["node-a", "node-b"],
             "endpointsOnNode of both changed"
         );
         assert_eq!(engine.queue_depth(), 3);
+    }
+
+    #[test]
+    fn a_quiet_service_slice_is_folded_back_packed_slice_first_then_deleted() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        let moved = slice(
+            "ns1",
+            "web",
+            &[("", 80, "TCP")],
+            vec![endpoint("10.244.2.10", "node-b")],
+        );
+        engine.observe(Input::Slice(Event::Apply(moved)));
+        assert_eq!(engine.plan().unwrap().slices, vec!["all.ns1.web"]);
+        write_all(&mut engine);
+        let now = Instant::now();
+        assert!(engine.fold_quiet(now).unwrap().is_none(), "changed just now");
+        let later = now + Duration::from_secs(601);
+        let (name, changes) = engine
+            .fold_quiet(later)
+            .unwrap()
+            .expect("quiet for sliceFoldAfter");
+        assert_eq!(name, "all-0000");
+        let written: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(written, ["all-0000"]);
+        assert_eq!(changes.retired, ["all.ns1.web"]);
+        assert!(
+            engine.fold_quiet(later).unwrap().is_none(),
+            "one fold per {FOLD_EVERY:?}, and nothing left to fold"
+        );
+        engine.queue(changes, None, false, 0);
+        let order: Vec<ObjectRef> =
+            std::iter::from_fn(|| engine.next_pending(later).map(|(o, _)| o)).collect();
+        assert_eq!(
+            order,
+            [
+                ObjectRef::Slice("all-0000".into()),
+                ObjectRef::Slice("all.ns1.web".into())
+            ],
+            "the packed slice is written before its Service slice goes"
+        );
     }
 
     #[test]
@@ -1269,8 +1383,8 @@ mod tests {
         let mut engine = synced_engine();
         engine.plan().unwrap();
         write_all(&mut engine);
-        // The Service becomes zone-hinted: its entry moves from all-0000 into the zone views, which
-        // must be written before all-0000 loses it.
+        // The Service becomes zone-hinted: its entry moves from view all into the zone views, which
+        // must be written before all's (empty) Service slice takes it out of all-0000.
         let hinted = slice(
             "ns1",
             "web",
@@ -1292,8 +1406,8 @@ mod tests {
             meanwhile.push(object);
         }
         assert!(
-            !meanwhile.contains(&ObjectRef::Slice("all-0000".into())),
-            "all-0000 lost the entry before the zone view gained it: {meanwhile:?}"
+            !meanwhile.contains(&ObjectRef::Slice("all.ns1.web".into())),
+            "view all lost the entry before the zone view gained it: {meanwhile:?}"
         );
         assert_eq!(engine.next_retry(), Some(now + Duration::from_secs(10)));
         let later = now + Duration::from_secs(10);
@@ -1302,7 +1416,10 @@ mod tests {
             after.push(object);
         }
         assert_eq!(after.first(), Some(&first));
-        assert!(after.contains(&ObjectRef::Slice("all-0000".into())), "{after:?}");
+        assert!(
+            after.contains(&ObjectRef::Slice("all.ns1.web".into())),
+            "{after:?}"
+        );
     }
 
     #[test]

@@ -327,7 +327,7 @@ fn plan_once(engine: &Arc<Mutex<Engine>>, metrics: &Metrics, skipped: &mut Skipp
                     })
                     .inc();
             }
-            tracing::info!(mode, services = outcome.services, plans = outcome.changed.len(), slices = outcome.slices.len(), elapsed = ?start.elapsed(), "planned");
+            tracing::info!(mode, services = outcome.services, plans = outcome.changed.len(), slices = outcome.slices.len(), folded = outcome.folded.as_deref(), elapsed = ?start.elapsed(), "planned");
             metrics.queue_depth.set(engine.queue_depth() as i64);
         }
         Err(error) => tracing::error!(%error, "planning failed"),

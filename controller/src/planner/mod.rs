@@ -58,7 +58,11 @@ use switchyard_api::{
 pub use views::service_hash;
 
 use self::{
-    hosting::Hosting, plans::NodeLayout, services::PortTemplate, topology::categorize, views::ViewLayout,
+    hosting::Hosting,
+    plans::NodeLayout,
+    services::PortTemplate,
+    topology::categorize,
+    views::{Member, SliceId, ViewLayout},
 };
 use crate::{Error, config::Config};
 
@@ -158,6 +162,8 @@ impl Slot {
 #[derive(Debug, Clone, Default)]
 pub struct Previous {
     slices: BTreeMap<String, String>,
+    /// The views' layouts: what their packed slices hold stays as written across a rebuild.
+    views: BTreeMap<View, ViewLayout>,
     plans: BTreeMap<String, String>,
     locations: HashMap<EntryKey, BTreeSet<String>>,
 }
@@ -219,6 +225,19 @@ impl Planner {
         all_nodes: impl IntoIterator<Item = &'a Node>,
         config: &Config,
     ) -> Result<Self, Error> {
+        Self::build_after(services, slices, all_nodes, config, None)
+    }
+
+    /// [`Self::build_from`], keeping what `previous`'s packed slices hold: a Service that changed
+    /// since gets a Service slice, as it would have incrementally (so a rebuild after a Node joined does
+    /// not rewrite every packed slice that a Service slice shadows).
+    pub fn build_after<'a>(
+        services: &[&Service],
+        slices: &[&EndpointSlice],
+        all_nodes: impl IntoIterator<Item = &'a Node>,
+        config: &Config,
+        previous: Option<&Previous>,
+    ) -> Result<Self, Error> {
         let mut diag = Diagnostics::default();
         let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
         for node in all_nodes {
@@ -261,7 +280,8 @@ impl Planner {
         }
         let views: BTreeSet<View> = planner.wanted_views();
         for view in views {
-            planner.relayout_view(view)?;
+            let before = previous.and_then(|p| p.views.get(&view));
+            planner.relayout_view(view, before)?;
         }
         diag.sort();
         planner.diagnostics = diag;
@@ -353,7 +373,7 @@ impl Planner {
         let wanted = self.wanted_views();
         for view in touched_views {
             if wanted.contains(&view) {
-                self.relayout_view(view)?;
+                self.relayout_view(view, None)?;
             } else {
                 self.views.remove(&view);
             }
@@ -386,6 +406,7 @@ impl Planner {
     pub fn previous(&self) -> Previous {
         Previous {
             slices: self.slice_revisions(),
+            views: self.views.clone(),
             plans: self
                 .plans
                 .iter()
@@ -516,37 +537,92 @@ impl Planner {
         views
     }
 
-    fn relayout_view(&mut self, view: View) -> Result<(), Error> {
+    /// Lays out one view against its current layout, or `previous` (a rebuild's) when it has none.
+    fn relayout_view(&mut self, view: View, previous: Option<&ViewLayout>) -> Result<(), Error> {
         let members = self.members(&view);
-        let layout = ViewLayout::build(view.clone(), &members, self.config.max_object_bytes)?;
+        let previous = self.views.get(&view).or(previous);
+        let layout = ViewLayout::build(view.clone(), &members, self.config.max_object_bytes, previous)?;
         self.views.insert(view, layout);
         Ok(())
     }
 
-    /// (Service hash, entry) of every entry of a view, sorted by entry key.
-    fn members(&self, view: &View) -> Vec<(u64, &PlannedEntry)> {
+    /// (Service hash, Service key, entry) of every entry of a view.
+    fn members(&self, view: &View) -> Vec<Member<'_>> {
         match view {
             View::Node(node) => self
                 .overrides
                 .get(node)
                 .into_iter()
-                .flat_map(|o| o.values().map(|o| (o.hash, o.planned.as_ref())))
+                .flat_map(|o| {
+                    o.values()
+                        .map(|o| (o.hash, o.planned.entry.service_key(), &o.planned))
+                })
                 .collect(),
             _ => self
                 .slots
                 .values()
-                .filter_map(|s| s.in_view(view).map(|p| (s.hash, p.as_ref())))
+                .filter_map(|s| s.in_view(view).map(|p| (s.hash, s.service_key.as_str(), p)))
                 .collect(),
         }
     }
 
-    /// Names of the slices holding a slot's entry (in view `all`, or one per zone).
+    /// Names of the slices holding a slot's current entry (in view `all`, or one per zone).
     fn locations(&self, slot: &Slot) -> BTreeSet<String> {
         slot.views()
             .iter()
             .filter_map(|v| self.views.get(v))
-            .map(|layout| layout.name(layout.index_of(slot.hash)))
+            .map(|layout| layout.location(&slot.service_key, slot.hash))
             .collect()
+    }
+
+    /// Folds the Service slices shadowing these packed slices back into them: each packed slice is
+    /// written with its Services' current entries, and their Service slices are retired (deleted once
+    /// the packed slice is written). Names that are not packed slices are ignored.
+    pub fn fold(&mut self, packed: &[String]) -> Result<Changes, Error> {
+        let before = self.slice_revisions();
+        for name in packed {
+            let Some(view) = self
+                .views
+                .iter()
+                .find_map(|(view, l)| matches!(l.find(name), Some(SliceId::Packed(_))).then(|| view.clone()))
+            else {
+                continue;
+            };
+            if let Some(layout) = self.views.get_mut(&view)
+                && let Some(SliceId::Packed(index)) = layout.find(name)
+            {
+                layout.fold(index)?;
+            }
+        }
+        let after = self.slice_revisions();
+        Ok(Changes {
+            plans: Vec::new(),
+            slices: changed_slices(&before, &after, &BTreeSet::new()),
+            retired: before
+                .keys()
+                .filter(|n| !after.contains_key(*n))
+                .cloned()
+                .collect(),
+            diagnostics: Diagnostics::default(),
+        })
+    }
+
+    /// Every packed slice shadowed by Service slices, with the Services shadowing it.
+    pub fn shadowed(&self) -> Vec<(String, BTreeSet<&str>)> {
+        self.views
+            .values()
+            .flat_map(|layout| {
+                layout
+                    .shadowed()
+                    .into_iter()
+                    .map(|(index, services)| (layout.name(index), services))
+            })
+            .collect()
+    }
+
+    /// Number of Service slices over every view.
+    pub fn service_slice_count(&self) -> usize {
+        self.views.values().map(ViewLayout::service_slices).sum()
     }
 
     /// (node, revision) of every planned node's plan.
@@ -601,27 +677,24 @@ impl Planner {
 
     /// The revision of a slice, when it is wanted.
     pub fn slice_revision(&self, name: &str) -> Option<String> {
-        let (layout, index) = self.find_slice(name)?;
-        layout.slices().nth(index as usize).map(|(_, r)| r.to_string())
+        let (layout, id) = self.find_slice(name)?;
+        layout.revision(id).map(str::to_string)
     }
 
-    fn find_slice(&self, name: &str) -> Option<(&ViewLayout, u32)> {
-        let (id, index) = name.rsplit_once('-')?;
-        let index: u32 = index.parse().ok()?;
+    fn find_slice(&self, name: &str) -> Option<(&ViewLayout, SliceId<'_>)> {
+        // View ids hold no '.' and end before the packed slice's '-NNNN' or a Service slice's first '.'.
+        let id = match name.split_once('.') {
+            Some((id, _)) => id,
+            None => name.rsplit_once('-')?.0,
+        };
         let layout = self.views.values().find(|l| l.view().id() == id)?;
-        (index < layout.count() && layout.name(index) == name).then_some((layout, index))
+        Some((layout, layout.find(name)?))
     }
 
     /// One slice's spec, materialised.
     pub fn slice(&self, name: &str) -> Option<ForwardingSliceSpec> {
-        let (layout, index) = self.find_slice(name)?;
-        let entries = self
-            .members(layout.view())
-            .into_iter()
-            .filter(|(hash, _)| layout.index_of(*hash) == index)
-            .map(|(_, p)| p.entry.clone())
-            .collect();
-        Some(layout.spec(index, entries))
+        let (layout, id) = self.find_slice(name)?;
+        layout.spec(id)
     }
 
     /// Every slice of the given views (all views when `None`), materialised, sorted by name.
@@ -631,14 +704,7 @@ impl Planner {
             if views.is_some_and(|v| !v.contains(layout.view())) {
                 continue;
             }
-            let mut buckets: Vec<Vec<Arc<ServicePlan>>> = vec![Vec::new(); layout.count() as usize];
-            for (hash, planned) in self.members(layout.view()) {
-                buckets[layout.index_of(hash) as usize].push(Arc::clone(&planned.entry));
-            }
-            for (index, entries) in buckets.into_iter().enumerate() {
-                let index = index as u32;
-                out.push((layout.name(index), layout.spec(index, entries)));
-            }
+            out.extend(layout.specs());
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out

@@ -2,7 +2,7 @@
 //! that changed: a plain Service's endpoint change rewrites one slice and only the plans of nodes whose
 //! own endpoint list changed.
 
-use super::{all_objects, config, plan, spec_of};
+use super::{assert_same_as_rebuild, config, plan, spec_of};
 use crate::planner::{
     Planner,
     fixtures::{EndpointExt, ServiceExt, endpoint, service, slice, snapshot},
@@ -59,11 +59,14 @@ fn replanning_one_service_matches_a_full_rebuild() {
         .replan_service("ns1/web", Some(&web_after), &[&web_slice_after])
         .unwrap();
     assert!(changes.diagnostics.warnings.is_empty());
-    let fresh = plan(&snapshot(
-        vec![web_after, other_svc.clone()],
-        vec![web_slice_after, other_slice.clone()],
-    ));
-    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    assert_same_as_rebuild(
+        &planner,
+        &snapshot(
+            vec![web_after, other_svc.clone()],
+            vec![web_slice_after, other_slice.clone()],
+        ),
+        &config(),
+    );
     // iTP=Local: node-c's endpoint started terminating, so node-c's Local endpoints changed; node-a
     // carries only its own Local endpoints (unchanged), not the whole entry, so its plan stays.
     assert_eq!(changes.plans, vec!["node-c"]);
@@ -85,8 +88,7 @@ fn replanning_one_service_matches_a_full_rebuild() {
     assert_eq!(changes.slices.len(), 1);
     // node-c's endpoint no longer serves, so it is in no entry: only node-a loses endpoints.
     assert_eq!(changes.plans, vec!["node-a"], "its endpoint and override went");
-    let fresh = Planner::build(&snapshot(vec![other_svc], vec![other_slice]), &config()).unwrap();
-    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    assert_same_as_rebuild(&planner, &snapshot(vec![other_svc], vec![other_slice]), &config());
 }
 
 #[test]
@@ -136,8 +138,11 @@ fn adding_a_service_inserts_it_in_order() {
     planner
         .replan_service("ns1/web", Some(&web_svc), &[&web_slice])
         .unwrap();
-    let fresh = plan(&snapshot(vec![web_svc, other_svc], vec![web_slice, other_slice]));
-    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    assert_same_as_rebuild(
+        &planner,
+        &snapshot(vec![web_svc, other_svc], vec![web_slice, other_slice]),
+        &config(),
+    );
     assert_eq!(planner.entry_count(), 3);
 }
 
@@ -267,13 +272,15 @@ fn the_headless_label_on_a_service_or_its_slice_is_skipped_and_toggles_live() {
         .unwrap();
     assert_eq!(changes.slices.len(), 1, "{changes:?}");
     assert!(names(&planner).is_empty());
-    let fresh = plan(&snapshot(vec![down], vec![other_slice.clone()]));
-    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    assert_same_as_rebuild(
+        &planner,
+        &snapshot(vec![down], vec![other_slice.clone()]),
+        &config(),
+    );
     let changes = planner
         .replan_service("ns1/other", Some(&other_svc), &[&other_slice])
         .unwrap();
     assert_eq!(changes.slices.len(), 1, "{changes:?}");
     assert_eq!(names(&planner), vec!["ns1/other".to_owned()]);
-    let fresh = plan(&snapshot(vec![other_svc], vec![other_slice]));
-    assert_eq!(all_objects(&planner), all_objects(&fresh));
+    assert_same_as_rebuild(&planner, &snapshot(vec![other_svc], vec![other_slice]), &config());
 }

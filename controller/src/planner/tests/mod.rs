@@ -48,6 +48,40 @@ pub fn all_objects(planner: &Planner) -> (Vec<(String, ForwardingSliceSpec)>, Ve
     (planner.slices(None), plans)
 }
 
+/// Folds every Service slice back into its packed slice.
+pub fn fold_all(planner: &mut Planner) -> super::Changes {
+    let shadowed: Vec<String> = planner.shadowed().into_iter().map(|(name, _)| name).collect();
+    planner.fold(&shadowed).unwrap()
+}
+
+/// Incremental = full rebuild, for a planner re-planned step by step to `snapshot`: every node
+/// composes exactly its oracle; a rebuild that keeps the planner's layout (as the live controller's
+/// rebuilds do) gives the same objects, Service slices and all; and folded back, it gives exactly what
+/// a fresh build gives.
+pub fn assert_same_as_rebuild(planner: &Planner, snapshot: &Snapshot, config: &Config) {
+    for node in planner.node_names() {
+        spec_of(planner, node);
+    }
+    let services: Vec<_> = snapshot.services.iter().collect();
+    let slices: Vec<_> = snapshot.slices.iter().collect();
+    let previous = planner.previous();
+    let mut kept =
+        Planner::build_after(&services, &slices, snapshot.nodes.iter(), config, Some(&previous)).unwrap();
+    assert_eq!(
+        all_objects(&kept),
+        all_objects(planner),
+        "a rebuild keeps the layout"
+    );
+    fold_all(&mut kept);
+    assert_eq!(kept.service_slice_count(), 0);
+    let fresh = Planner::build(snapshot, config).unwrap();
+    assert_eq!(
+        all_objects(&kept),
+        all_objects(&fresh),
+        "folded back = a fresh build"
+    );
+}
+
 /// One entry of a node's plan by name (first family/protocol match).
 pub fn entry_of(planner: &Planner, node: &str, name: &str) -> ServicePlan {
     spec_of(planner, node)

@@ -5,7 +5,7 @@
 
 use switchyard_api::{ForwardingSliceSpec, View, revision};
 
-use super::{all_objects, spec_of};
+use super::{all_objects, assert_same_as_rebuild, spec_of};
 use crate::{
     config::Config,
     planner::{
@@ -130,10 +130,15 @@ fn a_view_above_the_budget_splits_into_fitting_slices_by_service() {
 }
 
 #[test]
-fn a_change_to_one_service_rewrites_one_slice_of_many() {
-    let snapshot = services(600, false, false);
-    let mut planner = build(&snapshot, 32 * 1024);
+fn a_change_to_one_service_writes_its_own_small_slice_and_folding_writes_the_packed_one() {
+    let mut snapshot = services(600, false, false);
+    let config = Config {
+        max_object_bytes: 32 * 1024,
+        ..super::config()
+    };
+    let mut planner = Planner::build(&snapshot, &config).unwrap();
     let before = all_objects(&planner);
+    assert!(before.0.len() > 4, "{} packed slices", before.0.len());
     let mut eps = snapshot.slices[17].clone();
     eps.endpoints.as_mut().unwrap()[0]
         .conditions
@@ -143,11 +148,90 @@ fn a_change_to_one_service_rewrites_one_slice_of_many() {
     let changes = planner
         .replan_service("ns1/svc-0017", Some(&snapshot.services[17]), &[&eps])
         .unwrap();
-    assert_eq!(changes.slices.len(), 1, "{changes:?}");
-    assert!(changes.plans.is_empty(), "{changes:?}");
+    snapshot.slices[17] = eps.clone();
+    let names: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["all.ns1.svc-0017"], "{changes:?}");
+    assert!(changes.slices[0].first, "it gains the entry");
+    assert!(
+        changes.plans.is_empty() && changes.retired.is_empty(),
+        "{changes:?}"
+    );
     let after = all_objects(&planner);
-    let differ = before.0.iter().zip(&after.0).filter(|(a, b)| a != b).count();
-    assert_eq!(differ, 1);
+    let packed: Vec<_> = after
+        .0
+        .iter()
+        .filter(|(n, _)| !n.contains('.'))
+        .cloned()
+        .collect();
+    assert_eq!(packed, before.0, "every packed slice stays as written");
+    let (_, own) = after.0.iter().find(|(n, _)| n == "all.ns1.svc-0017").unwrap();
+    assert_eq!(own.service.as_deref(), Some("ns1/svc-0017"));
+    assert_eq!(own.entries.len(), 1);
+    assert_eq!(own.revision, revision::compute_slice(own).unwrap());
+    let bytes = serde_json::to_vec(own).unwrap().len();
+    assert!(bytes < 1024, "one Service's entries: {bytes} bytes");
+    assert_same_as_rebuild(&planner, &snapshot, &config);
+
+    // A second change rewrites the same small slice; the packed copy still waits.
+    eps.endpoints.as_mut().unwrap()[1].addresses = vec!["10.244.9.9".into()];
+    let changes = planner
+        .replan_service("ns1/svc-0017", Some(&snapshot.services[17]), &[&eps])
+        .unwrap();
+    snapshot.slices[17] = eps.clone();
+    let names: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["all.ns1.svc-0017"]);
+    assert_same_as_rebuild(&planner, &snapshot, &config);
+
+    // Folding writes the packed slice with the current entries; the Service slice is retired.
+    let shadowed = planner.shadowed();
+    assert_eq!(shadowed.len(), 1);
+    assert_eq!(
+        shadowed[0].1.iter().copied().collect::<Vec<_>>(),
+        ["ns1/svc-0017"]
+    );
+    let packed_name = shadowed[0].0.clone();
+    let changes = super::fold_all(&mut planner);
+    let names: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [packed_name.as_str()]);
+    assert_eq!(changes.retired, ["all.ns1.svc-0017"]);
+    assert_eq!(
+        all_objects(&planner),
+        all_objects(&Planner::build(&snapshot, &config).unwrap())
+    );
+}
+
+#[test]
+fn a_new_service_gets_its_own_slice_and_a_deleted_one_an_empty_one_until_folded() {
+    let mut snapshot = services(40, false, false);
+    let config = super::config();
+    let mut planner = Planner::build(&snapshot, &config).unwrap();
+    let extra = services(41, false, false);
+    let (svc, eps) = (extra.services[40].clone(), extra.slices[40].clone());
+    let changes = planner
+        .replan_service("ns1/svc-0040", Some(&svc), &[&eps])
+        .unwrap();
+    let names: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["all.ns1.svc-0040"]);
+    snapshot.services.push(svc);
+    snapshot.slices.push(eps);
+    assert_same_as_rebuild(&planner, &snapshot, &config);
+
+    let changes = planner.replan_service("ns1/svc-0003", None, &[]).unwrap();
+    let names: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["all.ns1.svc-0003"]);
+    let gone = planner.slice("all.ns1.svc-0003").unwrap();
+    assert!(gone.entries.is_empty(), "empty: the packed copy no longer counts");
+    snapshot.services.remove(3);
+    snapshot.slices.remove(3);
+    assert_same_as_rebuild(&planner, &snapshot, &config);
+
+    // The new Service deleted before it was ever packed: its slice is retired, nothing else written.
+    let changes = planner.replan_service("ns1/svc-0040", None, &[]).unwrap();
+    assert!(changes.slices.is_empty(), "{changes:?}");
+    assert_eq!(changes.retired, ["all.ns1.svc-0040"]);
+    snapshot.services.pop();
+    snapshot.slices.pop();
+    assert_same_as_rebuild(&planner, &snapshot, &config);
 }
 
 #[test]
@@ -195,9 +279,19 @@ fn an_entry_moving_from_all_to_zone_views_is_written_in_its_zones_first() {
         .filter(|c| c.first)
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(first, ["zone-zone-a-0000", "zone-zone-b-0000"]);
-    assert!(changes.slices.iter().any(|c| c.name == "all-0000" && !c.first));
-    // And back: view `all` gains it first.
+    assert_eq!(first, ["zone-zone-a.ns1.svc-0001", "zone-zone-b.ns1.svc-0001"]);
+    assert!(
+        changes
+            .slices
+            .iter()
+            .any(|c| c.name == "all.ns1.svc-0001" && !c.first),
+        "view all says it has no entries there, after the zones have them: {changes:?}"
+    );
+    assert!(
+        changes.slices.iter().all(|c| !c.name.ends_with("-0000")),
+        "no packed slice written"
+    );
+    // And back: view `all` gains it first; the zones' slices are retired, deleted after every write.
     let changes = planner
         .replan_service(
             "ns1/svc-0001",
@@ -211,7 +305,12 @@ fn an_entry_moving_from_all_to_zone_views_is_written_in_its_zones_first() {
         .filter(|c| c.first)
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(first, ["all-0000"]);
+    assert_eq!(first, ["all.ns1.svc-0001"]);
+    assert_eq!(
+        changes.retired,
+        ["zone-zone-a.ns1.svc-0001", "zone-zone-b.ns1.svc-0001"]
+    );
+    assert_same_as_rebuild(&planner, &snapshot, &super::config());
 }
 
 #[test]
@@ -227,7 +326,13 @@ fn a_view_that_shrinks_retires_its_surplus_slices() {
             .unwrap();
         retired.extend(changes.retired);
     }
-    assert_eq!(planner.slices(Some(&[View::All])).len(), 1);
+    assert_eq!(
+        planner.slices(Some(&[View::All])).len(),
+        1 + planner.service_slice_count()
+    );
+    // Deleted Services leave empty Service slices until the view's count changes; then every slice
+    // is packed again.
+    retired.retain(|name| !name.contains('.'));
     retired.sort();
     let want: Vec<String> = (1..count as u32)
         .map(|i| switchyard_api::slice::slice_name("all", i))
