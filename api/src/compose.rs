@@ -72,37 +72,25 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
         let packed = complete_view(view, slices)?;
         let own = service_slices(view, slices);
         let replaced: HashSet<&str> = own.iter().filter_map(|s| s.spec.service.as_deref()).collect();
-        let mut in_view: HashMap<Key<'_>, (&str, &Arc<ServicePlan>)> = HashMap::new();
         for slice in &packed {
             for entry in &slice.spec.entries {
-                if replaced.contains(entry.service_key()) {
-                    continue;
-                }
-                match in_view.get(&entry.key()) {
-                    Some((have_slice, _)) => conflicts.push(twice(entry, have_slice, slice)),
-                    None => {
-                        in_view.insert(entry.key(), (slice.name, entry));
-                    }
+                if !replaced.contains(entry.service_key()) {
+                    choose(&mut chosen, &mut conflicts, rank, entry, slice);
                 }
             }
         }
         for slice in &own {
             let service = slice.spec.service.as_deref().unwrap_or_default();
             for entry in &slice.spec.entries {
-                if entry.service_key() != service {
+                if entry.service_key() == service {
+                    choose(&mut chosen, &mut conflicts, rank, entry, slice);
+                } else {
                     conflicts.push(ServiceFailure {
                         service: format!("{} {:?} {:?}", entry.name, entry.protocol, entry.family),
                         reason: format!("in Service slice {} of another Service; ignored", slice.name),
                     });
-                    continue;
-                }
-                if let Some((have_slice, _)) = in_view.insert(entry.key(), (slice.name, entry)) {
-                    conflicts.push(twice(entry, have_slice, slice));
                 }
             }
-        }
-        for (key, (name, entry)) in in_view {
-            chosen.insert(key, (rank, name, entry));
         }
         used.extend(packed);
         used.extend(own);
@@ -165,6 +153,25 @@ pub fn compose(plan: &NodeForwardingPlanSpec, slices: &[SliceRef<'_>]) -> Result
         }),
         conflicts,
     })
+}
+
+/// Chooses `entry` for its key at `rank`: a key chosen at this rank already is a conflict (the first
+/// copy stays); one from an earlier, more general view is replaced.
+fn choose<'a>(
+    chosen: &mut HashMap<Key<'a>, (usize, &'a str, &'a Arc<ServicePlan>)>,
+    conflicts: &mut Vec<ServiceFailure>,
+    rank: usize,
+    entry: &'a Arc<ServicePlan>,
+    slice: &SliceRef<'a>,
+) {
+    match chosen.get(&entry.key()) {
+        Some((have_rank, have_slice, _)) if *have_rank == rank => {
+            conflicts.push(twice(entry, have_slice, slice));
+        }
+        _ => {
+            chosen.insert(entry.key(), (rank, slice.name, entry));
+        }
+    }
 }
 
 fn twice(entry: &ServicePlan, have_slice: &str, slice: &SliceRef<'_>) -> ServiceFailure {

@@ -281,11 +281,21 @@ const SIZE_VAR: &str = "SWITCHYARD_BENCH_PLANNER_SIZE";
 /// and not the allocator's leftovers from a smaller size.
 fn run() -> Result<(), String> {
     let smoke = common::smoke();
-    let sizes: &[(usize, usize)] = if smoke {
-        &[(10, 100)]
+    let mut sizes: Vec<(usize, usize)> = if smoke {
+        vec![(10, 100)]
     } else {
-        &[(100, 1_000), (1_000, 1_000), (100, 10_000), (1_000, 10_000)]
+        vec![(100, 1_000), (1_000, 1_000), (100, 10_000), (1_000, 10_000)]
     };
+    // SWITCHYARD_BENCH_SIZES=1000x10000,5000x10000 runs these sizes instead.
+    if let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") {
+        sizes = list
+            .split(',')
+            .filter_map(|size| {
+                let (nodes, services) = size.trim().split_once('x')?;
+                Some((nodes.parse().ok()?, services.parse().ok()?))
+            })
+            .collect();
+    }
     println!(
         "planner benchmark (3–10 endpoints per Service, mean 5; 3 zones; 10% eTP=Local, 5% iTP=Local, 20% zone-hinted; one core)"
     );
@@ -314,7 +324,7 @@ fn run() -> Result<(), String> {
     let mut largest = Largest::default();
     let mut largest_at = (0, 0);
     let mut heavy = Largest::default();
-    for &(nodes, services) in sizes {
+    for &(nodes, services) in &sizes {
         let out = Command::new(&exe)
             .args(std::env::args_os().skip(1))
             .env(SIZE_VAR, format!("{nodes}x{services}"))

@@ -66,7 +66,7 @@ impl Default for WriterConfig {
     fn default() -> Self {
         Self {
             min_interval: Duration::from_secs(1),
-            progress_interval: Duration::from_secs(10),
+            progress_interval: Duration::from_secs(60),
             retry_min: Duration::from_secs(1),
             retry_max: Duration::from_secs(30),
         }

@@ -6,6 +6,8 @@
 //!       tick (coalesced, ≥ minPlanInterval apart) ─► Engine::plan ─► Planner (incremental) ─► Changes
 //!            ─► pending: slices that gain a moving entry, other slices, new nodes' plans, other plans
 //!            ─► retired slices: deleted once nothing waits to be written
+//!       tick, at most every FOLD_EVERY ─► the most shadowed packed slice whose Service slices were all
+//!            quiet for sliceFoldAfter ─► Planner::fold ─► that packed slice queued, its Service slices retired
 //! pending object ─► Engine::work_for ─► Work::Apply (observed revision differs) | Work::Delete | nothing
 //! observed object edited or deleted by someone else ─► pending again (restored, logged)
 //!   (our own late watch echoes are told apart by live::tracker and never count)

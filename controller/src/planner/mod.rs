@@ -371,9 +371,18 @@ impl Planner {
             }
         }
         let wanted = self.wanted_views();
+        let services: BTreeSet<&str> = changes.iter().map(|(key, _, _)| *key).collect();
         for view in touched_views {
             if wanted.contains(&view) {
-                self.relayout_view(view, None)?;
+                let members = members_of(&self.slots, &self.overrides, &view);
+                let updated = match self.views.get_mut(&view) {
+                    Some(layout) => layout.update(&members, self.config.max_object_bytes, &services)?,
+                    None => false,
+                };
+                drop(members);
+                if !updated {
+                    self.relayout_view(view, None)?;
+                }
             } else {
                 self.views.remove(&view);
             }
@@ -406,7 +415,11 @@ impl Planner {
     pub fn previous(&self) -> Previous {
         Previous {
             slices: self.slice_revisions(),
-            views: self.views.clone(),
+            views: self
+                .views
+                .iter()
+                .map(|(view, layout)| (view.clone(), layout.kept()))
+                .collect(),
             plans: self
                 .plans
                 .iter()
@@ -548,22 +561,7 @@ impl Planner {
 
     /// (Service hash, Service key, entry) of every entry of a view.
     fn members(&self, view: &View) -> Vec<Member<'_>> {
-        match view {
-            View::Node(node) => self
-                .overrides
-                .get(node)
-                .into_iter()
-                .flat_map(|o| {
-                    o.values()
-                        .map(|o| (o.hash, o.planned.entry.service_key(), &o.planned))
-                })
-                .collect(),
-            _ => self
-                .slots
-                .values()
-                .filter_map(|s| s.in_view(view).map(|p| (s.hash, s.service_key.as_str(), p)))
-                .collect(),
-        }
+        members_of(&self.slots, &self.overrides, view)
     }
 
     /// Names of the slices holding a slot's current entry (in view `all`, or one per zone).
@@ -760,6 +758,28 @@ impl Planner {
 }
 
 static EMPTY: BTreeMap<EntryKey, Override> = BTreeMap::new();
+
+/// (Service hash, Service key, entry) of every entry of a view: a node's own view holds its overrides.
+fn members_of<'a>(
+    slots: &'a BTreeMap<EntryKey, Slot>,
+    overrides: &'a BTreeMap<String, BTreeMap<EntryKey, Override>>,
+    view: &View,
+) -> Vec<Member<'a>> {
+    match view {
+        View::Node(node) => overrides
+            .get(node)
+            .into_iter()
+            .flat_map(|o| {
+                o.values()
+                    .map(|o| (o.hash, o.planned.entry.service_key(), &o.planned))
+            })
+            .collect(),
+        _ => slots
+            .values()
+            .filter_map(|s| s.in_view(view).map(|p| (s.hash, s.service_key.as_str(), p)))
+            .collect(),
+    }
+}
 
 /// Slices new in `after` or with another revision, those in `first` flagged.
 fn changed_slices(

@@ -61,17 +61,27 @@ struct Entries {
     hash: u64,
     entries: Vec<Arc<PlannedEntry>>,
     sum: EntrySum,
+    len: usize,
+    /// Kept for a later rebuild without the entries themselves (see [`ViewLayout::kept`]).
+    digest_only: bool,
 }
 
 impl Entries {
     fn new(hash: u64, mut entries: Vec<Arc<PlannedEntry>>) -> Self {
         entries.sort_by(|a, b| a.entry.key().cmp(&b.entry.key()));
         let sum = entries.iter().map(|e| e.fingerprint.digest).collect();
-        Self { hash, entries, sum }
+        let len = entries.len();
+        Self {
+            hash,
+            entries,
+            sum,
+            len,
+            digest_only: false,
+        }
     }
 
     fn same_as(&self, other: &Self) -> bool {
-        self.sum == other.sum && self.entries.len() == other.entries.len()
+        self.sum == other.sum && self.len == other.len
     }
 
     fn summary(&self) -> PlanSummary {
@@ -129,21 +139,15 @@ impl ViewLayout {
         previous: Option<&ViewLayout>,
     ) -> Result<Self, Error> {
         let id = view.id();
-        let header_bytes = serde_json::to_vec(&header(&view, &id, 0, 1, PlanSummary::default()))
-            .map_err(switchyard_api::Error::from)?
-            .len();
-        let budget = budget.saturating_sub(header_bytes + OBJECT_OVERHEAD_BYTES);
-        let mut per_service: HashMap<u64, usize> = HashMap::new();
+        let count = fitting_count(&view, &id, members, budget)?;
         let mut grouped: BTreeMap<&str, (u64, Vec<Arc<PlannedEntry>>)> = BTreeMap::new();
         for (hash, service, planned) in members {
-            *per_service.entry(*hash).or_default() += planned.fingerprint.bytes + 1;
             grouped
                 .entry(service)
                 .or_insert_with(|| (*hash, Vec::new()))
                 .1
                 .push(Arc::clone(planned));
         }
-        let count = smallest_fitting_count(&per_service, budget);
         let previous = previous.filter(|p| p.count == count && p.id == id && shares(&view));
         let mut packed = BTreeMap::new();
         let mut changed: BTreeMap<String, Entries> = BTreeMap::new();
@@ -154,26 +158,40 @@ impl ViewLayout {
                 continue;
             };
             let old = previous.packed.get(service);
+            let has_slice = previous.services.contains_key(service);
             // A Service slice stays until it is folded (its packed slice written first): deleting
             // it any other way would show the packed copy to agents before it is current.
-            if !previous.services.contains_key(service) && old.is_some_and(|old| old.same_as(&current)) {
+            if !has_slice && old.is_some_and(|old| old.same_as(&current)) {
                 packed.insert(service.to_string(), current);
                 continue;
             }
-            if let Some(old) = old {
-                packed.insert(service.to_string(), old.clone());
+            match old {
+                // Kept without its entries (a rebuild; the Service changed in the same round): the
+                // old copy cannot stay, so the packed slice gets the current one.
+                Some(old) if old.digest_only => {
+                    packed.insert(service.to_string(), current.clone());
+                    if has_slice {
+                        changed.insert(service.to_string(), current);
+                    }
+                    continue;
+                }
+                Some(old) => {
+                    packed.insert(service.to_string(), old.clone());
+                }
+                None => {}
             }
             changed.insert(service.to_string(), current);
         }
         if let Some(previous) = previous {
             for (service, old) in &previous.packed {
-                if !packed.contains_key(service) && !changed.contains_key(service) {
+                if !packed.contains_key(service) && !changed.contains_key(service) && !old.digest_only {
                     // Gone since its packed slice was written: an empty Service slice says so.
                     packed.insert(service.clone(), old.clone());
                     changed.insert(service.clone(), Entries::new(old.hash, Vec::new()));
                 }
             }
-            // A Service slice of a Service that is gone and was never packed is simply retired.
+            // A Service slice of a Service that is gone and was never packed is simply retired, and
+            // so is one whose packed copy was kept without its entries (the packed slice drops it).
         }
         let mut layout = Self {
             view,
@@ -192,6 +210,74 @@ impl ViewLayout {
         }
         layout.sum_buckets()?;
         Ok(layout)
+    }
+
+    /// Re-lays out only the `touched` Services (those re-planned) when the view keeps its count: what
+    /// [`Self::build`] against this layout gives, without regrouping every member. Packed slices never
+    /// change here (a Service either still matches its packed copy or gets a Service slice), so their
+    /// revisions stay. Returns false, changing nothing, when the count changes or the view has no
+    /// Service slices (then the caller builds the layout anew).
+    pub fn update(
+        &mut self,
+        members: &[Member<'_>],
+        budget: usize,
+        touched: &BTreeSet<&str>,
+    ) -> Result<bool, Error> {
+        if !shares(&self.view) || fitting_count(&self.view, &self.id, members, budget)? != self.count {
+            return Ok(false);
+        }
+        let mut grouped: BTreeMap<&str, (u64, Vec<Arc<PlannedEntry>>)> = BTreeMap::new();
+        for (hash, service, planned) in members.iter().filter(|(_, s, _)| touched.contains(s)) {
+            grouped
+                .entry(service)
+                .or_insert_with(|| (*hash, Vec::new()))
+                .1
+                .push(Arc::clone(planned));
+        }
+        for service in touched {
+            let has_slice = self.services.contains_key(*service);
+            let current = match grouped.remove(service) {
+                Some((hash, entries)) => Entries::new(hash, entries),
+                None => match self.packed.get(*service) {
+                    // Gone, and never packed: its Service slice is retired.
+                    None => {
+                        self.services.remove(*service);
+                        continue;
+                    }
+                    Some(old) => Entries::new(old.hash, Vec::new()),
+                },
+            };
+            match self.packed.get(*service) {
+                Some(old) if !has_slice && old.same_as(&current) && !current.entries.is_empty() => {
+                    // Same digests, so the packed slice's sums and counts stay.
+                    self.packed.insert(service.to_string(), current);
+                }
+                _ => {
+                    let revision = self.service_revision(service, &current)?;
+                    self.services
+                        .insert(service.to_string(), ServiceSlice { current, revision });
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// What a rebuild needs of this layout: every packed Service's digest, and the entries only of
+    /// those a Service slice shadows (the rest are the current entries, which the rebuild plans
+    /// anew), so a rebuild never holds two copies of every entry.
+    pub fn kept(&self) -> Self {
+        let mut kept = self.clone();
+        for (service, packed) in &mut kept.packed {
+            if !self.services.contains_key(service) {
+                packed.entries = Vec::new();
+                packed.digest_only = true;
+            }
+        }
+        for slice in kept.services.values_mut() {
+            slice.current.entries = Vec::new();
+            slice.current.digest_only = true;
+        }
+        kept
     }
 
     /// Writes the current entries of every Service with a Service slice shadowing packed slice
@@ -399,6 +485,19 @@ impl ViewLayout {
 /// Whether a view gets Service slices: every view but a node's own, which only that node reads.
 fn shares(view: &View) -> bool {
     !matches!(view, View::Node(_))
+}
+
+/// The packed slice count of a view's members under a byte budget for whole objects.
+fn fitting_count(view: &View, id: &str, members: &[Member<'_>], budget: usize) -> Result<u32, Error> {
+    let header_bytes = serde_json::to_vec(&header(view, id, 0, 1, PlanSummary::default()))
+        .map_err(switchyard_api::Error::from)?
+        .len();
+    let budget = budget.saturating_sub(header_bytes + OBJECT_OVERHEAD_BYTES);
+    let mut per_service: HashMap<u64, usize> = HashMap::new();
+    for (hash, _, planned) in members {
+        *per_service.entry(*hash).or_default() += planned.fingerprint.bytes + 1;
+    }
+    Ok(smallest_fitting_count(&per_service, budget))
 }
 
 /// Smallest power-of-two count where every slice fits `budget`, not counting Services that exceed it
