@@ -208,14 +208,14 @@ async fn seed(client: &Client, shape: &Shape) -> Result<(), String> {
     Ok(())
 }
 
-async fn clean(client: &Client) {
+/// Removes what the bench created: its Nodes, the plans and slices (the bench refuses an API server
+/// that had plans before), the namespace.
+async fn clean(client: &Client, shape: &Shape) {
     let nodes: Api<Node> = Api::all(client.clone());
-    if let Ok(list) = nodes.list(&ListParams::default()).await {
-        for node in list.items {
-            if let Some(name) = node.metadata.name.filter(|n| n.starts_with("node-")) {
-                let _ = nodes.delete(&name, &DeleteParams::default()).await;
-            }
-        }
+    for i in 0..shape.nodes {
+        let _ = nodes
+            .delete(&synthetic::node_name(i), &DeleteParams::default())
+            .await;
     }
     let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
     let _ = plans
@@ -263,14 +263,32 @@ async fn bench(client: Client, watchers: usize, services: usize) -> Result<(), S
         .list(&ListParams::default())
         .await
         .map_err(|e| format!("listing Nodes: {e}"))?;
-    if !existing.items.is_empty() {
+    if let Some(name) = existing
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .find(|n| n.starts_with("node-"))
+    {
         return Err(format!(
-            "the API server already has {} Nodes: run this against a scratch API server \
-             (scripts/with-control-plane.sh without KUBECONFIG starts one)",
-            existing.items.len()
+            "the API server already has a Node {name}: run this against a scratch API server \
+             (scripts/with-control-plane.sh without KUBECONFIG starts one)"
         ));
     }
     apply_crds(&client).await?;
+    let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
+    if !plans
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| format!("listing plans: {e}"))?
+        .items
+        .is_empty()
+    {
+        return Err(
+            "the API server already has NodeForwardingPlans (Switchyard runs there): \
+                    run this against a scratch API server"
+                .into(),
+        );
+    }
     let shape = Shape::new(watchers, services, 5);
     let seeded = Instant::now();
     seed(&client, &shape).await?;
@@ -292,7 +310,6 @@ async fn bench(client: Client, watchers: usize, services: usize) -> Result<(), S
         .await
         .map_err(|e| e.to_string())
     });
-    let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
     let started = Instant::now();
     let mut plans_written = 0;
     while plans_written < watchers {
@@ -334,7 +351,12 @@ async fn bench(client: Client, watchers: usize, services: usize) -> Result<(), S
     let counting = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut agent: Vec<Counter> = Vec::new();
     let mut proxy: Vec<Counter> = Vec::new();
-    for plan in &listed.items {
+    // Only the bench's own nodes (other Nodes of the API server get plans too, but are not counted).
+    for plan in listed
+        .items
+        .iter()
+        .filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("node-")))
+    {
         let node = plan.metadata.name.clone().unwrap_or_default();
         let views = views_selector(plan.spec.views.iter().map(String::as_str));
         let counter = Counter::default();
@@ -546,6 +568,12 @@ async fn apply_crds(client: &Client) -> Result<(), String> {
 
 fn main() -> std::process::ExitCode {
     if std::env::var_os("KUBECONFIG").is_none() {
+        if let Some(path) = std::env::var_os("SWITCHYARD_BENCH_SUMMARY") {
+            use std::io::Write as _;
+            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).create(true).open(path) {
+                let _ = writeln!(file, "SUMMARY|watch_fanout benchmark|skipped: no API server|-|-");
+            }
+        }
         println!(
             "watch_fanout: SKIPPED: needs a scratch API server (KUBECONFIG; `make bench` with SWITCHYARD_K8S_BIN \
              starts one through scripts/with-control-plane.sh)"
@@ -570,7 +598,9 @@ fn main() -> std::process::ExitCode {
             .await
             .map_err(|e| format!("a client from KUBECONFIG: {e}"))?;
         let outcome = bench(client.clone(), watchers, services).await;
-        clean(&client).await;
+        if !matches!(&outcome, Err(why) if why.contains("scratch API server")) {
+            clean(&client, &Shape::new(watchers, services, 5)).await;
+        }
         outcome
     });
     match outcome {

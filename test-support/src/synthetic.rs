@@ -67,7 +67,8 @@ impl Shape {
     }
 }
 
-fn node_name(i: usize) -> String {
+/// Name of Node `i`: `node-%04d`.
+pub fn node_name(i: usize) -> String {
     format!("node-{i:04}")
 }
 
