@@ -190,8 +190,14 @@ impl ViewLayout {
                     changed.insert(service.clone(), Entries::new(old.hash, Vec::new()));
                 }
             }
-            // A Service slice of a Service that is gone and was never packed is simply retired, and
-            // so is one whose packed copy was kept without its entries (the packed slice drops it).
+            // A Service slice of a Service that is gone and was never packed empties too: agents
+            // take a Service slice deleted while it differs from the packed copy for someone else's
+            // delete and keep using it, so one is only deleted once it matches (a fold).
+            for (service, slice) in &previous.services {
+                if !packed.contains_key(service) && !changed.contains_key(service) {
+                    changed.insert(service.clone(), Entries::new(slice.current.hash, Vec::new()));
+                }
+            }
         }
         let mut layout = Self {
             view,
@@ -238,13 +244,11 @@ impl ViewLayout {
             let has_slice = self.services.contains_key(*service);
             let current = match grouped.remove(service) {
                 Some((hash, entries)) => Entries::new(hash, entries),
-                None => match self.packed.get(*service) {
-                    // Gone, and never packed: its Service slice is retired.
-                    None => {
-                        self.services.remove(*service);
-                        continue;
-                    }
-                    Some(old) => Entries::new(old.hash, Vec::new()),
+                None => match (self.packed.get(*service), self.services.get(*service)) {
+                    (Some(old), _) => Entries::new(old.hash, Vec::new()),
+                    // Gone, never packed: its Service slice empties (it goes at the next fold).
+                    (None, Some(slice)) => Entries::new(slice.current.hash, Vec::new()),
+                    (None, None) => continue,
                 },
             };
             match self.packed.get(*service) {

@@ -15,6 +15,13 @@
 //! A view is incomplete while its slices are being rewritten (a view doubling its slice count) or when a
 //! slice is missing; the agent never programs from an incomplete view, and only reports it once it has
 //! stayed incomplete for the settle time.
+//!
+//! A Service slice deleted while the packed slice it shadows still holds another copy of its Service
+//! (the controller deletes one only after writing its entries into the packed slice: this is someone
+//! else's delete, or a relist that no longer finds it) stays in use as a *ghost*, so the packed copy's
+//! older entries are never programmed: until a slice of that name appears again or the packed slice is
+//! written anew. Its name and revision stay in the reported slices digest, so `audit` shows the node
+//! behind, and the agent logs it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +34,9 @@ use switchyard_api::compose::{SliceRef, incomplete};
 use switchyard_api::names::ANNOTATION_TRIGGER_TIME;
 use switchyard_api::validate::valid_view_id;
 use switchyard_api::watch::map_event;
-use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
+use switchyard_api::{
+    ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec, ServicePlan,
+};
 
 use super::{Origin, PlanSet};
 
@@ -155,6 +164,8 @@ pub struct Store {
     slices: Listing<ForwardingSliceSpec>,
     /// The views the slice watch selects (`None`: no slice watch yet).
     watched_views: Option<Vec<String>>,
+    /// Deleted Service slices still in use: name → (the slice, the packed copy of its Service then).
+    ghosts: BTreeMap<String, (Entry<ForwardingSliceSpec>, Vec<Arc<ServicePlan>>)>,
 }
 
 impl Store {
@@ -165,6 +176,7 @@ impl Store {
             plan: Listing::default(),
             slices: Listing::default(),
             watched_views: None,
+            ghosts: BTreeMap::new(),
         }
     }
 
@@ -193,13 +205,61 @@ impl Store {
 
     /// Takes one slice watch event; true when the state may have changed.
     pub fn observe_slice(&mut self, event: watcher::Event<ForwardingSlice>) -> bool {
-        self.slices.observe(map_event(event, |object: ForwardingSlice| {
+        let before: Vec<(String, Entry<ForwardingSliceSpec>)> = match &event {
+            watcher::Event::Delete(object) => object
+                .metadata
+                .name
+                .as_ref()
+                .and_then(|name| self.slices.objects.get(name).map(|e| (name.clone(), e.clone())))
+                .into_iter()
+                .collect(),
+            watcher::Event::InitDone => self
+                .slices
+                .objects
+                .iter()
+                .map(|(name, e)| (name.clone(), e.clone()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let changed = self.slices.observe(map_event(event, |object: ForwardingSlice| {
             let name = object.metadata.name.clone().unwrap_or_default();
             let mut spec = object.spec;
             spec.shrink_to_fit();
             spec.open_zero_source_ranges();
             (name, Some(Entry::new(object.metadata, spec)))
-        }))
+        }));
+        for (name, entry) in before {
+            let Some(service) = entry.spec.service.as_deref() else {
+                continue;
+            };
+            if self.slices.objects.contains_key(&name) {
+                continue;
+            }
+            let copy = packed_copy(&self.slices.objects, &entry.spec.view, service);
+            let mut last: Vec<Arc<ServicePlan>> = entry.spec.entries.clone();
+            last.sort_by(|a, b| a.key().cmp(&b.key()));
+            if copy == last {
+                continue;
+            }
+            tracing::warn!(
+                slice = %name,
+                "a Service slice was deleted while the packed slices of its view hold another copy of \
+                 its Service: its last entries stay in use until it is written again or that copy changes"
+            );
+            self.ghosts.insert(name, (entry, copy));
+        }
+        // A ghost ends when its name is back or the packed copy it shadowed was written anew.
+        let objects = &self.slices.objects;
+        self.ghosts.retain(|name, (ghost, copy)| {
+            let service = ghost.spec.service.as_deref().unwrap_or_default();
+            !objects.contains_key(name) && packed_copy(objects, &ghost.spec.view, service) == *copy
+        });
+        changed
+    }
+
+    /// Names of the deleted Service slices still in use (see the module doc).
+    pub fn ghosts(&self) -> impl Iterator<Item = &String> {
+        self.ghosts.keys()
     }
 
     /// Adds the plan found by a GET (after a watch said it was gone, and it was not).
@@ -230,6 +290,7 @@ impl Store {
     /// A slice watch for `views` starts: its slices replace the old watch's once listed.
     pub fn watch_slices(&mut self, views: Vec<String>) {
         self.slices = Listing::default();
+        self.ghosts.clear();
         self.watched_views = Some(views);
     }
 
@@ -266,6 +327,7 @@ impl Store {
             .slices
             .objects
             .iter()
+            .chain(self.ghosts.iter().map(|(name, (e, _))| (name, e)))
             .filter(|(_, e)| views.contains(&e.spec.view))
             .collect();
         let newest = |a: Option<SystemTime>, b: Option<SystemTime>| a.max(b);
@@ -300,6 +362,7 @@ impl Store {
     }
 
     /// A key that changes whenever something the agent applies changes (not on status writes).
+    // Ghosts only appear or go with a slice event that changes the objects' key as well.
     pub fn key(&self) -> Vec<(String, Option<String>, String)> {
         self.plan
             .objects
@@ -313,6 +376,27 @@ impl Store {
             )
             .collect()
     }
+}
+
+/// The entries of `service` in the packed slices of `view`, sorted by key.
+fn packed_copy(
+    objects: &BTreeMap<String, Entry<ForwardingSliceSpec>>,
+    view: &str,
+    service: &str,
+) -> Vec<Arc<ServicePlan>> {
+    let mut copy: Vec<Arc<ServicePlan>> = objects
+        .values()
+        .filter(|e| e.spec.service.is_none() && e.spec.view == view)
+        .flat_map(|e| {
+            e.spec
+                .entries
+                .iter()
+                .filter(|x| x.service_key() == service)
+                .cloned()
+        })
+        .collect();
+    copy.sort_by(|a, b| a.key().cmp(&b.key()));
+    copy
 }
 
 #[cfg(test)]
@@ -449,6 +533,84 @@ mod tests {
         // A slice that goes away makes the view incomplete again.
         assert!(store.observe_slice(watcher::Event::Delete(slice_object("all", 1, 2))));
         assert!(matches!(store.decide(), Decision::Incomplete(..)));
+    }
+
+    #[test]
+    fn a_service_slice_deleted_before_its_packed_slice_holds_it_stays_in_use() {
+        let web = |ip: &str| entry("ns/web:p", "10.96.0.9", 80).with(ep(ip, 80));
+        let packed = |ip: &str| {
+            let (name, spec) = slice("all", 0, 1, vec![web(ip)]);
+            ForwardingSlice::new(&name, spec)
+        };
+        let own = |ip: &str| {
+            let (name, spec) = switchyard_api::testing::service_slice("all", 0, 1, "ns/web", vec![web(ip)]);
+            ForwardingSlice::new(&name, spec)
+        };
+        let forwarded = |store: &Store| -> Vec<String> {
+            let (Decision::Ready(set) | Decision::Incomplete(set, _)) = store.decide() else {
+                panic!("{:?}", store.decide())
+            };
+            let refs: Vec<SliceRef<'_>> = set
+                .slices
+                .iter()
+                .map(|(name, spec)| SliceRef { name, spec })
+                .collect();
+            let composed = switchyard_api::compose::compose(&set.plan, &refs).unwrap();
+            composed
+                .spec
+                .services
+                .iter()
+                .map(|s| s.endpoints[0].ip.clone())
+                .collect()
+        };
+        let mut store = Store::new("node-a");
+        store.observe_plan(watcher::Event::Init);
+        store.observe_plan(watcher::Event::InitApply(object(
+            "node-a",
+            live_plan("node-a", &["all"], vec![]),
+        )));
+        store.observe_plan(watcher::Event::InitDone);
+        store.watch_slices(vec!["all".into()]);
+        store.observe_slice(watcher::Event::Init);
+        store.observe_slice(watcher::Event::InitApply(packed("10.244.1.1")));
+        store.observe_slice(watcher::Event::InitApply(own("10.244.1.2")));
+        store.observe_slice(watcher::Event::InitDone);
+        assert_eq!(forwarded(&store), ["10.244.1.2"]);
+
+        // Someone deletes the Service slice: its entries stay in use, not the packed slice's older ones.
+        store.observe_slice(watcher::Event::Delete(own("10.244.1.2")));
+        assert_eq!(store.ghosts().collect::<Vec<_>>(), ["all.ns.web"]);
+        assert_eq!(forwarded(&store), ["10.244.1.2"]);
+        // The controller restores it: the real one again.
+        store.observe_slice(watcher::Event::Apply(own("10.244.1.3")));
+        assert_eq!(store.ghosts().count(), 0);
+        assert_eq!(forwarded(&store), ["10.244.1.3"]);
+
+        // A fold: the packed slice is written with the entries first, then the Service slice goes.
+        store.observe_slice(watcher::Event::Apply(packed("10.244.1.3")));
+        store.observe_slice(watcher::Event::Delete(own("10.244.1.3")));
+        assert_eq!(
+            store.ghosts().count(),
+            0,
+            "the packed slice holds the same entries"
+        );
+        assert_eq!(forwarded(&store), ["10.244.1.3"]);
+
+        // Deleted behind our back, then the packed slice is written anew: the ghost ends there.
+        store.observe_slice(watcher::Event::Apply(own("10.244.1.4")));
+        store.observe_slice(watcher::Event::Delete(own("10.244.1.4")));
+        assert_eq!(forwarded(&store), ["10.244.1.4"]);
+        store.observe_slice(watcher::Event::Apply(packed("10.244.1.5")));
+        assert_eq!(store.ghosts().count(), 0);
+        assert_eq!(forwarded(&store), ["10.244.1.5"]);
+
+        // A relist that no longer finds it counts like a delete.
+        store.observe_slice(watcher::Event::Apply(own("10.244.1.6")));
+        store.observe_slice(watcher::Event::Init);
+        store.observe_slice(watcher::Event::InitApply(packed("10.244.1.5")));
+        store.observe_slice(watcher::Event::InitDone);
+        assert_eq!(store.ghosts().collect::<Vec<_>>(), ["all.ns.web"]);
+        assert_eq!(forwarded(&store), ["10.244.1.6"]);
     }
 
     #[test]
