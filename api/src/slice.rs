@@ -249,6 +249,15 @@ pub fn service_slice_name(view_id: &str, service: &str) -> String {
     format!("{view_id}.{namespace}.{name}")
 }
 
+/// The view id a slice's name starts with: before a Service slice's first '.', or before a packed
+/// slice's last '-' (view ids hold no '.').
+pub fn view_of_name(name: &str) -> &str {
+    match name.split_once('.') {
+        Some((view, _)) => view,
+        None => name.rsplit_once('-').map_or(name, |(view, _)| view),
+    }
+}
+
 /// The name a slice must carry for its spec: [`service_slice_name`] for a Service slice,
 /// [`slice_name`] otherwise.
 pub fn expected_name(spec: &ForwardingSliceSpec) -> String {
@@ -296,6 +305,8 @@ mod tests {
         );
         assert_eq!(slice_name("all", 7), "all-0007");
         assert_eq!(service_slice_name("zone-a", "default/web"), "zone-a.default.web");
+        assert_eq!(view_of_name("zone-a.default.web"), "zone-a");
+        assert_eq!(view_of_name("zone-us-east-1a-0007"), "zone-us-east-1a");
     }
 
     #[test]

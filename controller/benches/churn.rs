@@ -95,9 +95,7 @@ fn receivers(write: &Recorded, shape: &Shape) -> usize {
     else {
         return 1;
     };
-    let view = name
-        .split_once('.')
-        .map_or_else(|| name.rsplit_once('-').map_or(name, |(v, _)| v), |(v, _)| v);
+    let view = switchyard_api::slice::view_of_name(name);
     if view == "all" {
         return shape.nodes;
     }

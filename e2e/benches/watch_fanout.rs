@@ -274,6 +274,17 @@ async fn bench(client: Client, watchers: usize, services: usize) -> Result<(), S
              (scripts/with-control-plane.sh without KUBECONFIG starts one)"
         ));
     }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces
+        .get_opt("bench")
+        .await
+        .map_err(|e| format!("reading namespace bench: {e}"))?
+        .is_some()
+    {
+        return Err(
+            "the API server already has a namespace bench: run this against a scratch API server".into(),
+        );
+    }
     apply_crds(&client).await?;
     let plans: Api<NodeForwardingPlan> = Api::all(client.clone());
     if !plans

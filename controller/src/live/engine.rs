@@ -30,6 +30,7 @@ use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
     names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME},
     revision,
+    slice::{service_slice_name, view_of_name},
     watch::map_event,
 };
 use tokio::time::Instant;
@@ -352,9 +353,18 @@ impl Engine {
             .iter()
             .flat_map(|(_, services)| services.iter().map(|s| s.to_string()))
             .collect();
+        // A Service slice whose latest write has not landed must not be folded away: the cluster
+        // still holds its older entries, which agents would keep using once it is deleted.
+        let fws = &self.fws.tracker;
+        let landed = |packed: &str, service: &str| {
+            let name = service_slice_name(view_of_name(packed), service);
+            planner
+                .slice_revision(&name)
+                .is_some_and(|revision| fws.is_current(&name, &revision))
+        };
         let due = shadowed
             .into_iter()
-            .filter(|(_, services)| services.iter().all(|s| quiet(s)))
+            .filter(|(packed, services)| services.iter().all(|s| quiet(s) && landed(packed, s)))
             .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(&a.0)))
             .map(|(name, _)| name);
         self.changed_at.retain(|service, _| live.contains(service));
@@ -663,13 +673,21 @@ impl Engine {
                 self.problems =
                     problems_by_service(services.iter().copied(), slices.iter().copied(), &self.config);
                 // Built after the previous layout: what its packed slices hold stays as written, so a
-                // Node joining does not rewrite every packed slice a Service slice shadows.
+                // Node joining does not rewrite every packed slice a Service slice shadows. The
+                // Service slices in the cluster are kept (adopted after a restart) until folded.
+                let mut existing: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+                for name in self.fws.tracker.names() {
+                    if let Some((view, service)) = service_slice_of(name) {
+                        existing.entry(view).or_default().insert(service);
+                    }
+                }
                 let built = Planner::build_after(
                     &services,
                     &slices,
                     self.nodes.values(),
                     &self.config,
                     previous.as_ref(),
+                    &existing,
                 );
                 let planner = match built {
                     Ok(planner) => planner,
@@ -949,6 +967,13 @@ impl Engine {
 }
 
 /// The planner's view of a node, to ignore status-only updates.
+/// The (view id, Service key) a Service slice's name stands for (`all.ns.web` → `all`, `ns/web`).
+fn service_slice_of(name: &str) -> Option<(String, String)> {
+    let (view, rest) = name.split_once('.')?;
+    let (namespace, service) = rest.split_once('.')?;
+    Some((view.to_string(), format!("{namespace}/{service}")))
+}
+
 fn planner_view(config: &Config, node: Option<&Node>) -> Option<NodeInfo> {
     let mut diag = Diagnostics::default();
     crate::planner::node_info(node?, config, &mut diag)

@@ -54,6 +54,7 @@ use switchyard_api::{
     View,
     compose::{Composed, SliceRef, compose},
     revision::{EntryFingerprint, fingerprint},
+    slice::view_of_name,
 };
 pub use views::service_hash;
 
@@ -225,18 +226,21 @@ impl Planner {
         all_nodes: impl IntoIterator<Item = &'a Node>,
         config: &Config,
     ) -> Result<Self, Error> {
-        Self::build_after(services, slices, all_nodes, config, None)
+        Self::build_after(services, slices, all_nodes, config, None, &BTreeMap::new())
     }
 
     /// [`Self::build_from`], keeping what `previous`'s packed slices hold: a Service that changed
     /// since gets a Service slice, as it would have incrementally (so a rebuild after a Node joined does
-    /// not rewrite every packed slice that a Service slice shadows).
+    /// not rewrite every packed slice that a Service slice shadows). `existing` names the Service
+    /// slices found in the cluster (view id → Service keys): they are kept, with current entries, until
+    /// folded (a restarted controller adopts its predecessor's instead of deleting them unmatched).
     pub fn build_after<'a>(
         services: &[&Service],
         slices: &[&EndpointSlice],
         all_nodes: impl IntoIterator<Item = &'a Node>,
         config: &Config,
         previous: Option<&Previous>,
+        existing: &BTreeMap<String, BTreeSet<String>>,
     ) -> Result<Self, Error> {
         let mut diag = Diagnostics::default();
         let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
@@ -281,7 +285,8 @@ impl Planner {
         let views: BTreeSet<View> = planner.wanted_views();
         for view in views {
             let before = previous.and_then(|p| p.views.get(&view));
-            planner.relayout_view(view, before)?;
+            let found = existing.get(&view.id()).unwrap_or(&NONE);
+            planner.relayout_view(view, before, found)?;
         }
         diag.sort();
         planner.diagnostics = diag;
@@ -381,7 +386,7 @@ impl Planner {
                 };
                 drop(members);
                 if !updated {
-                    self.relayout_view(view, None)?;
+                    self.relayout_view(view, None, &BTreeSet::new())?;
                 }
             } else {
                 self.views.remove(&view);
@@ -391,7 +396,7 @@ impl Planner {
         let mut first: BTreeSet<String> = BTreeSet::new();
         for (key, from) in &moved_from {
             if let Some(slot) = self.slots.get(key) {
-                first.extend(self.locations(slot).into_iter().filter(|n| !from.contains(n)));
+                first.extend(gained(from, self.locations(slot)));
             }
         }
         // A brand-new entry has no old location: nothing to lose, nothing to order.
@@ -444,7 +449,7 @@ impl Planner {
                 let Some(from) = old.locations.get(key) else {
                     continue;
                 };
-                first.extend(self.locations(slot).into_iter().filter(|n| !from.contains(n)));
+                first.extend(gained(from, self.locations(slot)));
             }
         }
         let plans = self
@@ -551,10 +556,21 @@ impl Planner {
     }
 
     /// Lays out one view against its current layout, or `previous` (a rebuild's) when it has none.
-    fn relayout_view(&mut self, view: View, previous: Option<&ViewLayout>) -> Result<(), Error> {
+    fn relayout_view(
+        &mut self,
+        view: View,
+        previous: Option<&ViewLayout>,
+        existing: &BTreeSet<String>,
+    ) -> Result<(), Error> {
         let members = self.members(&view);
         let previous = self.views.get(&view).or(previous);
-        let layout = ViewLayout::build(view.clone(), &members, self.config.max_object_bytes, previous)?;
+        let layout = ViewLayout::build(
+            view.clone(),
+            &members,
+            self.config.max_object_bytes,
+            previous,
+            existing,
+        )?;
         self.views.insert(view, layout);
         Ok(())
     }
@@ -680,11 +696,7 @@ impl Planner {
     }
 
     fn find_slice(&self, name: &str) -> Option<(&ViewLayout, SliceId<'_>)> {
-        // View ids hold no '.' and end before the packed slice's '-NNNN' or a Service slice's first '.'.
-        let id = match name.split_once('.') {
-            Some((id, _)) => id,
-            None => name.rsplit_once('-')?.0,
-        };
+        let id = view_of_name(name);
         let layout = self.views.values().find(|l| l.view().id() == id)?;
         Some((layout, layout.find(name)?))
     }
@@ -757,7 +769,22 @@ impl Planner {
     }
 }
 
+/// The slices an entry arrives in when it moves into another view (they are written before the slices
+/// it leaves). Moving from a packed slice to its Service's own slice in the same view is not a move:
+/// the packed copy stays until the Service slice is written, so nothing needs to go first (and one
+/// failing write must not hold up every other slice).
+fn gained(from: &BTreeSet<String>, to: BTreeSet<String>) -> Vec<String> {
+    let views = |names: &BTreeSet<String>| -> BTreeSet<String> {
+        names.iter().map(|n| view_of_name(n).to_string()).collect()
+    };
+    let before = views(from);
+    to.into_iter()
+        .filter(|name| !before.contains(view_of_name(name)))
+        .collect()
+}
+
 static EMPTY: BTreeMap<EntryKey, Override> = BTreeMap::new();
+static NONE: BTreeSet<String> = BTreeSet::new();
 
 /// (Service hash, Service key, entry) of every entry of a view: a node's own view holds its overrides.
 fn members_of<'a>(

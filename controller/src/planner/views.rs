@@ -131,12 +131,16 @@ impl ViewLayout {
     /// Lays out a view's members, in any order; `budget` is the byte budget of one object. With a
     /// `previous` layout of the same view and count, what its packed slices hold stays as it is and
     /// every Service that differs from it gets a Service slice; without one (or with another count)
-    /// everything is packed.
+    /// everything is packed. Either way a Service that has a Service slice (in `previous`, or in
+    /// `existing`: those found in the cluster) keeps it, with its current entries, until a fold: agents
+    /// take a Service slice deleted while the packed slices hold other entries for someone else's
+    /// delete, so one is only deleted when they match.
     pub fn build(
         view: View,
         members: &[Member<'_>],
         budget: usize,
         previous: Option<&ViewLayout>,
+        existing: &BTreeSet<String>,
     ) -> Result<Self, Error> {
         let id = view.id();
         let count = fitting_count(&view, &id, members, budget)?;
@@ -148,17 +152,29 @@ impl ViewLayout {
                 .1
                 .push(Arc::clone(planned));
         }
-        let previous = previous.filter(|p| p.count == count && p.id == id && shares(&view));
+        let earlier = previous.filter(|p| p.id == id && shares(&view));
+        let previous = earlier.filter(|p| p.count == count);
         let mut packed = BTreeMap::new();
         let mut changed: BTreeMap<String, Entries> = BTreeMap::new();
+        // Service slices to keep when everything is packed anew (a first layout, or a new count).
+        let mut keep: BTreeSet<&str> = existing.iter().map(String::as_str).collect();
+        if previous.is_none() {
+            keep.extend(earlier.iter().flat_map(|e| e.services.keys().map(String::as_str)));
+        }
+        if !shares(&view) {
+            keep.clear();
+        }
         for (service, (hash, entries)) in grouped {
             let current = Entries::new(hash, entries);
             let Some(previous) = previous else {
+                if keep.remove(service) {
+                    changed.insert(service.to_string(), current.clone());
+                }
                 packed.insert(service.to_string(), current);
                 continue;
             };
             let old = previous.packed.get(service);
-            let has_slice = previous.services.contains_key(service);
+            let has_slice = previous.services.contains_key(service) || existing.contains(service);
             // A Service slice stays until it is folded (its packed slice written first): deleting
             // it any other way would show the packed copy to agents before it is current.
             if !has_slice && old.is_some_and(|old| old.same_as(&current)) {
@@ -182,6 +198,15 @@ impl ViewLayout {
             }
             changed.insert(service.to_string(), current);
         }
+        if previous.is_none() {
+            // Kept Service slices of Services with no entries in this view any more: empty.
+            for service in keep {
+                let hash = earlier
+                    .and_then(|e| e.services.get(service))
+                    .map_or_else(|| service_hash(service), |s| s.current.hash);
+                changed.insert(service.to_string(), Entries::new(hash, Vec::new()));
+            }
+        }
         if let Some(previous) = previous {
             for (service, old) in &previous.packed {
                 if !packed.contains_key(service) && !changed.contains_key(service) && !old.digest_only {
@@ -196,6 +221,11 @@ impl ViewLayout {
             for (service, slice) in &previous.services {
                 if !packed.contains_key(service) && !changed.contains_key(service) {
                     changed.insert(service.clone(), Entries::new(slice.current.hash, Vec::new()));
+                }
+            }
+            for service in existing {
+                if !packed.contains_key(service) && !changed.contains_key(service) {
+                    changed.insert(service.clone(), Entries::new(service_hash(service), Vec::new()));
                 }
             }
         }

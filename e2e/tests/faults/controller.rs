@@ -92,20 +92,25 @@ fn controller_restarts_during_a_rollout_lose_no_plan_and_no_connection() {
     }
     std::thread::sleep(Duration::from_secs(1));
     let report = traffic.stop();
-    let deletes: Vec<String> = api
+    let (service_slices, deletes): (Vec<String>, Vec<String>) = api
         .server
         .requests()
         .into_iter()
         .filter(|r| r.method == Method::DELETE)
         .filter(|r| r.path.contains("nodeforwardingplans") || r.path.contains("forwardingslices"))
         .map(|r| r.path)
-        .collect();
+        // A restarted controller packs every Service again and then deletes the Service slices the
+        // old one wrote (their entries are in the packed slices by then): those deletes are expected.
+        .partition(|path| {
+            path.contains("forwardingslices/") && path.rsplit('/').next().is_some_and(|n| n.contains('.'))
+        });
     switchyard_test_support::announce::announce(&format!(
-        "{} ; {} rollout steps, controller {} meanwhile, {} plans or slices deleted",
+        "{} ; {} rollout steps, controller {} meanwhile, {} plans or packed slices deleted, {} Service slices folded away",
         report.line("controller-restart-during-rollout"),
         STEPS.len(),
         restarts.join(" + "),
-        deletes.len()
+        deletes.len(),
+        service_slices.len()
     ));
     assert!(deletes.is_empty(), "{deletes:?}");
     assert_eq!(report.total().failed, 0, "{:#?}", report.failures);

@@ -87,13 +87,25 @@ fn generation_in_kernel(api: &ApiLab, node: &str, backend: Backend) -> Option<us
 
 /// Which generation the stored ForwardingSlices hold for the sample Services (`None`: a mix, or none).
 fn stored_generation(api: &ApiLab) -> Option<usize> {
-    let text: String = api
+    // What node-a composes from the stored objects: a changed Service's packed copy stays behind its
+    // Service slice, so the raw text of the slices holds both generations.
+    let plan = api.server.get(Kind::Plan, "node-a")?;
+    let plan: switchyard_api::NodeForwardingPlanSpec = serde_json::from_value(plan["spec"].clone()).ok()?;
+    let slices: Vec<(String, switchyard_api::ForwardingSliceSpec)> = api
         .server
         .keys(Kind::ForwardingSlice)
-        .iter()
-        .filter_map(|key| api.server.get(Kind::ForwardingSlice, key))
-        .map(|object| object.to_string())
+        .into_iter()
+        .filter_map(|name| {
+            let object = api.server.get(Kind::ForwardingSlice, &name)?;
+            Some((name, serde_json::from_value(object["spec"].clone()).ok()?))
+        })
         .collect();
+    let refs: Vec<switchyard_api::compose::SliceRef<'_>> = slices
+        .iter()
+        .map(|(name, spec)| switchyard_api::compose::SliceRef { name, spec })
+        .collect();
+    let composed = switchyard_api::compose::compose(&plan, &refs).ok()?;
+    let text = serde_json::to_string(&composed.spec.services).ok()?;
     let holds = |ip: String| text.contains(&format!("\"{ip}\""));
     let old = SAMPLES.iter().filter(|&&s| holds(pod_ip(s, 0, 0))).count();
     let new = SAMPLES.iter().filter(|&&s| holds(pod_ip(s, 0, 1))).count();

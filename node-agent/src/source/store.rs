@@ -221,6 +221,12 @@ impl Store {
                 .collect(),
             _ => Vec::new(),
         };
+        let relisted = matches!(event, watcher::Event::InitDone);
+        let old: BTreeMap<String, Entry<ForwardingSliceSpec>> = if relisted {
+            before.iter().cloned().collect()
+        } else {
+            BTreeMap::new()
+        };
         let changed = self.slices.observe(map_event(event, |object: ForwardingSlice| {
             let name = object.metadata.name.clone().unwrap_or_default();
             let mut spec = object.spec;
@@ -238,7 +244,9 @@ impl Store {
             let copy = packed_copy(&self.slices.objects, &entry.spec.view, service);
             let mut last: Vec<Arc<ServicePlan>> = entry.spec.entries.clone();
             last.sort_by(|a, b| a.key().cmp(&b.key()));
-            if copy == last {
+            // After a relist the delete may have been a fold missed while the watch was down: then
+            // the packed copy changed meanwhile, and it is the newer one.
+            if copy == last || (relisted && packed_copy(&old, &entry.spec.view, service) != copy) {
                 continue;
             }
             tracing::warn!(
@@ -604,13 +612,22 @@ mod tests {
         assert_eq!(store.ghosts().count(), 0);
         assert_eq!(forwarded(&store), ["10.244.1.5"]);
 
-        // A relist that no longer finds it counts like a delete.
+        // A relist that no longer finds it, the packed copy unchanged, counts like a delete.
         store.observe_slice(watcher::Event::Apply(own("10.244.1.6")));
         store.observe_slice(watcher::Event::Init);
         store.observe_slice(watcher::Event::InitApply(packed("10.244.1.5")));
         store.observe_slice(watcher::Event::InitDone);
         assert_eq!(store.ghosts().collect::<Vec<_>>(), ["all.ns.web"]);
         assert_eq!(forwarded(&store), ["10.244.1.6"]);
+        // A relist after a fold missed while the watch was down (packed copy newer, Service slice
+        // gone): the packed copy is used, no ghost.
+        store.observe_slice(watcher::Event::Apply(own("10.244.1.7")));
+        assert_eq!(store.ghosts().count(), 0);
+        store.observe_slice(watcher::Event::Init);
+        store.observe_slice(watcher::Event::InitApply(packed("10.244.1.8")));
+        store.observe_slice(watcher::Event::InitDone);
+        assert_eq!(store.ghosts().count(), 0);
+        assert_eq!(forwarded(&store), ["10.244.1.8"]);
     }
 
     #[test]

@@ -65,8 +65,15 @@ pub fn assert_same_as_rebuild(planner: &Planner, snapshot: &Snapshot, config: &C
     let services: Vec<_> = snapshot.services.iter().collect();
     let slices: Vec<_> = snapshot.slices.iter().collect();
     let previous = planner.previous();
-    let mut kept =
-        Planner::build_after(&services, &slices, snapshot.nodes.iter(), config, Some(&previous)).unwrap();
+    let mut kept = Planner::build_after(
+        &services,
+        &slices,
+        snapshot.nodes.iter(),
+        config,
+        Some(&previous),
+        &Default::default(),
+    )
+    .unwrap();
     assert_eq!(
         all_objects(&kept),
         all_objects(planner),

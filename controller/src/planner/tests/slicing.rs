@@ -151,7 +151,10 @@ fn a_change_to_one_service_writes_its_own_small_slice_and_folding_writes_the_pac
     snapshot.slices[17] = eps.clone();
     let names: Vec<&str> = changes.slices.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["all.ns1.svc-0017"], "{changes:?}");
-    assert!(changes.slices[0].first, "it gains the entry");
+    assert!(
+        !changes.slices[0].first,
+        "same view: the packed copy covers it meanwhile, so nothing has to wait for it"
+    );
     assert!(
         changes.plans.is_empty() && changes.retired.is_empty(),
         "{changes:?}"
@@ -236,7 +239,10 @@ fn a_new_service_gets_its_own_slice_and_a_deleted_one_an_empty_one_until_folded(
     snapshot.slices.pop();
     assert_same_as_rebuild(&planner, &snapshot, &config);
     let changes = super::fold_all(&mut planner);
-    assert!(changes.retired.contains(&"all.ns1.svc-0040".to_string()), "{changes:?}");
+    assert!(
+        changes.retired.contains(&"all.ns1.svc-0040".to_string()),
+        "{changes:?}"
+    );
 }
 
 #[test]
@@ -324,7 +330,13 @@ fn an_entry_moving_from_all_to_zone_views_is_written_in_its_zones_first() {
     );
     assert!(changes.retired.is_empty(), "{changes:?}");
     for zone in ["zone-zone-a", "zone-zone-b"] {
-        assert!(planner.slice(&format!("{zone}.ns1.svc-0001")).unwrap().entries.is_empty());
+        assert!(
+            planner
+                .slice(&format!("{zone}.ns1.svc-0001"))
+                .unwrap()
+                .entries
+                .is_empty()
+        );
     }
     assert_same_as_rebuild(&planner, &snapshot, &super::config());
 }
@@ -354,4 +366,80 @@ fn a_view_that_shrinks_retires_its_surplus_slices() {
         .map(|i| switchyard_api::slice::slice_name("all", i))
         .collect();
     assert_eq!(retired, want, "every slice but the first retired once");
+}
+
+#[test]
+fn service_slices_survive_a_new_slice_count_and_a_restart_until_folded() {
+    let config = Config {
+        max_object_bytes: 32 * 1024,
+        ..super::config()
+    };
+    let mut snapshot = services(300, false, false);
+    let mut planner = Planner::build(&snapshot, &config).unwrap();
+    let count = |p: &Planner| {
+        p.slices(Some(&[View::All]))
+            .iter()
+            .filter(|(n, _)| !n.contains('.'))
+            .count()
+    };
+    let before = count(&planner);
+    let mut eps = snapshot.slices[17].clone();
+    eps.endpoints.as_mut().unwrap()[0].addresses = vec!["10.244.9.17".into()];
+    planner
+        .replan_service("ns1/svc-0017", Some(&snapshot.services[17]), &[&eps])
+        .unwrap();
+    snapshot.slices[17] = eps;
+    // New Services until the view needs more packed slices.
+    let more = services(1200, false, false);
+    let mut i = 300;
+    while count(&planner) == before {
+        planner
+            .replan_service(
+                &format!("ns1/svc-{i:04}"),
+                Some(&more.services[i]),
+                &[&more.slices[i]],
+            )
+            .unwrap();
+        snapshot.services.push(more.services[i].clone());
+        snapshot.slices.push(more.slices[i].clone());
+        i += 1;
+    }
+    // Everything is packed anew, and the Service slices that existed stay, with the packed entries,
+    // so deleting them later (a fold) never shows an agent anything else.
+    let own = planner
+        .slice("all.ns1.svc-0017")
+        .expect("kept across the new count");
+    let packed: Vec<_> = planner
+        .slices(Some(&[View::All]))
+        .into_iter()
+        .filter(|(n, _)| !n.contains('.'))
+        .flat_map(|(_, s)| s.entries)
+        .filter(|e| e.service_key() == "ns1/svc-0017")
+        .collect();
+    assert_eq!(own.entries, packed);
+    assert_eq!(own.count as usize, count(&planner));
+    assert_same_as_rebuild(&planner, &snapshot, &config);
+    let folded = super::fold_all(&mut planner);
+    assert!(
+        folded.slices.is_empty(),
+        "the packed slices already hold them: {folded:?}"
+    );
+    assert!(folded.retired.contains(&"all.ns1.svc-0017".to_string()));
+
+    // A restarted controller adopts the Service slices it finds instead of deleting them unmatched.
+    let svcs: Vec<_> = snapshot.services.iter().collect();
+    let eps: Vec<_> = snapshot.slices.iter().collect();
+    let existing = std::collections::BTreeMap::from([(
+        "all".to_string(),
+        std::collections::BTreeSet::from(["ns1/svc-0017".to_string(), "ns1/gone".to_string()]),
+    )]);
+    let adopted = Planner::build_after(&svcs, &eps, snapshot.nodes.iter(), &config, None, &existing).unwrap();
+    assert_eq!(adopted.slice("all.ns1.svc-0017").unwrap().entries, packed);
+    assert!(
+        adopted.slice("all.ns1.gone").unwrap().entries.is_empty(),
+        "a Service that is gone: empty"
+    );
+    for node in adopted.node_names() {
+        spec_of(&adopted, node);
+    }
 }
