@@ -44,6 +44,12 @@ pub fn service_hash(service_key: &str) -> u64 {
     u64::from_le_bytes(first)
 }
 
+/// Services of one packed slice changing in one planning round from which the packed slice is
+/// rewritten instead of giving each a Service slice: one write of ≤ 48 KiB (~50 Services) against
+/// this many writes of ~1.2 KB. One change, or a few, stays in Service slices (what every node
+/// receives per change is what matters there); a bulk change is written in far fewer requests.
+pub const BATCH: usize = 8;
+
 /// One member of a view: (Service hash, Service key, entry).
 pub type Member<'a> = (u64, &'a str, &'a Arc<PlannedEntry>);
 
@@ -249,10 +255,10 @@ impl ViewLayout {
     }
 
     /// Re-lays out only the `touched` Services (those re-planned) when the view keeps its count: what
-    /// [`Self::build`] against this layout gives, without regrouping every member. Packed slices never
-    /// change here (a Service either still matches its packed copy or gets a Service slice), so their
-    /// revisions stay. Returns false, changing nothing, when the count changes or the view has no
-    /// Service slices (then the caller builds the layout anew).
+    /// [`Self::build`] against this layout gives, without regrouping every member — except that when
+    /// [`BATCH`] or more Services of one packed slice without Service slices changed, that packed slice
+    /// is rewritten with their current entries instead. Returns false, changing nothing, when the count changes or the view is a
+    /// node's own (then the caller builds the layout anew).
     pub fn update(
         &mut self,
         members: &[Member<'_>],
@@ -270,6 +276,8 @@ impl ViewLayout {
                 .1
                 .push(Arc::clone(planned));
         }
+        // Changed Services without a Service slice, by the packed slice they belong to.
+        let mut batches: BTreeMap<u32, Vec<(String, Entries)>> = BTreeMap::new();
         for service in touched {
             let has_slice = self.services.contains_key(*service);
             let current = match grouped.remove(service) {
@@ -286,12 +294,41 @@ impl ViewLayout {
                     // Same digests, so the packed slice's sums and counts stay.
                     self.packed.insert(service.to_string(), current);
                 }
+                _ if !has_slice => {
+                    batches
+                        .entry(self.index_of(current.hash))
+                        .or_default()
+                        .push((service.to_string(), current));
+                }
                 _ => {
                     let revision = self.service_revision(service, &current)?;
                     self.services
                         .insert(service.to_string(), ServiceSlice { current, revision });
                 }
             }
+        }
+        let mut repacked = false;
+        for (_, changed) in batches {
+            if changed.len() >= BATCH {
+                // Many Services of one packed slice changed at once (a bulk creation, a node going
+                // down): one write of the packed slice instead of as many Service slices.
+                for (service, current) in changed {
+                    if current.entries.is_empty() {
+                        self.packed.remove(&service);
+                    } else {
+                        self.packed.insert(service, current);
+                    }
+                }
+                repacked = true;
+                continue;
+            }
+            for (service, current) in changed {
+                let revision = self.service_revision(&service, &current)?;
+                self.services.insert(service, ServiceSlice { current, revision });
+            }
+        }
+        if repacked {
+            self.sum_buckets()?;
         }
         Ok(true)
     }

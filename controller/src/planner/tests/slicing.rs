@@ -443,3 +443,62 @@ fn service_slices_survive_a_new_slice_count_and_a_restart_until_folded() {
         spec_of(&adopted, node);
     }
 }
+
+#[test]
+fn many_services_of_one_packed_slice_changing_at_once_rewrite_it_instead() {
+    let config = Config {
+        max_object_bytes: 32 * 1024,
+        ..super::config()
+    };
+    let mut snapshot = services(600, false, false);
+    let mut planner = Planner::build(&snapshot, &config).unwrap();
+    let (name, first) = planner
+        .slices(Some(&[View::All]))
+        .into_iter()
+        .find(|(_, s)| s.entries.len() >= crate::planner::views::BATCH)
+        .unwrap();
+    let mut picked: Vec<usize> = first
+        .entries
+        .iter()
+        .map(|e| e.service_key()["ns1/svc-".len()..].parse().unwrap())
+        .collect();
+    picked.dedup();
+    let original = snapshot.slices.clone();
+    let moved = |i: usize| {
+        let mut eps = original[i].clone();
+        eps.endpoints.as_mut().unwrap()[0].addresses = vec![format!("10.244.9.{}", i % 250)];
+        eps
+    };
+    // Fewer than BATCH at once: Service slices.
+    let few: Vec<_> = picked[..2].iter().map(|&i| (i, moved(i))).collect();
+    let keys: Vec<String> = few.iter().map(|(i, _)| format!("ns1/svc-{i:04}")).collect();
+    let changes: Vec<_> = few
+        .iter()
+        .zip(&keys)
+        .map(|((i, eps), key)| (key.as_str(), Some(&snapshot.services[*i]), vec![eps]))
+        .collect();
+    let out = planner.replan_services(&changes).unwrap();
+    assert!(out.slices.iter().all(|c| c.name.contains('.')), "{out:?}");
+    for (i, eps) in few {
+        snapshot.slices[i] = eps;
+    }
+    // BATCH more of the same packed slice at once: that packed slice is written instead.
+    let many: Vec<_> = picked[2..2 + crate::planner::views::BATCH]
+        .iter()
+        .map(|&i| (i, moved(i)))
+        .collect();
+    let keys: Vec<String> = many.iter().map(|(i, _)| format!("ns1/svc-{i:04}")).collect();
+    let changes: Vec<_> = many
+        .iter()
+        .zip(&keys)
+        .map(|((i, eps), key)| (key.as_str(), Some(&snapshot.services[*i]), vec![eps]))
+        .collect();
+    let out = planner.replan_services(&changes).unwrap();
+    let names: Vec<&str> = out.slices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [name.as_str()], "one write for the batch");
+    assert_eq!(planner.service_slice_count(), 2, "the earlier two keep theirs");
+    for (i, eps) in many {
+        snapshot.slices[i] = eps;
+    }
+    assert_same_as_rebuild(&planner, &snapshot, &config);
+}
