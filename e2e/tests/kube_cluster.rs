@@ -949,12 +949,20 @@ fn new_node_without_configmap(cluster: &KubeCluster, node: &str) {
     cluster
         .kubectl(&["label", "node", node, &format!("{HOLD}-")])
         .unwrap();
+    // Seen once to time out under the load of a full `make test` (2026-12-03) and pass on its own:
+    // every new state of the pod is printed, so the next failure shows what the pod did instead.
+    let mut seen = String::new();
     let message = wait_until(
         Duration::from_secs(120),
         "the agent pod's status to say what is missing",
         || {
             let (pod, _) = agent_pod(cluster, node)?;
             let pod = json(cluster, &["-n", "switchyard-system", "get", "pod", &pod]);
+            let state = pod["status"]["containerStatuses"][0].to_string();
+            if state != seen {
+                eprintln!("kube: no ConfigMap on a new {node}: the agent container is now {state}");
+                seen = state;
+            }
             let terminated = &pod["status"]["containerStatuses"][0]["lastState"]["terminated"];
             terminated["message"]
                 .as_str()
