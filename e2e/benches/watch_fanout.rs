@@ -167,45 +167,40 @@ async fn seed(client: &Client, shape: &Shape) -> Result<(), String> {
     .try_collect::<Vec<()>>()
     .await?;
     let services: Api<Service> = Api::namespaced(client.clone(), "bench");
-    futures::stream::iter(cluster.services.into_iter().map(|mut svc| {
-        let services = services.clone();
-        async move {
-            // The API server allocates addresses and NodePorts from its own ranges.
-            if let Some(spec) = svc.spec.as_mut() {
-                spec.cluster_ip = None;
-                spec.cluster_ips = None;
-                spec.health_check_node_port = None;
-                for port in spec.ports.iter_mut().flatten() {
-                    port.node_port = None;
-                }
+    let plain = cluster.services.into_iter().map(|mut svc| {
+        // The API server allocates addresses and NodePorts from its own ranges.
+        if let Some(spec) = svc.spec.as_mut() {
+            spec.cluster_ip = None;
+            spec.cluster_ips = None;
+            spec.health_check_node_port = None;
+            for port in spec.ports.iter_mut().flatten() {
+                port.node_port = None;
             }
-            let name = svc.metadata.name.clone().unwrap_or_default();
-            services
-                .create(&PostParams::default(), &svc)
-                .await
-                .map(drop)
-                .map_err(|e| format!("service {name}: {e}"))
         }
-    }))
-    .buffer_unordered(16)
-    .try_collect::<Vec<()>>()
-    .await?;
+        svc
+    });
+    create_all(&services, plain, "service").await?;
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "bench");
-    futures::stream::iter(cluster.slices.into_iter().map(|slice| {
-        let slices = slices.clone();
-        async move {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            slices
-                .create(&PostParams::default(), &slice)
-                .await
-                .map(drop)
-                .map_err(|e| format!("endpointslice {name}: {e}"))
-        }
+    create_all(&slices, cluster.slices.into_iter(), "endpointslice").await?;
+    Ok(())
+}
+
+/// Creates every object, 16 at a time.
+async fn create_all<K>(api: &Api<K>, objects: impl Iterator<Item = K>, kind: &str) -> Result<(), String>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    futures::stream::iter(objects.map(|object| async move {
+        let name = object.meta().name.clone().unwrap_or_default();
+        api.create(&PostParams::default(), &object)
+            .await
+            .map(drop)
+            .map_err(|e| format!("{kind} {name}: {e}"))
     }))
     .buffer_unordered(16)
     .try_collect::<Vec<()>>()
-    .await?;
-    Ok(())
+    .await
+    .map(drop)
 }
 
 /// Removes what the bench created: its Nodes, the plans and slices (the bench refuses an API server

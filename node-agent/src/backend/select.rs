@@ -414,6 +414,20 @@ mod tests {
         )
     }
 
+    /// A recorded iptables fallback and one nftables candidate made by `factory`.
+    fn iptables_or_nftables(log: &Log, factory: Factory) -> Selector {
+        Selector::new(
+            Recorder::boxed(Backend::Iptables, log),
+            vec![Candidate {
+                backend: Backend::Nftables,
+                title: "nftables",
+                factory,
+                leftovers: None,
+                replaces: &[],
+            }],
+        )
+    }
+
     #[test]
     fn a_backend_found_missing_while_looking_for_leftovers_is_tried_once_more_when_wanted() {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -424,16 +438,7 @@ mod tests {
             counted.fetch_add(1, Ordering::SeqCst);
             Err(Error::FindNft("nft is not in $PATH".into()))
         });
-        let mut select = Selector::new(
-            Recorder::boxed(Backend::Iptables, &log),
-            vec![Candidate {
-                backend: Backend::Nftables,
-                title: "nftables",
-                factory,
-                leftovers: None,
-                replaces: &[],
-            }],
-        );
+        let mut select = iptables_or_nftables(&log, factory);
         sync(&mut select, Backend::Iptables);
         assert_eq!(
             tries.load(Ordering::SeqCst),
@@ -540,16 +545,7 @@ mod tests {
         let factory: Factory = Box::new(|| {
             Ok(Box::new(NftablesDataplane::new(FakeNft::new(), FixedAddrs::default())) as Box<dyn Dataplane>)
         });
-        let mut select = Selector::new(
-            Recorder::boxed(Backend::Iptables, &log),
-            vec![Candidate {
-                backend: Backend::Nftables,
-                title: "nftables",
-                factory,
-                leftovers: None,
-                replaces: &[],
-            }],
-        );
+        let mut select = iptables_or_nftables(&log, factory);
         let outcome = sync(&mut select, Backend::Nftables);
         assert_eq!(select.backend(), Backend::Nftables);
         assert!(outcome.rules > 0, "{outcome:?}");
