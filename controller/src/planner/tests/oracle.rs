@@ -259,3 +259,55 @@ fn a_recycled_pod_ip_gets_an_override_where_the_derived_on_node_would_be_wrong()
     let composed = planner.composed("node-a").unwrap().unwrap();
     assert_eq!(composed.spec.services, planner.oracle("node-a").unwrap());
 }
+
+#[test]
+fn only_answers_the_view_cannot_derive_are_kept_per_node() {
+    // A plain Service's hosting nodes differ from their zone's answer only in onNode (derived from the
+    // slot's hosts); an eTP=Local Service's hosting nodes also have Local endpoints: kept.
+    let plain = service("ns1", "plain", "10.96.0.1", |s| {
+        s.port("http", 80, "TCP");
+    });
+    let local = service("ns1", "local", "10.96.0.2", |s| {
+        s.type_("NodePort").node_port("http", 80, 30080);
+        s.spec_mut().external_traffic_policy = Some("Local".into());
+    });
+    let endpoints = || vec![endpoint("10.244.1.5", "node-a"), endpoint("10.244.2.5", "node-b")];
+    let snapshot = Snapshot {
+        services: vec![plain, local],
+        slices: vec![
+            slice("ns1", "plain", &[("http", 8080, "TCP")], endpoints()),
+            slice("ns1", "local", &[("http", 8080, "TCP")], endpoints()),
+        ],
+        nodes: super::super::fixtures::three_nodes(),
+    };
+    let planner = Planner::build(&snapshot, &config()).unwrap();
+    let kept = |service: &str| {
+        let mut nodes: Vec<&str> = planner
+            .slots
+            .values()
+            .filter(|slot| slot.service_key == service)
+            .flat_map(|slot| slot.special.keys().map(String::as_str))
+            .collect();
+        nodes.sort_unstable();
+        nodes
+    };
+    assert_eq!(kept("ns1/plain"), Vec::<&str>::new());
+    assert_eq!(kept("ns1/local"), ["node-a", "node-b"]);
+    for node in ["node-a", "node-b", "node-c"] {
+        let composed = planner.composed(node).unwrap().unwrap();
+        assert_eq!(composed.spec.services, planner.oracle(node).unwrap(), "{node}");
+        let on_node: Vec<&str> = composed
+            .spec
+            .services
+            .iter()
+            .filter(|e| e.name.starts_with("ns1/plain"))
+            .flat_map(|e| e.endpoints.iter().filter(|ep| ep.on_node).map(|ep| ep.ip.as_str()))
+            .collect();
+        let want: &[&str] = match node {
+            "node-a" => &["10.244.1.5"],
+            "node-b" => &["10.244.2.5"],
+            _ => &[],
+        };
+        assert_eq!(on_node, want, "{node}: the derived onNode flags");
+    }
+}
