@@ -164,49 +164,7 @@ fn init_logs(format: LogFormat) {
 }
 
 async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("using {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|error| anyhow::anyhow!(no_client_config(&error)))?,
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
-}
-
-/// What to do when no client configuration was found, in our words: kube's error nests the in-cluster
-/// and kubeconfig causes and repeats the last one.
-fn no_client_config(error: &kube::config::InferConfigError) -> String {
-    let kubeconfig = std::env::var("KUBECONFIG").ok().filter(|v| !v.is_empty());
-    let tried = match &kubeconfig {
-        Some(list) => format!("KUBECONFIG={list}"),
-        None => "~/.kube/config (KUBECONFIG is empty or not set)".to_owned(),
-    };
-    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    format!(
-        "no Kubernetes client configuration: {}; {tried} could not be used ({}). Pass --kubeconfig FILE \
-         or set KUBECONFIG",
-        if in_pod {
-            "the in-cluster configuration could not be read"
-        } else {
-            "not running in a pod"
-        },
-        innermost(error)
-    )
-}
-
-/// The last cause of an error chain (the one that says what actually failed).
-fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
+    Ok(switchyard_process::client(kubeconfig.as_deref()).await?)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -195,15 +195,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// No Kubernetes client configuration could be loaded (kubeconfig or in-cluster).
-    #[error("loading the Kubernetes client configuration{}: {source}", from.as_ref().map(|p| format!(" from {}", p.display())).unwrap_or_default())]
-    KubeConfig {
-        /// The kubeconfig file, when one was named.
-        from: Option<std::path::PathBuf>,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// No Kubernetes client could be made (kubeconfig or in-cluster); the shared edge words it.
+    #[error(transparent)]
+    KubeConfig(#[from] switchyard_process::Error),
     /// The API server did not answer at the address the kubelet gave, on a node with no plan cached
     /// (the message says what to configure).
     #[error("{0}")]

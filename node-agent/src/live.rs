@@ -51,26 +51,7 @@ pub enum PlanFrom {
 
 /// A Kubernetes client from a kubeconfig file, or inferred the way kubectl and client-go do.
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let failed = |source: kube::config::KubeconfigError| Error::KubeConfig {
-                from: Some(path.to_path_buf()),
-                source: source.into(),
-            };
-            let file = kube::config::Kubeconfig::read_from(path).map_err(failed)?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(failed)?
-        }
-        None => kube::Config::infer().await.map_err(|e| Error::KubeConfig {
-            from: None,
-            source: e.into(),
-        })?,
-    };
-    kube::Client::try_from(config).map_err(|e| Error::KubeConfig {
-        from: kubeconfig.map(Path::to_path_buf),
-        source: e.into(),
-    })
+    Ok(switchyard_process::client(kubeconfig).await?)
 }
 
 /// One read of `node`'s plan and its views' slices from the API server (for `explain`): the same

@@ -78,3 +78,60 @@ fn a_closed_pipe_ends_render_and_explain_quietly() {
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_missing_kubeconfig_is_said_once_in_plain_words() {
+    // The client edge is the controller's too (switchyard-process): same words, cause once.
+    for kubeconfig in [None, Some(""), Some("/nonexistent/kubeconfig")] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_switchyard-agent"));
+        command
+            .args([
+                "explain",
+                "--node",
+                "node-a",
+                "--to",
+                "10.96.0.1:80",
+                "--from",
+                "node",
+            ])
+            .env("HOME", "/nonexistent")
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        match kubeconfig {
+            Some(value) => command.env("KUBECONFIG", value),
+            None => command.env_remove("KUBECONFIG"),
+        };
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{kubeconfig:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: no Kubernetes client configuration: not running in a pod; "),
+            "{kubeconfig:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("Pass --kubeconfig FILE or set KUBECONFIG"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("in-cluster: ("), "kube's nesting: {stderr}");
+        assert!(!stderr.contains("'\""), "doubled quotes: {stderr}");
+        assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+        .args([
+            "explain",
+            "--node",
+            "node-a",
+            "--to",
+            "10.96.0.1:80",
+            "--from",
+            "node",
+        ])
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: the kubeconfig /nonexistent/kubeconfig could not be used"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+}

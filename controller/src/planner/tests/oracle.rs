@@ -301,7 +301,12 @@ fn only_answers_the_view_cannot_derive_are_kept_per_node() {
             .services
             .iter()
             .filter(|e| e.name.starts_with("ns1/plain"))
-            .flat_map(|e| e.endpoints.iter().filter(|ep| ep.on_node).map(|ep| ep.ip.as_str()))
+            .flat_map(|e| {
+                e.endpoints
+                    .iter()
+                    .filter(|ep| ep.on_node)
+                    .map(|ep| ep.ip.as_str())
+            })
             .collect();
         let want: &[&str] = match node {
             "node-a" => &["10.244.1.5"],
