@@ -33,6 +33,7 @@ pub mod testing;
 pub mod validate;
 #[cfg(feature = "runtime")]
 pub mod watch;
+pub mod words;
 pub mod yaml;
 
 pub use error::Error;

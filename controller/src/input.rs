@@ -15,7 +15,7 @@ use std::path::Path;
 
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::Value;
-use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
+use switchyard_api::{ForwardingSlice, NodeForwardingPlan, words};
 
 use crate::{Error, planner::Snapshot};
 
@@ -105,7 +105,10 @@ fn parse_documents(name: &str, text: &str) -> Result<Vec<Value>, Error> {
         };
     }
     parse_yaml(text).map_err(|e| {
-        error(switchyard_api::yaml::exceeded_limit(&e).unwrap_or_else(|| format!("invalid YAML: {e}")))
+        error(
+            switchyard_api::yaml::exceeded_limit(&e)
+                .unwrap_or_else(|| format!("invalid YAML: {}", words::yaml(&e))),
+        )
     })
 }
 
@@ -134,7 +137,7 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
             None => format!("{kind} {object}"),
         }
     };
-    let invalid = |what: String, e: serde_json::Error| Error::ParseInput {
+    let invalid = |what: String, e: String| Error::ParseInput {
         path: name.to_string(),
         message: format!("{at} ({what}): {e}"),
     };
@@ -168,33 +171,32 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
         "Service" => {
             let what = describe(&value);
             let object: Service =
-                serde_json::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
+                words::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
             loaded.snapshot.services.push(object);
         }
         "EndpointSlice" => {
             let what = describe(&value);
-            let object: EndpointSlice =
-                serde_json::from_value(with_api_version(value, "discovery.k8s.io/v1"))
-                    .map_err(|e| invalid(what, e))?;
+            let object: EndpointSlice = words::from_value(with_api_version(value, "discovery.k8s.io/v1"))
+                .map_err(|e| invalid(what, e))?;
             loaded.snapshot.slices.push(object);
         }
         "Node" => {
             let what = describe(&value);
             let object: Node =
-                serde_json::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
+                words::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
             loaded.snapshot.nodes.push(object);
         }
         "NodeForwardingPlan" => {
             let what = describe(&value);
             let object: NodeForwardingPlan =
-                serde_json::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
+                words::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
                     .map_err(|e| invalid(what, e))?;
             loaded.plans.push(object);
         }
         "ForwardingSlice" => {
             let what = describe(&value);
             let object: ForwardingSlice =
-                serde_json::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
+                words::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
                     .map_err(|e| invalid(what, e))?;
             loaded.forwarding_slices.push(object);
         }
@@ -348,7 +350,13 @@ items:
             (
                 "wrongtype.yaml",
                 "kind: List\nitems:\n- kind: Service\n  metadata: {name: s, namespace: n}\n  spec: {ports: [{port: abc}]}\n",
-                "wrongtype.yaml: document 1, items[0] (Service n/s)",
+                "wrongtype.yaml: document 1, items[0] (Service n/s): spec.ports[0].port: \"abc\" is the wrong kind \
+                 of value: it must be a whole number from -2147483648 to 2147483647",
+            ),
+            (
+                "twice.yaml",
+                "kind: Node\nmetadata: {name: a}\nmetadata: {name: b}\n",
+                "twice.yaml: invalid YAML: error: line 3 column 1: `metadata` is given twice in one mapping",
             ),
         ];
         for (name, text, want) in cases {

@@ -246,7 +246,7 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
                 "  nodeName: node-a\n",
                 "  nodeName: node-a\n  nodeName: node-b\n",
             ),
-            verdict: Verdict::Rejected("duplicate mapping key: nodeName"),
+            verdict: Verdict::Rejected("`nodeName` is given twice in one mapping"),
         },
         Case {
             name: "duplicate entry",
@@ -285,7 +285,7 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
                 "port: 65535\n",
                 "port: 65536\n",
             ),
-            verdict: Verdict::Rejected("invalid u16"),
+            verdict: Verdict::Rejected("this value does not fit: it must be a whole number from 0 to 65535"),
         },
         Case {
             name: "IPv4 endpoint in an IPv6 entry",
@@ -359,7 +359,7 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
                 true,
             ),
             verdict: Verdict::Rejected(
-                "ForwardingSlice all-0000: not a valid spec: more than 100000 entries",
+                "ForwardingSlice all-0000: not a valid spec: entries: more than 100000 entries",
             ),
         },
         Case {

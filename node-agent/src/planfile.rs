@@ -27,6 +27,7 @@ use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::value::RawValue;
 use switchyard_api::bounded;
 use switchyard_api::validate::MAX_NODE_NAME;
+use switchyard_api::words;
 use switchyard_api::yaml::MAX_PLAN_BYTES;
 use switchyard_api::{
     ForwardingSliceSpec, NodeForwardingPlanSpec, NodeForwardingPlanStatus, PlanSummary, ServicePlan,
@@ -166,39 +167,49 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
             // Every reading below would stop at the same limit.
             Some(limit) => return Err(limit),
             None if bounded::exceeded(&e.to_string()) => {
-                return Err(format!("not a valid NodeForwardingPlan object: {e}"));
+                return Err(format!(
+                    "not a valid NodeForwardingPlan object: {}",
+                    words::yaml(&e)
+                ));
             }
-            None => e.to_string(),
+            None => words::yaml(&e),
         },
     };
-    if let Ok(list) = serde_saphyr::from_str_with_options::<List>(text, yaml_options()) {
-        return Ok(list.items.into_iter().map(|o| o.spec).collect());
-    }
+    let list_error = match serde_saphyr::from_str_with_options::<List>(text, yaml_options()) {
+        Ok(list) => return Ok(list.items.into_iter().map(|o| o.spec).collect()),
+        Err(e) => words::yaml(&e),
+    };
     match serde_saphyr::from_multiple_with_options::<Option<NodeForwardingPlanSpec>>(text, yaml_options()) {
         Ok(specs) if specs.iter().any(Option::is_some) => Ok(specs.into_iter().flatten().collect()),
         Ok(_) => Err("no document".into()),
-        Err(spec_error) => Err(explain(text, &object_error, &spec_error.to_string())),
+        Err(spec_error) => Err(explain(
+            text,
+            &object_error,
+            &list_error,
+            &words::yaml(&spec_error),
+        )),
     }
 }
 
 fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
-    let object_error = match serde_json::from_str::<Object>(text) {
+    let object_error = match words::from_json::<Object>(text) {
         Ok(object) => return Ok(vec![object.spec]),
         // Every reading below would stop at the same list.
-        Err(e) if bounded::exceeded(&e.to_string()) => {
+        Err(e) if bounded::exceeded(&e) => {
             return Err(format!("not a valid NodeForwardingPlan object: {e}"));
         }
-        Err(e) => e.to_string(),
+        Err(e) => e,
     };
-    if let Ok(list) = serde_json::from_str::<List>(text) {
-        return Ok(list.items.into_iter().map(|o| o.spec).collect());
-    }
+    let list_error = match words::from_json::<List>(text) {
+        Ok(list) => return Ok(list.items.into_iter().map(|o| o.spec).collect()),
+        Err(e) => e,
+    };
     if let Ok(objects) = serde_json::from_str::<Vec<Object>>(text) {
         return Ok(objects.into_iter().map(|o| o.spec).collect());
     }
-    match serde_json::from_str::<NodeForwardingPlanSpec>(text) {
+    match words::from_json::<NodeForwardingPlanSpec>(text) {
         Ok(spec) => Ok(vec![spec]),
-        Err(spec_error) => Err(explain(text, &object_error, &spec_error.to_string())),
+        Err(spec_error) => Err(explain(text, &object_error, &list_error, &spec_error)),
     }
 }
 
@@ -211,12 +222,15 @@ fn parse_documents(text: &str) -> Result<PlanFile, String> {
     let mut found = Found::default();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
         for document in serde_json::Deserializer::from_str(text).into_iter::<&RawValue>() {
-            found.take(document.map_err(|e| format!("invalid JSON: {e}"))?)?;
+            found.take(document.map_err(|e| format!("invalid JSON: {}", words::plain(&e.to_string())))?)?;
         }
     } else {
         let documents =
             serde_saphyr::from_multiple_with_options::<Option<YamlDocument>>(text, yaml_options()).map_err(
-                |e| switchyard_api::yaml::exceeded_limit(&e).unwrap_or_else(|| format!("invalid YAML: {e}")),
+                |e| match switchyard_api::yaml::exceeded_limit(&e) {
+                    Some(limit) => limit,
+                    None => format!("invalid YAML: {}", words::yaml(&e)),
+                },
             )?;
         for document in documents.into_iter().flatten() {
             found.take(document)?;
@@ -325,8 +339,8 @@ impl<'a> Document for &'a RawValue {
         if self.get() == "null" {
             return Ok(None);
         }
-        let raw: RawDocument<'a> =
-            serde_json::from_str(self.get()).map_err(|e| format!("invalid JSON: {e}"))?;
+        let raw: RawDocument<'a> = serde_json::from_str(self.get())
+            .map_err(|e| format!("invalid JSON: {}", words::plain(&e.to_string())))?;
         Ok(Some(Parts {
             kind: raw.kind,
             name: raw.metadata.and_then(|m| m.name).unwrap_or_default(),
@@ -345,7 +359,7 @@ impl<'a> Document for &'a RawValue {
 }
 
 fn decode_json<T: DeserializeOwned>(spec: Option<&RawValue>) -> Result<T, String> {
-    serde_json::from_str(spec.map_or("null", RawValue::get)).map_err(|e| e.to_string())
+    words::from_json(spec.map_or("null", RawValue::get))
 }
 
 /// One YAML document (or List item), its spec read straight into the type its `kind` names: no generic
@@ -468,10 +482,16 @@ impl Document for YamlDocument {
 
 /// The error that matches what the file looks like: an object's when it has a `spec`, else a bare
 /// spec's.
-fn explain(text: &str, object_error: &str, spec_error: &str) -> String {
+/// The error of the reading the text looks meant for: a List (`kubectl get nfp -o yaml|json`, or
+/// `switchyard-controller plan --node N -o json`), an object, or a bare spec.
+fn explain(text: &str, object_error: &str, list_error: &str, spec_error: &str) -> String {
+    let looks_like_list =
+        text.contains("\nitems:") || text.starts_with("items:") || text.contains("\"items\"");
     let looks_like_object =
         text.contains("\nspec:") || text.starts_with("spec:") || text.contains("\"spec\"");
-    if looks_like_object {
+    if looks_like_list {
+        format!("not a valid List of NodeForwardingPlans: {list_error}")
+    } else if looks_like_object {
         format!("not a valid NodeForwardingPlan object: {object_error}")
     } else {
         format!("neither a NodeForwardingPlan object nor a bare spec: {spec_error}")
@@ -993,7 +1013,7 @@ mod tests {
             (
                 "duplicate YAML key",
                 good.replacen("    port: 80\n", "    port: 80\n    port: 81\n", 1),
-                Want::Refused("duplicate mapping key: port"),
+                Want::Refused("`port` is given twice in one mapping: each key may appear once"),
             ),
             (
                 "duplicate JSON key",
@@ -1013,7 +1033,9 @@ mod tests {
             (
                 "port 65536",
                 good.replacen("    port: 80\n", "    port: 65536\n", 1),
-                Want::Refused("invalid u16"),
+                Want::Refused(
+                    "port: 65536\n   |           ^ this value does not fit: it must be a whole number from 0 to 65535",
+                ),
             ),
             (
                 "nodePort 0",
@@ -1023,7 +1045,9 @@ mod tests {
             (
                 "endpoint port 65536",
                 good_json.replacen("\"port\":80,\"cluster\"", "\"port\":65536,\"cluster\"", 1),
-                Want::Refused("invalid value: integer `65536`, expected u16"),
+                Want::Refused(
+                    "spec.services[0].endpoints[0].port: 65536 is out of range: it must be a whole number from 0 to 65535",
+                ),
             ),
             (
                 "IPv4 endpoint in an IPv6 entry",
@@ -1046,7 +1070,9 @@ mod tests {
             (
                 "slice of 200,000 entries",
                 with_slice((0..200_000).map(good_entry).collect(), true),
-                Want::Refused("ForwardingSlice all-0000: not a valid spec: more than 100000 entries"),
+                Want::Refused(
+                    "ForwardingSlice all-0000: not a valid spec: entries: more than 100000 entries",
+                ),
             ),
             (
                 "slice entry with a 10 MB name",
