@@ -83,15 +83,9 @@ pub enum Error {
     /// No Kubernetes client could be built (kubeconfig or in-cluster config).
     #[error("connecting to the API server: {0}")]
     Connect(String),
-    /// The metrics and health server failed.
-    #[error("serving {addr}: {source}")]
-    Serve {
-        /// The address.
-        addr: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The metrics and health address could not be bound; the shared edge words it.
+    #[error(transparent)]
+    Serve(switchyard_process::Error),
 }
 
 impl Error {
@@ -110,7 +104,7 @@ impl Error {
             Self::GetNode { .. } => "get_node",
             Self::NotLeader => "not_leader",
             Self::Connect(_) => "connect",
-            Self::Serve { .. } => "serve",
+            Self::Serve(_) => "serve",
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 use switchyard_controller::{
     Config, audit,
@@ -16,6 +16,8 @@ use switchyard_controller::{
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
     planner::{Planner, SkipReason, problems, snapshot_problems},
 };
+use switchyard_process::http::parse_bind;
+use switchyard_process::{LogFormat, init_logging, shutdown_signal};
 
 #[derive(Parser)]
 #[command(
@@ -26,12 +28,6 @@ use switchyard_controller::{
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -52,7 +48,8 @@ enum Command {
         /// Namespace of the Lease.
         #[arg(long, env = "POD_NAMESPACE", default_value = "switchyard-system")]
         lease_namespace: String,
-        /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:10262).
+        /// Where to serve /metrics, /healthz and /readyz: `HOST:PORT`, or `:PORT` for every address of
+        /// both families (e.g. :10262).
         #[arg(long, value_parser = parse_bind)]
         metrics_bind: Option<SocketAddr>,
         /// Log format.
@@ -116,7 +113,7 @@ fn main() -> ExitCode {
             metrics_bind,
             log_format,
         } => {
-            init_logs(log_format);
+            init_logging(log_format);
             let config = match config.as_deref().map(Config::load).transpose() {
                 Ok(config) => config.unwrap_or_default(),
                 Err(error) => {
@@ -139,30 +136,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// `:10262` means every address.
-fn parse_bind(text: &str) -> Result<SocketAddr, String> {
-    let text = if text.starts_with(':') {
-        format!("0.0.0.0{text}")
-    } else {
-        text.to_string()
-    };
-    text.parse().map_err(|e| format!("{text}: {e}"))
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, not in a file or journald.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
     Ok(switchyard_process::client(kubeconfig.as_deref()).await?)
 }
@@ -176,8 +149,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn live(kubeconfig: Option<PathBuf>, options: Options) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
+        let shutdown = shutdown_signal()?;
         let client = client(kubeconfig).await?;
-        run(client, options, shutdown_signal(), None)
+        run(client, options, shutdown, None)
             .await
             .context("running the controller")
     })
@@ -261,22 +235,6 @@ fn print_stdout(text: &str) -> Result<(), ExitCode> {
             eprintln!("error: writing to standard output: {e}");
             Err(ExitCode::from(1))
         }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }
 

@@ -119,7 +119,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The async runtime or a signal handler could not be set up.
+    /// The async runtime could not be set up.
     #[error("starting the runtime: {0}")]
     StartRuntime(#[source] std::io::Error),
     /// The kernel has no usable IPVS (module missing and not loadable).
@@ -186,18 +186,15 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
-    /// The metrics and health address could not be bound.
-    #[error("serving /metrics, /healthz and /readyz on {addr}: {source}")]
-    BindMetrics {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The metrics and health address could not be bound; the shared edge words it.
+    #[error(transparent)]
+    BindMetrics(switchyard_process::Error),
+    /// The SIGTERM/SIGINT handlers could not be installed.
+    #[error(transparent)]
+    Signals(switchyard_process::Error),
     /// No Kubernetes client could be made (kubeconfig or in-cluster); the shared edge words it.
     #[error(transparent)]
-    KubeConfig(#[from] switchyard_process::Error),
+    KubeConfig(switchyard_process::Error),
     /// The API server did not answer at the address the kubelet gave, on a node with no plan cached
     /// (the message says what to configure).
     #[error("{0}")]
@@ -297,8 +294,9 @@ impl Error {
             Self::WriteCache { .. } => "write_cache",
             Self::ReadCache { .. } => "read_cache",
             Self::WriteStatusToApi { .. } => "write_status_to_api",
-            Self::BindMetrics { .. } => "bind_metrics",
-            Self::KubeConfig { .. } => "kube_config",
+            Self::BindMetrics(_) => "bind_metrics",
+            Self::Signals(_) => "signals",
+            Self::KubeConfig(_) => "kube_config",
             Self::ReachApiServer(_) => "reach_api_server",
             Self::FetchPlan { .. } => "fetch_plan",
             Self::NftTransaction { .. } => "nft_transaction",

@@ -51,7 +51,9 @@ pub enum PlanFrom {
 
 /// A Kubernetes client from a kubeconfig file, or inferred the way kubectl and client-go do.
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
-    Ok(switchyard_process::client(kubeconfig).await?)
+    switchyard_process::client(kubeconfig)
+        .await
+        .map_err(Error::KubeConfig)
 }
 
 /// One read of `node`'s plan and its views' slices from the API server (for `explain`): the same

@@ -20,7 +20,7 @@
 //! while they are read (`switchyard_api::bounded`), so no reading holds more than a plan may.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, de::DeserializeOwned};
@@ -597,20 +597,13 @@ pub fn status_yaml(status: &NodeForwardingPlanStatus) -> Result<String, Error> {
     serde_saphyr::to_string(status).map_err(Error::SerializeStatus)
 }
 
-/// Writes the status as YAML to `path` atomically (a temporary file in the same directory, renamed).
+/// Writes the status as YAML to `path` atomically and durably (`switchyard_process::write_atomic`).
 pub fn write_status(path: &Path, status: &NodeForwardingPlanStatus) -> Result<(), Error> {
     let yaml = status_yaml(status)?;
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "status".into());
-    let tmp: PathBuf = path.with_file_name(format!(".{file_name}.tmp"));
-    let fail = |source| Error::WriteStatus {
+    switchyard_process::write_atomic_bytes(path, yaml.as_bytes()).map_err(|source| Error::WriteStatus {
         path: path.to_path_buf(),
         source,
-    };
-    std::fs::write(&tmp, yaml).map_err(fail)?;
-    std::fs::rename(&tmp, path).map_err(fail)
+    })
 }
 
 #[cfg(test)]

@@ -320,7 +320,7 @@ impl Loop {
         if since.is_none()
             && let Some(path) = &marker
         {
-            match std::fs::write(path, grace::record(SystemTime::now())) {
+            match switchyard_process::write_atomic_bytes(path, grace::record(SystemTime::now()).as_bytes()) {
                 Ok(()) => self.deletion_recorded = true,
                 Err(error) => {
                     tracing::warn!(%error, path = %path.display(), "cannot record the deletion time; a restart would start the grace period again")

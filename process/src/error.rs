@@ -1,5 +1,6 @@
 //! What failed at a process edge.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// A failure of one of the shared process edges.
@@ -32,4 +33,15 @@ pub enum Error {
         /// The innermost cause, once.
         cause: String,
     },
+    /// `--metrics-bind` could not be bound (taken, or not an address of this host).
+    #[error("binding {addr} for /healthz, /readyz and /metrics: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The SIGTERM/SIGINT handlers could not be installed.
+    #[error("installing the SIGTERM and SIGINT handlers: {0}")]
+    Signals(#[source] std::io::Error),
 }

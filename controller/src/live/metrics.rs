@@ -1,4 +1,5 @@
-//! The controller's Prometheus metrics and its HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
+//! The controller's Prometheus metrics and what its HTTP endpoints answer (`/metrics`, `/healthz`,
+//! `/readyz`; served by `switchyard_process::http`).
 //!
 //! ```text
 //! engine / writer ─► Metrics (counters, gauges, histograms) ─► GET /metrics (OpenMetrics text)
@@ -13,12 +14,12 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
+use switchyard_process::http::{Endpoints, Probe};
 
 /// Label of per-kind counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -267,44 +268,33 @@ impl Health {
     }
 }
 
-#[derive(Clone)]
-struct AppState {
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
+/// What the controller answers on `--metrics-bind`.
+pub struct ControllerEndpoints {
+    /// The registry behind `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// The run loop's heartbeat and readiness.
+    pub health: Arc<Health>,
 }
 
-/// The HTTP router.
-pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
-    Router::new()
-        .route("/metrics", get(serve_metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(AppState { metrics, health })
-}
-
-async fn serve_metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render(),
-    )
-}
-
-async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.alive() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "run loop stalled\n")
+impl Endpoints for ControllerEndpoints {
+    fn healthz(&self) -> Probe {
+        if self.health.alive() {
+            Probe::text(true, "ok\n")
+        } else {
+            Probe::text(false, "run loop stalled\n")
+        }
     }
-}
 
-async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "initial sync not done\n")
+    fn readyz(&self) -> Probe {
+        if self.health.is_ready() {
+            Probe::text(true, "ready\n")
+        } else {
+            Probe::text(false, "initial sync not done\n")
+        }
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.render()
     }
 }
 

@@ -27,7 +27,7 @@ use super::{
     engine::{Engine, Input, ObjectRef, SuspectEmpty},
     events::{self, EventGate},
     leader::{self, Timing},
-    metrics::{Health, KindLabel, Metrics, ModeLabel, OutcomeLabel, ReasonLabel, router},
+    metrics::{ControllerEndpoints, Health, KindLabel, Metrics, ModeLabel, OutcomeLabel, ReasonLabel},
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
     watch as watches,
 };
@@ -106,19 +106,13 @@ pub async fn run(
     let health = Arc::new(Health::default());
     health.beat();
     if let Some(addr) = options.metrics_bind {
-        let listener = tokio::net::TcpListener::bind(addr)
+        let endpoints = ControllerEndpoints {
+            metrics: Arc::clone(&metrics),
+            health: Arc::clone(&health),
+        };
+        switchyard_process::http::serve(addr, Arc::new(endpoints))
             .await
-            .map_err(|source| Error::Serve {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let app = router(Arc::clone(&metrics), Arc::clone(&health));
-        tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
-                tracing::error!(%error, "metrics server stopped");
-            }
-        });
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            .map_err(Error::Serve)?;
     }
 
     let engine = Arc::new(Mutex::new(Engine::new(options.config.clone())));

@@ -108,26 +108,11 @@ pub fn write(path: &Path, set: &PlanSet) -> Result<(), Error> {
     {
         std::fs::create_dir_all(dir).map_err(fail)?;
     }
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "plan.yaml".into());
-    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
-    let file = std::fs::File::create(&tmp).map_err(fail)?;
-    let mut writer = std::io::BufWriter::new(file);
-    serde_json::to_writer(&mut writer, &list).map_err(|e| fail(std::io::Error::other(e)))?;
-    writer.write_all(b"\n").map_err(fail)?;
-    let file = writer.into_inner().map_err(|e| fail(e.into_error()))?;
-    file.sync_all().map_err(fail)?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(fail)?;
-    // The rename itself is durable only once the directory is synced.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && let Ok(dir) = std::fs::File::open(dir)
-    {
-        let _ = dir.sync_all();
-    }
-    Ok(())
+    switchyard_process::write_atomic(path, |writer| {
+        serde_json::to_writer(&mut *writer, &list).map_err(std::io::Error::other)?;
+        writer.write_all(b"\n")
+    })
+    .map_err(fail)
 }
 
 /// Reads the cache for `node`: `None` when there is no file; an error when it cannot be used.

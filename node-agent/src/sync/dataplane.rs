@@ -21,7 +21,7 @@ use crate::error::Error;
 /// One sync.
 #[derive(Debug, Clone, Copy)]
 pub struct SyncRequest<'a> {
-    /// The validated plan (the primary's header with every shard's entries).
+    /// The validated plan (its header with its views' slices composed in).
     pub spec: &'a Arc<NodeForwardingPlanSpec>,
     /// Indexes of entries that failed validation; they are not programmed.
     pub skip: &'a HashSet<usize>,

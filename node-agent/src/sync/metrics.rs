@@ -61,7 +61,7 @@ pub struct SyncMetrics {
     pub drift_repairs: Counter,
     /// Drift checks run.
     pub drift_checks: Counter,
-    /// Plans rejected whole (invalid, unreadable) or not applied (incomplete shards).
+    /// Plans rejected whole (invalid, unreadable, truncated) or not applied (views' slices incomplete).
     pub rejected_plans: Counter,
     /// Rules programmed after the last successful sync.
     pub rules: Gauge,
