@@ -1,11 +1,11 @@
 //! The `switchyard.io/v1alpha2` API shared by the controller and the agent.
 //!
 //! ```text
-//! Service ─┐                         ┌► ForwardingSlices (per view) ─┐
-//! EndpointSlice ─┼─► controller: plan() ─┤                              ├► agent: compose() ─► validate() ─► render() ─► kernel
-//! Node ────┘                         └► NodeForwardingPlan (per node) ┘                                              │
-//!                                            ▲                                                                      │
-//!                                            └──────────────── NodeForwardingPlanStatus ◄───────────────────────────┘
+//! Service ───────┐                                  ┌► ForwardingSlices (per view) ───┐
+//! EndpointSlice ─┼─► controller: Planner::build() ──┤                                 ├► agent: compose() ─► validate() ─► render() ─► kernel
+//! Node ──────────┘                                  └► NodeForwardingPlan (per node) ─┘                                              │
+//!                                                        ▲                                                                           │
+//!                                                        └──────────────── NodeForwardingPlanStatus ◄────────────────────────────────┘
 //! ```
 //!
 //! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`](mod@slice), [`status`]),

@@ -1,7 +1,7 @@
 //! The kustomize install surface under `config/`.
 //!
 //! Part (a) needs no tools: it parses every YAML file under `config/` and checks the invariants the
-//! design depends on — least-privilege RBAC (DESIGN.md §5), the admission policy that confines an agent
+//! design depends on — least-privilege RBAC (docs/design.md §5), the admission policy that confines an agent
 //! to its own node's plan status, what the agent DaemonSet and the controller Deployment must carry,
 //! the controller configuration, the IPVS overlay, and that no kustomization reads a file outside its
 //! own directory (kustomize's default load restrictions).
