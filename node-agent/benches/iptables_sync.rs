@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
-use switchyard_agent::iptables::exec::ExecIptables;
-use switchyard_agent::iptables::mode::Variant;
 use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
+use switchyard_agent::xtables::exec::ExecIptables;
+use switchyard_agent::xtables::mode::Variant;
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{

@@ -30,8 +30,6 @@ use switchyard_process::{LogFormat, init_logging};
 use crate::conntrack::CliConntrack;
 use crate::error::Error;
 use crate::host::{LocalAddrs, NetlinkAddrs};
-use crate::iptables::exec::ExecIptables;
-use crate::iptables::mode::IptablesMode;
 use crate::live::{PlanFrom, run_agent};
 use crate::planfile::{read_plan_file, status_yaml};
 use crate::run::RunConfig;
@@ -40,6 +38,8 @@ use crate::source::cache::cache_path;
 use crate::sync::{
     Composition, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
 };
+use crate::xtables::exec::ExecIptables;
+use crate::xtables::mode::IptablesMode;
 
 /// Exit status: the kernel refused the rules, or something failed at run time.
 pub const EXIT_FAILED: u8 = 1;
@@ -607,9 +607,9 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
     } else if let Some(local) = local {
         let family = switchyard_api::IpFamily::of(&packet.dest);
         let kernel = ExecIptables::detect(args.iptables_mode).and_then(|mut iptables| {
-            use crate::iptables::kernel::Iptables as _;
+            use crate::xtables::kernel::Iptables as _;
             let mut saves = Vec::new();
-            for table in [crate::iptables::Table::Nat, crate::iptables::Table::Filter] {
+            for table in [crate::xtables::Table::Nat, crate::xtables::Table::Filter] {
                 let mut text = String::new();
                 iptables.save_lines(family, table, &mut |line| {
                     text.push_str(line);

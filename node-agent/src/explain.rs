@@ -22,7 +22,8 @@ use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec, Protocol, Servic
 
 use crate::backend::HostFacts;
 use crate::error::Error;
-use crate::iptables::{Packet, Table, Trace, Tracer, Verdict, render};
+use crate::iptables::render;
+use crate::xtables::{Packet, Table, Trace, Tracer, Verdict};
 
 /// Exit status: the connection is forwarded to an endpoint.
 pub const EXIT_FORWARDED: u8 = 0;

@@ -18,14 +18,16 @@
 //!
 //! [`backend`] holds what the three backends share: the render context ([`backend::HostFacts`],
 //! [`backend::FamilyEnv`]), the sync scope and the selector; each backend module holds only its own
-//! render, kernel edge and dataplane; [`wiring`] puts the real edges of this host together (and what
-//! `render` prints). Dependencies point one way: backend ← iptables, nftables, ipvs ← wiring ← cli.
+//! render, kernel edge and dataplane; [`xtables`] is the iptables toolkit (kernel edge, save reader,
+//! restore text, tracer) that the iptables backend and the IPVS glue share, and nftables does not use;
+//! [`wiring`] puts the real edges of this host together (and what `render` prints). Dependencies point
+//! one way: backend, xtables ← iptables, nftables, ipvs ← wiring ← cli.
 //!
 //! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`], [`sync::status`],
 //! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
 //! edges, each a small trait with an in-memory fake (built only for tests: `cfg(test)` or the `testing`
-//! feature, which this crate's own tests turn on; the shipped binary has none): [`iptables::kernel::Iptables`] ([`iptables::exec`],
-//! `iptables::fake`), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
+//! feature, which this crate's own tests turn on; the shipped binary has none): [`xtables::kernel::Iptables`] ([`xtables::exec`],
+//! `xtables::fake`), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
 //! is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the
 //! long-running loop and [`live`] wires it to its plan source; [`explain`] answers, for one connection,
 //! what the plan (and with `--kernel` the installed rules) make the node do.
@@ -51,5 +53,6 @@ pub mod source;
 pub mod status_writer;
 pub mod sync;
 pub mod wiring;
+pub mod xtables;
 
 pub use error::{Error, Result};

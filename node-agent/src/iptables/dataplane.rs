@@ -28,17 +28,18 @@ use switchyard_api::{
 };
 
 use super::drift::{DriftSchedule, check_family, saved};
-use super::kernel::{Iptables, RestoreInput};
 use super::names;
-use super::payload::Table;
 use super::render::{jump_rules, large_cluster};
-use super::save::SavedTable;
 use super::stream::{PayloadJob, Programmed, StreamMode, Streamed};
 use crate::backend::{FamilyEnv, HostFacts, sync_scope};
+use crate::command::RestoreInput;
 use crate::error::Error;
 use crate::host::LocalAddrs;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status::{MAX_REASON, entry_label, short};
+use crate::xtables::cleanup::remove_owned;
+use crate::xtables::kernel::Iptables;
+use crate::xtables::payload::Table;
 
 /// Most entries one sync leaves out because the kernel refused their rules; each costs one more
 /// restore, and more than a few means something host-wide (a missing module) that isolating entries
@@ -412,51 +413,7 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
 
     fn cleanup(&mut self) -> Result<Cleanup, Error> {
         self.forget();
-        let mut cleanup = Cleanup::default();
-        for family in [IpFamily::IPv4, IpFamily::IPv6] {
-            let mut tables = Vec::new();
-            for table in [Table::Nat, Table::Filter] {
-                let mut saved = SavedTable::default();
-                match self
-                    .iptables
-                    .save_lines(family, table, &mut |line| saved.feed(line))
-                {
-                    Ok(()) => tables.push((table, saved)),
-                    Err(e) if family == IpFamily::IPv6 => {
-                        // A host without IPv6 netfilter has nothing of ours there.
-                        tracing::warn!(error = %e, "skipping IPv6 cleanup");
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            for (table, saved) in &tables {
-                for jump in &saved.jumps {
-                    if self
-                        .iptables
-                        .delete_rule(family, *table, jump.chain, &jump.args)?
-                    {
-                        cleanup.jumps += 1;
-                    }
-                }
-            }
-            for (table, saved) in &tables {
-                if saved.owned.is_empty() {
-                    continue;
-                }
-                let mut payload = format!("*{table}\n");
-                for name in saved.owned.keys() {
-                    payload.push_str(&format!(":{name} - [0:0]\n"));
-                }
-                for name in saved.owned.keys() {
-                    payload.push_str(&format!("-X {name}\n"));
-                }
-                payload.push_str("COMMIT\n");
-                self.iptables.restore(family, &mut payload)?;
-                cleanup.objects += saved.owned.len();
-            }
-        }
-        Ok(cleanup)
+        remove_owned(&mut self.iptables)
     }
 
     fn forget(&mut self) {
@@ -516,7 +473,7 @@ mod tests {
     #[test]
     fn between_whole_table_checks_the_top_level_chains_and_jumps_are_still_checked() {
         use crate::host::FixedAddrs;
-        use crate::iptables::fake::FakeIptables;
+        use crate::xtables::fake::FakeIptables;
         let local: Vec<std::net::IpAddr> = vec!["192.168.10.11".parse().unwrap()];
         let fake = FakeIptables::new(&local);
         let mut dp = IptablesDataplane::new(fake.clone(), FixedAddrs(local), HostFacts::default());

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use switchyard_api::IpFamily;
 
-use super::kernel::Iptables;
-use super::payload::Table;
 use super::render::jump_rules;
-use super::save::SavedTable;
 use super::stream::Programmed;
 use crate::error::Error;
 use crate::sync::dataplane::DriftReasons;
+use crate::xtables::kernel::Iptables;
+use crate::xtables::payload::Table;
+use crate::xtables::save::SavedTable;
 
 /// A whole-table drift check cheaper than this runs on every check.
 const WHOLE_CHECK_ALWAYS_BELOW: Duration = Duration::from_millis(200);

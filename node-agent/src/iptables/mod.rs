@@ -1,20 +1,21 @@
-//! The iptables backend: plan → rules → `iptables-restore` text (pure), the kernel edge, and the
-//! [`crate::sync::Dataplane`] that ties them together.
+//! The iptables backend: plan → rules → `iptables-restore` text (pure), and the
+//! [`crate::sync::Dataplane`] that applies it through the iptables toolkit ([`crate::xtables`]: the
+//! kernel edge, save reader, restore text, packet tracer), which the IPVS glue uses too.
 //!
 //! ```text
 //! NodeForwardingPlanSpec ─┐                         ┌─► full_payload() / partial_payload()   (render, tests)
 //! HostFacts ──────────────┼─► render() ─► Ruleset ──┤
 //! family, skipped entries ┘                         └─► Tracer::from_ruleset() ─► trace(packet)
 //!
-//! dataplane::IptablesDataplane ─► stream::PayloadJob (render_selected, streamed) ─► kernel::Iptables
-//!        ▲ drift (check_drift) / cleanup ◄── save::SavedTable ◄── iptables-save           ├─ exec::ExecIptables
-//!        │                                                                         └─ fake::FakeIptables
-//!        └─ mode: iptables-nft or iptables-legacy, as the host uses it
+//! dataplane::IptablesDataplane ─► stream::PayloadJob (render_selected, streamed) ─► xtables::kernel::Iptables
+//!        ▲ drift (check_drift) / cleanup ◄── xtables::save::SavedTable ◄── iptables-save   ├─ xtables::exec
+//!        │                                                                         └─ xtables::fake
+//!        └─ xtables::mode: iptables-nft or iptables-legacy, as the host uses it
 //! ```
 //!
 //! # Ownership contract
 //!
-//! Every chain we write starts with `SWYD-` ([`names::PREFIX`]); nothing else on the host is touched
+//! Every chain we write starts with `SWYD-` ([`crate::xtables::chains::PREFIX`]); nothing else on the host is touched
 //! except the jump rules from built-in chains listed by [`jump_rules`], which `cleanup` removes again.
 //! A restore declares (and so flushes) only our chains, with `--noflush`, so other users' rules in the
 //! same tables survive every sync.
@@ -38,19 +39,11 @@
 
 pub mod dataplane;
 mod drift;
-pub mod exec;
-#[cfg(any(test, feature = "testing"))]
-pub mod fake;
-pub mod kernel;
-pub mod mode;
 pub mod names;
-pub mod payload;
 pub mod render;
-pub mod save;
+pub mod ruleset;
 pub mod stream;
-pub mod text;
-pub mod tracer;
+mod trace;
 
-pub use payload::{Chain, Ruleset, RulesetDigest, ServiceChains, Table};
-pub use render::{JumpRule, jump_rules, probability, render, render_each, render_groups, render_selected};
-pub use tracer::{Branch, Packet, Trace, Tracer, Verdict};
+pub use render::{jump_rules, probability, render, render_each, render_groups, render_selected};
+pub use ruleset::{Ruleset, RulesetDigest, ServiceChains};

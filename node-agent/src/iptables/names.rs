@@ -12,26 +12,12 @@
 
 use sha2::{Digest, Sha256};
 
-/// The prefix of every chain the agent owns; nothing outside it is ever touched.
-pub const PREFIX: &str = "SWYD-";
-
-/// nat and filter: ClusterIP/externalIP/LB dispatch (nat) and no-endpoint verdicts (filter).
-pub const SERVICES: &str = "SWYD-SERVICES";
-/// filter: verdicts for external destinations without (local) endpoints.
-pub const EXTERNAL_SERVICES: &str = "SWYD-EXTERNAL-SERVICES";
-/// filter: accepts marked and established forwarded traffic.
-pub const FORWARD: &str = "SWYD-FORWARD";
-/// nat: NodePort dispatch; filter: health-check node port ACCEPTs.
-pub const NODEPORTS: &str = "SWYD-NODEPORTS";
-/// filter: drops LoadBalancer traffic that no `loadBalancerSourceRanges` entry allowed.
-pub const PROXY_FIREWALL: &str = "SWYD-PROXY-FIREWALL";
-/// nat: masquerades marked traffic.
-pub const POSTROUTING: &str = "SWYD-POSTROUTING";
-/// nat: sets the masquerade mark.
-pub const MARK_MASQ: &str = "SWYD-MARK-MASQ";
-/// nat and filter: an empty chain written only by full syncs; when it is missing, someone removed our
-/// chains (a firewall reload, `iptables -X`) and the edge must run a full sync.
-pub const CANARY: &str = "SWYD-CANARY";
+// The fixed chains are the toolkit's (the IPVS glue owns them too); re-exported so the render and its
+// readers find every chain name here.
+pub use crate::xtables::chains::{
+    CANARY, EXTERNAL_SERVICES, FORWARD, MARK_MASQ, MAX_CHAIN_LEN, NODEPORTS, POSTROUTING, PREFIX,
+    PROXY_FIREWALL, SERVICES,
+};
 
 /// Prefix of the Cluster-policy endpoint dispatch chain.
 pub const SVC_PREFIX: &str = "SWYD-SVC-";
@@ -43,9 +29,6 @@ pub const EXT_PREFIX: &str = "SWYD-EXT-";
 pub const FW_PREFIX: &str = "SWYD-FW-";
 /// Prefix of the per-endpoint DNAT chain.
 pub const SEP_PREFIX: &str = "SWYD-SEP-";
-
-/// The longest chain name iptables accepts.
-pub const MAX_CHAIN_LEN: usize = 28;
 
 const HASH_LEN: usize = 16;
 

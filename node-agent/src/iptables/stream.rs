@@ -55,9 +55,11 @@ use std::sync::Arc;
 use switchyard_api::{EntryKey, IpFamily, NodeForwardingPlanSpec, ServicePlan};
 
 use super::names;
-use super::payload::{Chain, ServiceChains, Table, write_declaration, write_rules};
-use super::render::{JumpRule, render_each, render_groups, render_selected};
+use super::render::{render_each, render_groups, render_selected};
+use super::ruleset::ServiceChains;
 use crate::backend::HostFacts;
+use crate::xtables::jumps::JumpRule;
+use crate::xtables::payload::{Chain, Table, write_declaration, write_rules};
 
 /// One entry's chains with their rule counts, shared so partial syncs carry unchanged entries over.
 pub type GroupChains = Arc<[(String, usize)]>;
@@ -465,7 +467,8 @@ impl PayloadJob<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iptables::{Tracer, render};
+    use crate::iptables::render;
+    use crate::xtables::Tracer;
     use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, plan};
 
     /// Endpoints on the node keep a SEP chain (hairpin), so the partial sync has stale SEP chains to

@@ -37,14 +37,15 @@ use super::sets::{self, SavedSet, SavedSets, SetId, ip_port};
 use super::sysctl::{Sysctls, wanted};
 use crate::backend::HostFacts;
 use crate::error::Error;
-use crate::host::{FixedAddrs, LocalAddrs};
-use crate::iptables::dataplane::IptablesDataplane;
-use crate::iptables::kernel::Iptables;
-use crate::iptables::save::SavedTable;
-use crate::iptables::{JumpRule, Table};
+use crate::host::LocalAddrs;
 use crate::sync::Clock;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status::{MAX_REASON, entry_label, short};
+use crate::xtables::cleanup::remove_owned;
+use crate::xtables::jumps::JumpRule;
+use crate::xtables::kernel::Iptables;
+use crate::xtables::payload::Table;
+use crate::xtables::save::SavedTable;
 
 /// The kernel edges IPVS mode drives.
 pub struct IpvsEdges<I> {
@@ -543,10 +544,9 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         // The glue is SWYD chains and jump rules like the iptables backend's: its cleanup removes both.
         // It runs between the two halves: the sets it matches can only go once no rule refers to them.
         let edges = &mut self.edges;
-        let iptables = edges.iptables.clone();
         let (services, chains, rest) =
             remove_objects(&mut *edges.ipvs, &mut *edges.ipsets, &mut *edges.dummy, || {
-                IptablesDataplane::new(iptables, FixedAddrs::default(), HostFacts::default()).cleanup()
+                remove_owned(&mut edges.iptables)
             })?;
         Ok(Cleanup {
             jumps: chains.jumps,

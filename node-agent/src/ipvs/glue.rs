@@ -27,10 +27,11 @@ use std::collections::BTreeSet;
 use switchyard_api::IpFamily;
 
 use super::sets::SetId;
-use crate::iptables::names;
-use crate::iptables::render::JumpRow;
-use crate::iptables::text::quote_args;
-use crate::iptables::{Chain, JumpRule, Table};
+use crate::xtables::chains;
+use crate::xtables::jumps::JumpRow;
+use crate::xtables::jumps::JumpRule;
+use crate::xtables::payload::{Chain, Table};
+use crate::xtables::text::quote_args;
 
 /// nat: LoadBalancer traffic, masqueraded unless its policy is Local.
 pub const LOAD_BALANCER: &str = "SWYD-LOAD-BALANCER";
@@ -82,17 +83,17 @@ impl Glue {
 pub fn owned_chains(table: Table) -> BTreeSet<&'static str> {
     match table {
         Table::Filter => BTreeSet::from([
-            names::FORWARD,
-            names::NODEPORTS,
-            names::PROXY_FIREWALL,
+            chains::FORWARD,
+            chains::NODEPORTS,
+            chains::PROXY_FIREWALL,
             SOURCE_RANGES_FIREWALL,
             IPVS_FILTER,
         ]),
         Table::Nat => BTreeSet::from([
-            names::SERVICES,
-            names::POSTROUTING,
+            chains::SERVICES,
+            chains::POSTROUTING,
             LOAD_BALANCER,
-            names::MARK_MASQ,
+            chains::MARK_MASQ,
         ]),
     }
 }
@@ -116,7 +117,7 @@ fn chain(name: &str, rules: Vec<String>) -> Chain {
 pub fn glue(family: IpFamily, settings: &GlueSettings) -> Glue {
     let set = |id: SetId, dims: &str| set_match(id, family, dims);
     let mark = format!("{:#x}", settings.mark);
-    let masq = names::MARK_MASQ;
+    let masq = chains::MARK_MASQ;
 
     let mut services = vec![format!(
         "{} {} -j {LOAD_BALANCER}",
@@ -243,17 +244,17 @@ pub fn glue(family: IpFamily, settings: &GlueSettings) -> Glue {
 
     Glue {
         filter: vec![
-            chain(names::FORWARD, forward),
-            chain(names::NODEPORTS, nodeports),
-            chain(names::PROXY_FIREWALL, firewall),
+            chain(chains::FORWARD, forward),
+            chain(chains::NODEPORTS, nodeports),
+            chain(chains::PROXY_FIREWALL, firewall),
             chain(SOURCE_RANGES_FIREWALL, source_ranges),
             chain(IPVS_FILTER, filter_rules),
         ],
         nat: vec![
-            chain(names::SERVICES, services),
+            chain(chains::SERVICES, services),
             chain(LOAD_BALANCER, load_balancer),
-            chain(names::POSTROUTING, postrouting),
-            chain(names::MARK_MASQ, vec![format!("-j MARK --or-mark {mark}")]),
+            chain(chains::POSTROUTING, postrouting),
+            chain(chains::MARK_MASQ, vec![format!("-j MARK --or-mark {mark}")]),
         ],
     }
 }
@@ -261,18 +262,18 @@ pub fn glue(family: IpFamily, settings: &GlueSettings) -> Glue {
 /// The jump rules from built-in chains into the glue, in the order they are prepended (the last of a
 /// chain ends up first). Those shared with the iptables backend carry its exact comments.
 pub fn jump_rules(family: IpFamily) -> Vec<JumpRule> {
-    use crate::iptables::render::NEW_CONNECTIONS as NEW;
-    use crate::iptables::render::jump_comments::{FIREWALL, FORWARDING, HEALTH, PORTALS, POSTROUTING};
+    use crate::xtables::jumps::NEW_CONNECTIONS as NEW;
+    use crate::xtables::jumps::jump_comments::{FIREWALL, FORWARDING, HEALTH, PORTALS, POSTROUTING};
     use Table::{Filter, Nat};
     const ROWS: [JumpRow; 8] = [
         (Filter, "INPUT", IPVS_FILTER, &[], "switchyard ipvs access filter"),
-        (Filter, "INPUT", names::NODEPORTS, &[], HEALTH),
-        (Filter, "FORWARD", names::FORWARD, &[], FORWARDING),
-        (Filter, "INPUT", names::PROXY_FIREWALL, NEW, FIREWALL),
-        (Filter, "FORWARD", names::PROXY_FIREWALL, NEW, FIREWALL),
-        (Nat, "OUTPUT", names::SERVICES, &[], PORTALS),
-        (Nat, "PREROUTING", names::SERVICES, &[], PORTALS),
-        (Nat, "POSTROUTING", names::POSTROUTING, &[], POSTROUTING),
+        (Filter, "INPUT", chains::NODEPORTS, &[], HEALTH),
+        (Filter, "FORWARD", chains::FORWARD, &[], FORWARDING),
+        (Filter, "INPUT", chains::PROXY_FIREWALL, NEW, FIREWALL),
+        (Filter, "FORWARD", chains::PROXY_FIREWALL, NEW, FIREWALL),
+        (Nat, "OUTPUT", chains::SERVICES, &[], PORTALS),
+        (Nat, "PREROUTING", chains::SERVICES, &[], PORTALS),
+        (Nat, "POSTROUTING", chains::POSTROUTING, &[], POSTROUTING),
     ];
     JumpRule::from_rows(family, &ROWS)
 }

@@ -9,7 +9,7 @@
 //!        │                                                                          └─ fake::FakeIpvs
 //!        ├─► ipset::Ipsets (ipset restore batches)        ExecIpsets │ FakeIpsets
 //!        ├─► dummy::ServiceAddrs (swyd-ipvs0, rtnetlink)   NetlinkDummy │ FakeDummy
-//!        ├─► iptables::kernel::Iptables (the glue)         ExecIptables │ iptables::fake::FakeIptables
+//!        ├─► xtables::kernel::Iptables (the glue)          ExecIptables │ xtables::fake::FakeIptables
 //!        └─► sysctl::Sysctls                               ProcSysctls │ FakeSysctls
 //! Chosen per plan by crate::backend::Selector (iptables where the kernel has no IPVS); the real edges
 //! are wired in crate::wiring::host.

@@ -26,8 +26,8 @@ use super::names::TABLE;
 use super::netlink::NftNetlink;
 use super::transaction::{Op, Transaction};
 use crate::command;
+use crate::command::context_lines;
 use crate::error::Error;
-use crate::iptables::kernel::context_lines;
 
 /// The `nft` CLI plus a netlink socket.
 #[derive(Debug)]

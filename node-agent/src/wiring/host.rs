@@ -27,8 +27,6 @@ use crate::host::{
     supports_random_fully,
 };
 use crate::iptables::dataplane::IptablesDataplane;
-use crate::iptables::exec::ExecIptables;
-use crate::iptables::mode::{IptablesMode, Variant};
 use crate::ipvs::dataplane::{IpvsConfig, IpvsDataplane, IpvsEdges, remove_objects};
 use crate::ipvs::dummy::{INTERFACE, NetlinkDummy, ServiceAddrs};
 use crate::ipvs::ipset::ExecIpsets;
@@ -39,6 +37,8 @@ use crate::nftables::dataplane::NftablesDataplane;
 use crate::nftables::exec::ExecNft;
 use crate::sync::dataplane::{Cleanup, Dataplane};
 use crate::sync::{Clock, SystemClock};
+use crate::xtables::exec::ExecIptables;
+use crate::xtables::mode::{IptablesMode, Variant};
 
 /// What `iptables --version` says on this host (`None` without iptables).
 pub fn iptables_version() -> Option<String> {
@@ -184,7 +184,7 @@ pub type CleanupReport = (String, Result<String, Error>);
 fn holds_ours(variant: Variant) -> bool {
     ["iptables", "ip6tables"].iter().any(|binary| {
         let mut save = std::process::Command::new(format!("{binary}-{variant}-save"));
-        stdout_of(&mut save).is_ok_and(|text| text.contains(crate::iptables::names::PREFIX))
+        stdout_of(&mut save).is_ok_and(|text| text.contains(crate::xtables::chains::PREFIX))
     })
 }
 

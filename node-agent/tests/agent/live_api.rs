@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use http::Method;
-use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::run::grace::GracePeriod;
 use switchyard_agent::status_writer::WriterConfig;
+use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::conditions::{APPLIED, reasons, status};
 use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, live_plan, plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec};

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::metrics::{LiveMetrics, registry};
 use switchyard_agent::run::Wiring;
 use switchyard_agent::run::grace::GracePeriod;
@@ -14,6 +13,7 @@ use switchyard_agent::run::health::AgentHealth;
 use switchyard_agent::source::file::FileSource;
 use switchyard_agent::status_writer::{self, StatusReport, WriterConfig};
 use switchyard_agent::sync::{FakeClock, SyncMetrics};
+use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::testing::{EntryExt, entry, ep, live_plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlan, NodeForwardingPlanStatus, ObservedSlices};
 use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind};

@@ -11,13 +11,13 @@ use serde_json::{Value, json};
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
-use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::metrics::LiveMetrics;
 use switchyard_agent::run::grace::GracePeriod;
 use switchyard_agent::run::{RunConfig, Running, Wiring, run};
 use switchyard_agent::source::api::ApiSource;
 use switchyard_agent::status_writer::{self, WriterConfig};
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
+use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW};
 use switchyard_api::{
     ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec,

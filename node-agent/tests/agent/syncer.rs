@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_agent::conntrack::{Flow, Tuple};
-use switchyard_agent::iptables::{Table, names};
+use switchyard_agent::iptables::names;
 use switchyard_agent::sync::SyncResult;
+use switchyard_agent::xtables::Table;
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status};
 use switchyard_api::status::MAX_LISTED_FAILURES;
 use switchyard_api::testing::{EntryExt, entry, ep, finish, live_plan, slice};

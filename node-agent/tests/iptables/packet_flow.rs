@@ -1,7 +1,8 @@
 //! Packet-flow tables through the tracer, after kube-proxy's `runPacketFlowTests`: what happens to the
 //! first packet of a connection, not which rules say so.
 
-use switchyard_agent::iptables::{Packet, Tracer, Verdict, render};
+use switchyard_agent::iptables::render;
+use switchyard_agent::xtables::{Packet, Tracer, Verdict};
 use switchyard_api::testing::{EntryExt, entry, ep, plan};
 use switchyard_api::{IpFamily, Protocol};
 

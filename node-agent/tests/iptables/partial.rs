@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use switchyard_agent::iptables::{Ruleset, Table, Tracer, names};
+use switchyard_agent::iptables::{Ruleset, names};
+use switchyard_agent::xtables::{Table, Tracer};
 use switchyard_api::EntryKey;
 use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, plan};
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};

@@ -6,7 +6,8 @@ use std::collections::{BTreeSet, HashSet};
 
 use proptest::prelude::*;
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::iptables::{Packet, Tracer, Verdict, names, render};
+use switchyard_agent::iptables::{names, render};
+use switchyard_agent::xtables::{Packet, Tracer, Verdict};
 use switchyard_api::testing::{finish, plan};
 use switchyard_api::validate::validate;
 use switchyard_api::{IpFamily, PlanEndpoint, Protocol, ServicePlan, TrafficPolicy};

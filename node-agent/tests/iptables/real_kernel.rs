@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use switchyard_agent::iptables::{Tracer, jump_rules, names};
+use switchyard_agent::iptables::{jump_rules, names};
+use switchyard_agent::xtables::Tracer;
 use switchyard_api::IpFamily;
 use switchyard_api::testing::{EntryExt, entry, ep, finish};
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::host::FixedAddrs;
-use switchyard_agent::iptables::fake::FakeIptables;
 use switchyard_agent::ipvs::dummy::FakeDummy;
 use switchyard_agent::ipvs::fake::FakeIpvs;
 use switchyard_agent::ipvs::ipset::FakeIpsets;
@@ -16,6 +15,7 @@ use switchyard_agent::ipvs::sysctl::FakeSysctls;
 use switchyard_agent::ipvs::{IpvsConfig, IpvsDataplane, IpvsEdges};
 use switchyard_agent::sync::FakeClock;
 use switchyard_agent::sync::dataplane::{Dataplane, SyncOutcome, SyncRequest};
+use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::{NodeForwardingPlanSpec, Protocol};
 
 use crate::fixtures::local_addrs;

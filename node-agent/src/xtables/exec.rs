@@ -17,10 +17,11 @@ use std::thread::JoinHandle;
 
 use switchyard_api::IpFamily;
 
-use super::kernel::{Iptables, RestoreInput, context_lines, failing_line};
+use super::kernel::{Iptables, failing_line};
 use super::mode::{IptablesMode, Variant, choose};
 use super::payload::Table;
 use crate::command::{self, describe, find_in_path};
+use crate::command::{RestoreInput, context_lines};
 use crate::error::Error;
 
 /// Seconds to wait for the xtables lock.

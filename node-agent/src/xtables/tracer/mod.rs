@@ -2,10 +2,10 @@
 //! --noflush` does and traces packets through the result, kube-proxy `tracePacket` style.
 //!
 //! ```text
-//! jump_rules(family) ─► built-in chains ─┐
-//! Ruleset::*_payload() ─► restore() ─────┼─► Tracer (tables, chains, parsed rules)
-//!                                        │
-//! Packet {src, proto, dst, dport} ───────┴─► trace() ─► Trace { branches: [verdict, masquerade, p] }
+//! with_jumps(family, jumps) ─► built-in chains ─┐
+//! restore payloads ─► restore() ────────────────┼─► Tracer (tables, chains, parsed rules)
+//!                                               │
+//! Packet {src, proto, dst, dport} ──────────────┴─► trace() ─► Trace { branches: [verdict, masquerade, p] }
 //!
 //!   src LOCAL?  no ─► nat PREROUTING ─► dst LOCAL? yes ─► filter INPUT
 //!                                                  no ─► filter FORWARD ─► nat POSTROUTING
@@ -39,9 +39,9 @@ use std::net::IpAddr;
 
 use switchyard_api::IpFamily;
 
-use super::names::MAX_CHAIN_LEN;
-use super::payload::{Ruleset, Table};
-use super::render::jump_rules;
+use super::chains::MAX_CHAIN_LEN;
+use super::jumps::JumpRule;
+use super::payload::Table;
 use super::text::{built_in_chains, is_built_in, quote_args, tokenize};
 use crate::error::Error;
 
@@ -60,12 +60,12 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Built-in chains holding our jump rules (prepended in [`jump_rules`] order, as the edge does), and
-    /// nothing else. `local_addrs` are the node's addresses (`--src-type`/`--dst-type LOCAL`); loopback
-    /// addresses are always local.
-    pub fn new(family: IpFamily, local_addrs: &[IpAddr]) -> Result<Self, Error> {
+    /// Built-in chains holding `jumps` (prepended in list order, as the edge does), and nothing else.
+    /// `local_addrs` are the node's addresses (`--src-type`/`--dst-type LOCAL`); loopback addresses are
+    /// always local. The iptables backend's `Tracer::new` passes its own jump rules.
+    pub fn with_jumps(family: IpFamily, local_addrs: &[IpAddr], jumps: &[JumpRule]) -> Result<Self, Error> {
         let mut tracer = Self::empty(family, local_addrs);
-        for jump in jump_rules(family) {
+        for jump in jumps {
             let rule = Rule::parse(&jump.args, quote_args(&jump.args))
                 .map_err(|reason| Error::ModelRestore { line: 0, reason })?;
             if let Some(chain) = tracer
@@ -217,13 +217,6 @@ impl Tracer {
 
     fn rules_of(&self, table: Table, chain: &str) -> Option<&Vec<Rule>> {
         self.tables.get(&table).and_then(|t| t.get(chain))
-    }
-
-    /// [`Tracer::new`] with `ruleset`'s full payload restored.
-    pub fn from_ruleset(ruleset: &Ruleset, local_addrs: &[IpAddr]) -> Result<Self, Error> {
-        let mut tracer = Self::new(ruleset.family(), local_addrs)?;
-        tracer.restore(&ruleset.full_payload())?;
-        Ok(tracer)
     }
 
     /// Applies an `iptables-restore --noflush` payload. Each table is applied atomically at its COMMIT;

@@ -16,9 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use switchyard_api::IpFamily;
 
-use super::kernel::{Iptables, RestoreInput, context_lines};
+use super::kernel::Iptables;
 use super::payload::Table;
 use super::tracer::Tracer;
+use crate::command::{RestoreInput, context_lines};
 use crate::error::Error;
 
 /// Payloads kept for inspection (the most recent ones).

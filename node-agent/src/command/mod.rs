@@ -5,6 +5,13 @@
 //! Command ─► output() ─► Ok(Output) (any exit status) ─► expect_success() ─► Ok(stdout) | Error::CommandFailed
 //!                    └─► Error::RunCommand (not found, not executable, I/O)
 //! ```
+//!
+//! Tools that read a long text on stdin (`iptables-restore`, `nft -f`) take a [`RestoreInput`], and
+//! their failures show the lines around the failing one ([`context_lines`]).
+
+mod input;
+
+pub use input::{CONTEXT_LINES, RestoreInput, context_lines};
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -11,7 +11,7 @@ use switchyard_api::{IpFamily, Protocol};
 use super::Tracer;
 use super::rule::{Match, Rule, Target};
 use crate::error::Error;
-use crate::iptables::payload::Table;
+use crate::xtables::payload::Table;
 
 /// Deepest chain nesting followed before giving up (the kernel allows loops nowhere; this guards the
 /// model against a payload that would make it recurse forever).
