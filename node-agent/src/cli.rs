@@ -550,7 +550,7 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
         }
     };
     let local = if args.kernel {
-        match NetlinkAddrs.local_addrs() {
+        match crate::wiring::explain::local_addrs() {
             Ok(local) => Some(local),
             Err(e) => return fail(EXIT_FAILED, &e),
         }
@@ -562,66 +562,17 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             Ok(answer) => answer,
             Err(e) => return fail(EXIT_USAGE, &e),
         };
-    if let Some(local) = local.as_ref().filter(|_| spec.backend == Backend::Nftables) {
-        use crate::nftables::kernel::Nft as _;
-        let family = switchyard_api::IpFamily::of(&packet.dest);
-        let facts = crate::backend::HostFacts::default().with_local_addrs(local.clone());
-        let found = crate::nftables::exec::ExecNft::detect().and_then(|mut nft| nft.read(family));
-        match found {
-            Ok(found) => explain::nft_kernel(&spec, &mut explanation, &packet, &facts, found.as_ref()),
-            Err(e) => return fail(EXIT_FAILED, &e),
-        }
-    } else if let Some(local) = local.as_ref().filter(|_| spec.backend == Backend::Ipvs) {
-        use crate::ipvs::kernel::{Ipvs as _, VirtualKey};
-        let facts = crate::backend::HostFacts::default().with_local_addrs(local.clone());
-        let desired = crate::ipvs::render(
+    if let Some(local) = &local
+        && let Err(e) = crate::wiring::explain::compare_with_kernel(
             &spec,
-            &facts,
-            &switchyard_api::validate::validate(&spec).bad_entries(),
-        );
-        let key = VirtualKey {
-            addr: packet.dest,
-            protocol: packet.protocol,
-            port: packet.dest_port,
-        };
-        let kernel = crate::ipvs::netlink::NetlinkIpvs::connect().and_then(|mut ipvs| {
-            let service = ipvs.services()?.into_iter().find(|s| s.key() == Some(key));
-            match service {
-                Some(service) => {
-                    let reals = ipvs.destinations(&key)?;
-                    Ok(Some((service, reals)))
-                }
-                None => Ok(None),
-            }
-        });
-        match kernel {
-            Ok(kernel) => explain::ipvs_kernel(
-                &mut explanation,
-                desired.virtuals.get(&key),
-                kernel
-                    .as_ref()
-                    .map(|(service, reals)| (service, reals.as_slice())),
-            ),
-            Err(e) => return fail(EXIT_FAILED, &e),
-        }
-    } else if let Some(local) = local {
-        let family = switchyard_api::IpFamily::of(&packet.dest);
-        let kernel = ExecIptables::detect(args.iptables_mode).and_then(|mut iptables| {
-            use crate::xtables::kernel::Iptables as _;
-            let mut saves = Vec::new();
-            for table in [crate::xtables::Table::Nat, crate::xtables::Table::Filter] {
-                let mut text = String::new();
-                iptables.save_lines(family, table, &mut |line| {
-                    text.push_str(line);
-                    text.push('\n');
-                })?;
-                saves.push(text);
-            }
-            explain::kernel(&spec, &mut explanation, &packet, &plan_trace, &local, &saves)
-        });
-        if let Err(e) = kernel {
-            return fail(EXIT_FAILED, &e);
-        }
+            &mut explanation,
+            &packet,
+            &plan_trace,
+            local,
+            args.iptables_mode,
+        )
+    {
+        return fail(EXIT_FAILED, &e);
     }
     let text = match args.output {
         ExplainOutput::Text => explanation.text(),

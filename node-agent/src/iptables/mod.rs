@@ -39,6 +39,7 @@
 
 pub mod dataplane;
 mod drift;
+pub mod explain;
 pub mod names;
 pub mod render;
 pub mod ruleset;

@@ -1,11 +1,14 @@
 //! The three backends put together on this host: the real edges wired into one [`crate::backend::Selector`]
-//! for `apply` and `run`, what `render` prints for each backend, and what `cleanup` removes.
+//! for `apply` and `run`, what `render` prints for each backend, what `cleanup` removes, and what
+//! `explain --kernel` reads.
 //!
 //! ```text
 //! cli ─► host::host_dataplane ─► Selector(iptables, candidates: IPVS, nftables)   (real edges)
 //!     ─► host::render_for_host ─► render_text::render_text(backend)               (pure text)
 //!     ─► host::cleanup ─► every backend's rules and objects removed
+//!     ─► explain::compare_with_kernel ─► the plan's backend's kernel read, compared on the path
 //! ```
 
+pub mod explain;
 pub mod host;
 pub mod render_text;

@@ -1,0 +1,87 @@
+//! `explain --kernel` on this host: the kernel of the plan's backend read through its real edge, and
+//! handed to that backend's comparison.
+//!
+//! ```text
+//! plan.backend ─► nftables: ExecNft::read(family) ───────────────► nftables::explain::compare_kernel
+//!              ├► ipvs: NetlinkIpvs (the frontend's virtual server) ► ipvs::explain::compare_kernel
+//!              └► iptables: ExecIptables iptables-save nat, filter ─► iptables::explain::compare_kernel
+//! ```
+
+use std::net::IpAddr;
+
+use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
+
+use crate::backend::HostFacts;
+use crate::error::Error;
+use crate::explain::Explanation;
+use crate::host::{LocalAddrs, NetlinkAddrs};
+use crate::ipvs::kernel::{Ipvs as _, VirtualKey};
+use crate::nftables::kernel::Nft as _;
+use crate::xtables::exec::ExecIptables;
+use crate::xtables::kernel::Iptables as _;
+use crate::xtables::mode::IptablesMode;
+use crate::xtables::{Packet, Table, Trace};
+
+/// This host's addresses (what `--src-type LOCAL` and NodePorts mean here).
+pub fn local_addrs() -> Result<Vec<IpAddr>, Error> {
+    NetlinkAddrs.local_addrs()
+}
+
+/// Reads what the kernel holds for `packet` with the plan's backend and records in `explanation`
+/// where it differs from the plan (and the kernel's outcome, where the backend can say it).
+pub fn compare_with_kernel(
+    spec: &NodeForwardingPlanSpec,
+    explanation: &mut Explanation,
+    packet: &Packet,
+    plan_trace: &Trace,
+    local: &[IpAddr],
+    iptables_mode: IptablesMode,
+) -> Result<(), Error> {
+    let family = IpFamily::of(&packet.dest);
+    match spec.backend {
+        Backend::Nftables => {
+            let facts = HostFacts::default().with_local_addrs(local.to_vec());
+            let found = crate::nftables::exec::ExecNft::detect().and_then(|mut nft| nft.read(family))?;
+            crate::nftables::explain::compare_kernel(spec, explanation, packet, &facts, found.as_ref());
+            Ok(())
+        }
+        Backend::Ipvs => {
+            let facts = HostFacts::default().with_local_addrs(local.to_vec());
+            let desired = crate::ipvs::render(
+                spec,
+                &facts,
+                &switchyard_api::validate::validate(spec).bad_entries(),
+            );
+            let key = VirtualKey {
+                addr: packet.dest,
+                protocol: packet.protocol,
+                port: packet.dest_port,
+            };
+            let mut ipvs = crate::ipvs::netlink::NetlinkIpvs::connect()?;
+            let service = ipvs.services()?.into_iter().find(|s| s.key() == Some(key));
+            let kernel = match service {
+                Some(service) => {
+                    let reals = ipvs.destinations(&key)?;
+                    Some((service, reals))
+                }
+                None => None,
+            };
+            crate::ipvs::explain::compare_kernel(
+                explanation,
+                desired.virtuals.get(&key),
+                kernel
+                    .as_ref()
+                    .map(|(service, reals)| (service, reals.as_slice())),
+            );
+            Ok(())
+        }
+        Backend::Iptables => {
+            let mut iptables = ExecIptables::detect(iptables_mode)?;
+            let saves = [Table::Nat, Table::Filter]
+                .into_iter()
+                .map(|table| iptables.save(family, table))
+                .collect::<Result<Vec<_>, _>>()?;
+            crate::iptables::explain::compare_kernel(spec, explanation, packet, plan_trace, local, &saves)
+        }
+    }
+}
