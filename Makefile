@@ -27,8 +27,10 @@ unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the c
 	@echo "unit: the IPVS suite installs missing apt packages and downloads a Debian kernel into ~/.cache/switchyard (README; SWITCHYARD_SKIP_VM=1 skips it)"
 	./scripts/with-control-plane.sh $(CARGO) test --workspace --all-targets --locked
 
-lint: ## rustfmt and clippy, warnings are errors
+lint: ## rustfmt, clippy (warnings are errors) and no module cycles inside any crate (scripts/module-cycles.py)
 	$(CARGO) fmt --all --check
+	python3 scripts/module-cycles.py --self-test
+	python3 scripts/module-cycles.py $(sort $(dir $(wildcard */src/lib.rs */src/main.rs)))
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 fmt: ## Format the code

@@ -8,14 +8,17 @@
 //!
 //! Used on the lists whose length only validation would bound otherwise (entries, `endpointsOnNode`,
 //! `localEndpoints`). The error fails the whole object, as an over-long list fails validation of the
-//! whole object anyway. Everything else about the list reads as a plain `Vec` would.
+//! whole object anyway. Everything else about the list reads as a plain `Vec` would. [`MAX_ENTRIES`]
+//! is defined here, below the types that read through it (`plan`, `slice`), and [`crate::validate`]
+//! re-exports it with its other limits.
 
 use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::{Deserialize, Deserializer, Error, SeqAccess, Visitor};
 
-use crate::validate::MAX_ENTRIES;
+/// Most entries one plan, slice or composed view may carry: ten times the 10,000-Service design scale.
+pub const MAX_ENTRIES: usize = 100_000;
 
 /// Most elements preallocated from a size hint (a hostile hint must not reserve gigabytes).
 const MAX_PREALLOCATED: usize = 4096;

@@ -26,8 +26,7 @@ use crate::{
     slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, View},
 };
 
-/// Most entries one plan, slice or composed view may carry: ten times the 10,000-Service design scale.
-pub const MAX_ENTRIES: usize = 100_000;
+pub use crate::bounded::MAX_ENTRIES;
 /// Most endpoints one entry may carry (the CRD's `maxItems`).
 pub const MAX_ENDPOINTS_PER_ENTRY: usize = 10_000;
 /// Most externalIPs, LoadBalancer IPs or source ranges one entry may carry (each list).

@@ -19,6 +19,7 @@ use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::{Node, Service};
 use switchyard_api::ip::{parse_cidr_sloppy, parse_ip_sloppy};
 
+pub use crate::members::{LabNode, LabPod};
 use crate::{
     cluster::ClusterDescription,
     error::{LabError, Result},
@@ -45,44 +46,6 @@ pub struct Layout {
     pub pods: Vec<LabPod>,
     /// The external client.
     pub client: LabClient,
-}
-
-/// A lab node: a namespace on the fabric that routes to its pods.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LabNode {
-    /// The Node's name.
-    pub name: String,
-    /// Its first InternalIP, the address of its `eth0` on the fabric.
-    pub ip: Ipv4Addr,
-    /// Its IPv4 pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`).
-    pub pod_cidrs: Vec<Ipv4Net>,
-    /// Its `topology.kubernetes.io/zone` label.
-    pub zone: Option<String>,
-    /// Its namespace.
-    pub netns: String,
-    /// Its port on the fabric bridge.
-    pub fabric_port: String,
-}
-
-/// A lab pod: a backend serving the ports of every slice it appears in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LabPod {
-    /// The pod name (`targetRef.name`, else `pod-<ip>`); what its server answers with.
-    pub name: String,
-    /// Its address.
-    pub ip: Ipv4Addr,
-    /// The node it lives on.
-    pub node: String,
-    /// True when its address is its node's InternalIP: it is served from the node's namespace.
-    pub host_network: bool,
-    /// Its namespace (the node's, for host-network pods).
-    pub netns: String,
-    /// The node-side veth (routed pods only).
-    pub node_veth: Option<String>,
-    /// TCP ports it listens on.
-    pub tcp_ports: BTreeSet<u16>,
-    /// UDP ports it listens on.
-    pub udp_ports: BTreeSet<u16>,
 }
 
 /// The external client on the fabric.

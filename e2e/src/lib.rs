@@ -29,6 +29,7 @@ pub mod error;
 pub mod kube;
 pub mod lab;
 pub mod layout;
+mod members;
 pub mod names;
 pub mod netns;
 pub mod options;

@@ -20,7 +20,7 @@ use switchyard_api::ip::parse_ip_sloppy;
 
 use crate::{
     error::{LabError, Result},
-    layout::{LabNode, LabPod},
+    members::{LabNode, LabPod},
     names::{self, NetnsNames},
 };
 
