@@ -39,7 +39,6 @@
 
 pub mod dataplane;
 mod drift;
-pub mod explain;
 pub mod names;
 pub mod render;
 pub mod ruleset;

@@ -40,7 +40,6 @@ pub mod codec;
 pub mod dataplane;
 pub mod diff;
 pub mod dummy;
-pub mod explain;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod glue;

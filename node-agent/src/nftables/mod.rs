@@ -72,7 +72,6 @@ pub mod claims;
 pub mod dataplane;
 pub mod diff;
 pub mod exec;
-pub mod explain;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod global;

@@ -2,9 +2,9 @@
 //! handed to that backend's comparison.
 //!
 //! ```text
-//! plan.backend ─► nftables: ExecNft::read(family) ───────────────► nftables::explain::compare_kernel
-//!              ├► ipvs: NetlinkIpvs (the frontend's virtual server) ► ipvs::explain::compare_kernel
-//!              └► iptables: ExecIptables iptables-save nat, filter ─► iptables::explain::compare_kernel
+//! plan.backend ─► nftables: ExecNft::read(family) ───────────────► explain::kernel::nftables
+//!              ├► ipvs: NetlinkIpvs (the frontend's virtual server) ► explain::kernel::ipvs
+//!              └► iptables: ExecIptables iptables-save nat, filter ─► explain::kernel::iptables
 //! ```
 
 use std::net::IpAddr;
@@ -42,7 +42,13 @@ pub fn compare_with_kernel(
         Backend::Nftables => {
             let facts = HostFacts::default().with_local_addrs(local.to_vec());
             let found = crate::nftables::exec::ExecNft::detect().and_then(|mut nft| nft.read(family))?;
-            crate::nftables::explain::compare_kernel(spec, explanation, packet, &facts, found.as_ref());
+            crate::explain::kernel::nftables::compare_kernel(
+                spec,
+                explanation,
+                packet,
+                &facts,
+                found.as_ref(),
+            );
             Ok(())
         }
         Backend::Ipvs => {
@@ -66,7 +72,7 @@ pub fn compare_with_kernel(
                 }
                 None => None,
             };
-            crate::ipvs::explain::compare_kernel(
+            crate::explain::kernel::ipvs::compare_kernel(
                 explanation,
                 desired.virtuals.get(&key),
                 kernel
@@ -81,7 +87,14 @@ pub fn compare_with_kernel(
                 .into_iter()
                 .map(|table| iptables.save(family, table))
                 .collect::<Result<Vec<_>, _>>()?;
-            crate::iptables::explain::compare_kernel(spec, explanation, packet, plan_trace, local, &saves)
+            crate::explain::kernel::iptables::compare_kernel(
+                spec,
+                explanation,
+                packet,
+                plan_trace,
+                local,
+                &saves,
+            )
         }
     }
 }
