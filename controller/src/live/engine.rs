@@ -1201,6 +1201,79 @@ mod tests {
         (plans, slices)
     }
 
+    /// The writer's path: one `next` and one `finish` per write. Applied tickets leave nothing queued,
+    /// a failed one is skipped until its retry time (and meanwhile keeps the queue from being empty),
+    /// one cut short by a lost lease comes back at once, and a watch echo that arrives before its
+    /// write's response queues nothing again. (Telling late echoes of older revisions from someone
+    /// else's edit, which `next` recording the intent is for, is the tracker's tests' job.)
+    #[test]
+    fn tickets_take_two_calls_per_write_and_failures_come_back_at_their_time() {
+        use super::super::ticket::{Done, Next};
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        let depth = engine.queue_depth();
+        assert!(depth >= 4, "slices and three plans: {depth}");
+        let now = Instant::now();
+        let Next::Write(first) = engine.next(now) else {
+            panic!("work is queued")
+        };
+        assert!(
+            matches!(first.object, ObjectRef::Slice(_)),
+            "slices before plans: {first:?}"
+        );
+        assert!(first.revision().is_some(), "a slice to apply: {first:?}");
+        let retry_at = now + Duration::from_secs(2);
+        assert_eq!(engine.finish(&first, Done::Failed { retry_at }), depth);
+        let mut written = Vec::new();
+        // Each write's watch echo comes back before its response, as it may.
+        let echo = |engine: &mut Engine, ticket: &super::super::ticket::Ticket| match &ticket.work {
+            Some(Work::ApplyPlan(plan)) => engine.observe(Input::Plan(Event::Apply(plan.clone()))),
+            Some(Work::ApplySlice(slice)) => {
+                engine.observe(Input::ForwardingSlice(Event::Apply(slice.clone())))
+            }
+            other => panic!("only applies here: {other:?}"),
+        };
+        while let Next::Write(ticket) = engine.next(now) {
+            assert_ne!(ticket.object, first.object, "backing off until {retry_at:?}");
+            echo(&mut engine, &ticket);
+            let left = engine.finish(
+                &ticket,
+                Done::Applied {
+                    resource_version: Some("2".into()),
+                },
+            );
+            assert_eq!(left, depth - 1 - written.len());
+            written.push(ticket);
+        }
+        assert_eq!(written.len(), depth - 1);
+        assert_eq!(
+            engine.next(now),
+            Next::Idle {
+                retry_at: Some(retry_at)
+            }
+        );
+        let Next::Write(again) = engine.next(retry_at) else {
+            panic!("due again at its retry time")
+        };
+        assert_eq!(again.object, first.object);
+        // Cut short by a lost lease: back at once.
+        assert_eq!(engine.finish(&again, Done::NotLeader), 1);
+        let Next::Write(again) = engine.next(retry_at) else {
+            panic!("back at once")
+        };
+        assert_eq!(again.object, first.object);
+        echo(&mut engine, &again);
+        let applied = Done::Applied {
+            resource_version: Some("1".into()),
+        };
+        assert_eq!(engine.finish(&again, applied), 0);
+        assert!(
+            engine.take_restored().is_empty(),
+            "no echo was taken for someone else's edit"
+        );
+        assert_eq!(engine.next(retry_at), Next::Idle { retry_at: None });
+    }
+
     #[test]
     fn a_relist_forgets_objects_deleted_while_the_watch_was_down() {
         let mut engine = synced_engine();

@@ -3,8 +3,8 @@
 //! ```text
 //! watch Services, EndpointSlices, Nodes, plans, slices ─► trim ─► Engine::observe (caches, dirty set)
 //!    every minPlanInterval while dirty ─► Engine::plan (incremental planner) ─► pending slices and plans
-//!    leader only: pending object ─► reconcile(object, ctx) ─► write budget ─► server-side apply (spec only)
-//!                                                         └► error_policy ─► requeue with backoff
+//!    leader only: Engine::next ─► ticket ─► reconcile(ticket, ctx) ─► write budget ─► server-side apply
+//!                 Engine::finish(ticket, done) ◄─ applied | deleted | failed: error_policy, backoff
 //!    retired slices ─► delete;  orphan sweep: plan whose Node is gone (GET 404) ─► delete
 //! ```
 
@@ -16,6 +16,7 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod run;
+pub mod ticket;
 pub mod tracker;
 pub mod trim;
 pub mod watch;

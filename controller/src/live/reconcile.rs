@@ -1,9 +1,10 @@
-//! Writing one object (a ForwardingSlice or a node's plan): `reconcile(object, ctx) -> Result<Action>` and
-//! `error_policy`, kube-runtime's shape, driven by the engine's queue instead of a watch on the object.
+//! Writing one object (a ForwardingSlice or a node's plan): `reconcile(ticket, ctx) -> Result<Done>` and
+//! `error_policy`, kube-runtime's shape, driven by the engine's queue of tickets instead of a watch on
+//! the object; neither touches the engine (the writer hands the result back: [`super::ticket`]).
 //!
 //! ```text
-//! object ─► Engine::work_for ─► Apply: leader? ─► write budget ─► PATCH …/<plural>/<name>?fieldManager=switchyard-controller&force=true
-//!                           └─► Delete (a slice no longer wanted) ─► DELETE
+//! ticket.work ─► Apply: leader? ─► write budget ─► PATCH …/<plural>/<name>?fieldManager=switchyard-controller&force=true
+//!             └─► Delete (a slice no longer wanted) ─► DELETE
 //!        ─► metrics (written, unchanged, bytes, network programming latency)
 //! error ─► error_policy ─► requeue after 0.5 s · 2^failures (capped at 5 min, at least a 429's
 //!          retryAfterSeconds): never a tight loop
@@ -29,6 +30,7 @@ use super::{
     budget::WriteBudget,
     engine::{Engine, ObjectRef, Work},
     metrics::Metrics,
+    ticket::{Done, Ticket},
 };
 use crate::Error;
 
@@ -138,34 +140,28 @@ async fn while_leading<T>(
     }
 }
 
-/// Brings one object up to date. Its log lines carry the object (`NodeForwardingPlan <node>` or
+/// Does one ticket's write, without calling back into the engine: the writer hands the ticket back
+/// with the result ([`super::ticket`]). Its log lines carry the object (`NodeForwardingPlan <node>` or
 /// `ForwardingSlice <name>`).
-#[tracing::instrument(skip_all, fields(object = %object))]
-pub async fn reconcile(
-    object: Arc<ObjectRef>,
-    trigger: Option<Timestamp>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
-    let work = match ctx.engine.lock() {
-        Ok(engine) => engine.work_for(&object, trigger),
-        Err(_) => None,
-    };
-    let wrote = matches!(work, Some(Work::ApplyPlan(_) | Work::ApplySlice(_)));
-    match work {
+#[tracing::instrument(skip_all, fields(object = %ticket.object))]
+pub async fn reconcile(ticket: &Ticket, ctx: &Context) -> Result<Done, Error> {
+    let object = &ticket.object;
+    let done = match &ticket.work {
         None => {
-            let unchanged = match object.as_ref() {
+            let unchanged = match object {
                 ObjectRef::Plan(_) => &ctx.metrics.plans_unchanged,
                 ObjectRef::Slice(_) => &ctx.metrics.slices_unchanged,
             };
             unchanged.inc();
+            Done::Unchanged
         }
         Some(Work::ApplyPlan(plan)) => {
-            let revision = plan.spec.revision.clone();
-            apply(&object, &revision, &ctx.plans, &plan, &ctx).await?;
+            let resource_version = apply(object, &plan.spec.revision, &ctx.plans, plan, ctx).await?;
+            Done::Applied { resource_version }
         }
         Some(Work::ApplySlice(slice)) => {
-            let revision = slice.spec.revision.clone();
-            apply(&object, &revision, &ctx.slices, &slice, &ctx).await?;
+            let resource_version = apply(object, &slice.spec.revision, &ctx.slices, slice, ctx).await?;
+            Done::Applied { resource_version }
         }
         Some(Work::DeleteSlice(name)) => {
             if !ctx.is_leader() {
@@ -179,7 +175,7 @@ pub async fn reconcile(
                 return Err(Error::NotLeader);
             }
             match ctx
-                .bounded_while_leader(ctx.slices.delete(&name, &DeleteParams::default()))
+                .bounded_while_leader(ctx.slices.delete(name, &DeleteParams::default()))
                 .await
                 .ok_or(Error::NotLeader)?
             {
@@ -188,37 +184,36 @@ pub async fn reconcile(
                 Err(source) => {
                     return Err(Error::Delete {
                         kind: object.kind(),
-                        name,
+                        name: name.clone(),
                         source,
                     });
                 }
             };
-            if let Ok(mut engine) = ctx.engine.lock() {
-                engine.deleted(&object);
-            }
             tracing::info!(slice = %name, "deleted a slice no longer needed");
+            Done::Deleted
         }
-    }
-    if let (Some(trigger), true) = (trigger, wrote) {
+    };
+    if let (Some(trigger), Done::Applied { .. }) = (ticket.trigger, &done) {
         let latency = Timestamp::now().duration_since(trigger).as_secs_f64();
         if latency >= 0.0 {
             ctx.metrics.network_programming.observe(latency);
         }
     }
     if let Ok(mut failures) = ctx.failures.lock() {
-        failures.remove(object.as_ref());
+        failures.remove(object);
     }
-    Ok(Action::AwaitChange)
+    Ok(done)
 }
 
 /// Server-side applies one object (spec only, our field manager, forced) under the write budget.
+/// Returns the resourceVersion the API server gave it.
 async fn apply<K>(
     object: &ObjectRef,
     revision: &str,
     api: &Api<K>,
     body: &K,
     ctx: &Context,
-) -> Result<(), Error>
+) -> Result<Option<String>, Error>
 where
     K: kube::Resource + Clone + Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -230,9 +225,6 @@ where
     }
     if !ctx.is_leader() {
         return Err(Error::NotLeader);
-    }
-    if let Ok(mut engine) = ctx.engine.lock() {
-        engine.intend(object, revision);
     }
     let name = object.name().to_string();
     let params = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
@@ -252,15 +244,12 @@ where
     };
     count.inc();
     total.inc_by(bytes);
-    if let Ok(mut engine) = ctx.engine.lock() {
-        engine.written(object, revision, written.meta().resource_version.as_deref());
-    }
     tracing::debug!(%object, revision, bytes, "written");
-    Ok(())
+    Ok(written.meta().resource_version.clone())
 }
 
 /// What to do after a failed reconcile: back off exponentially per object.
-pub fn error_policy(object: Arc<ObjectRef>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(object: &ObjectRef, error: &Error, ctx: &Context) -> Action {
     if matches!(error, Error::NotLeader) {
         // Not a failure of this node: the new leader writes it.
         return Action::AwaitChange;
@@ -268,7 +257,7 @@ pub fn error_policy(object: Arc<ObjectRef>, error: &Error, ctx: Arc<Context>) ->
     ctx.metrics.write_failures.inc();
     let failures = match ctx.failures.lock() {
         Ok(mut failures) => {
-            let n = failures.entry(object.as_ref().clone()).or_insert(0);
+            let n = failures.entry(object.clone()).or_insert(0);
             *n += 1;
             *n
         }

@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! watch channel ─► engine.observe ──► every minPlanInterval while dirty: engine.plan ─► writer notified
-//! writer task (leader only): engine.next_pending (slices, then plans, then retired slices)
-//!                            ─► reconcile ─► Action (on error: stays queued, not before its backoff)
+//! writer task (leader only): engine.next ─► Ticket (slices, then plans, then retired slices)
+//!                            ─► reconcile (no engine calls) ─► engine.finish(ticket, Done)
+//!                               (on error: stays queued, not before its backoff)
 //! orphan sweep (leader only, periodic and on a Node delete event) ─► GET node 404 ─► delete its plans
 //! shutdown ─► stop writing, release the lease
 //! ```
@@ -29,6 +30,7 @@ use super::{
     leader::{self, Timing},
     metrics::{ControllerEndpoints, Health, KindLabel, Metrics, ModeLabel, OutcomeLabel, ReasonLabel},
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
+    ticket::{Done, Next},
     watch as watches,
 };
 use crate::{
@@ -397,46 +399,44 @@ async fn write_loop(ctx: Arc<Context>, wake: Arc<Notify>, mut stop: watch::Recei
             continue;
         }
         let now = tokio::time::Instant::now();
-        let (next, retry_at) = match ctx.engine.lock() {
-            Ok(mut engine) => (engine.next_pending(now), engine.next_retry()),
-            Err(_) => (None, None),
+        let next = match ctx.engine.lock() {
+            Ok(mut engine) => engine.next(now),
+            Err(_) => Next::Idle { retry_at: None },
         };
-        let Some((object, trigger)) = next else {
-            let wait = retry_at.map_or(Duration::from_secs(1), |at| {
-                at.saturating_duration_since(now)
-                    .clamp(Duration::from_millis(10), Duration::from_secs(1))
-            });
-            let open = tokio::select! {
-                _ = wake.notified() => true,
-                _ = tokio::time::sleep(wait) => true,
-                changed = stop.changed() => changed.is_ok(),
-            };
-            if !open {
-                return;
-            }
-            continue;
-        };
-        let object = Arc::new(object);
-        let action = match reconcile(Arc::clone(&object), trigger, Arc::clone(&ctx)).await {
-            Ok(action) => action,
-            Err(Error::NotLeader) => {
-                // The object already left the queue: put it back (not a failure), for when this replica
-                // leads again; otherwise its write would wait for an unrelated change.
-                if let Ok(mut engine) = ctx.engine.lock() {
-                    engine.requeue(&object, trigger, None);
+        let ticket = match next {
+            Next::Write(ticket) => ticket,
+            Next::Idle { retry_at } => {
+                let wait = retry_at.map_or(Duration::from_secs(1), |at| {
+                    at.saturating_duration_since(now)
+                        .clamp(Duration::from_millis(10), Duration::from_secs(1))
+                });
+                let open = tokio::select! {
+                    _ = wake.notified() => true,
+                    _ = tokio::time::sleep(wait) => true,
+                    changed = stop.changed() => changed.is_ok(),
+                };
+                if !open {
+                    return;
                 }
-                Action::AwaitChange
+                continue;
             }
-            Err(error) => error_policy(Arc::clone(&object), &error, Arc::clone(&ctx)),
         };
-        if let Action::Requeue(delay) = action
-            && let Ok(mut engine) = ctx.engine.lock()
-        {
-            // It stays queued while it backs off, so what must be written after it keeps waiting.
-            engine.requeue(&object, trigger, Some(tokio::time::Instant::now() + delay));
-        }
-        if let Ok(engine) = ctx.engine.lock() {
-            ctx.metrics.queue_depth.set(engine.queue_depth() as i64);
+        let done = match reconcile(&ticket, &ctx).await {
+            Ok(done) => done,
+            // The object already left the queue: it goes back (not a failure), for when this replica
+            // leads again; otherwise its write would wait for an unrelated change.
+            Err(Error::NotLeader) => Done::NotLeader,
+            Err(error) => match error_policy(&ticket.object, &error, &ctx) {
+                // It stays queued while it backs off, so what must be written after it keeps waiting.
+                Action::Requeue(delay) => Done::Failed {
+                    retry_at: tokio::time::Instant::now() + delay,
+                },
+                Action::AwaitChange => Done::NotLeader,
+            },
+        };
+        if let Ok(mut engine) = ctx.engine.lock() {
+            let depth = engine.finish(&ticket, done);
+            ctx.metrics.queue_depth.set(depth as i64);
         }
     }
 }
