@@ -8,7 +8,9 @@
 //!            ─► retired slices: deleted once nothing waits to be written
 //!       tick, at most every FOLD_EVERY ─► the most shadowed packed slice whose Service slices were all
 //!            quiet for sliceFoldAfter ─► Planner::fold ─► that packed slice queued, its Service slices retired
+//!            (the queue itself, its order and back-offs: live::queue)
 //! pending object ─► Engine::work_for ─► Work::Apply (observed revision differs) | Work::Delete | nothing
+//!            (handed to the writer as a ticket: live::ticket)
 //! observed object edited or deleted by someone else ─► pending again (restored, logged)
 //!   (our own late watch echoes are told apart by live::tracker and never count)
 //! ```
@@ -18,7 +20,7 @@
 //! only when their Node is known to be gone: the engine lists candidates, the edge confirms each with a
 //! GET of the Node answering 404 before deleting.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::{
@@ -28,22 +30,26 @@ use k8s_openapi::{
 use kube::runtime::watcher;
 use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
-    names::{ANNOTATION_TRIGGER_TIME, LABEL_NODE, LABEL_VIEW, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME},
-    revision,
+    names::{ANNOTATION_TRIGGER_TIME, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME},
     slice::{service_slice_name, view_of_name},
     watch::map_event,
 };
 use tokio::time::Instant;
 
+use super::intake::SuspectEmpty;
+use super::object::ObjectRef;
 use super::{
-    cache::{Applied, ObjectCache, cluster_key, namespaced_key},
-    tracker::{Echo, Observed, Tracker},
+    cache::{Applied, namespaced_key},
+    intake::{Intake, Ours, Relist, Seen, Watched},
+    planning::Planning,
+    queue::{Judge, WriteQueue, min_time},
+    tracker::{Echo, Tracker},
 };
 use crate::{
     Config, Error,
     output::{plan_object, slice_object},
     planner::{
-        Changes, Diagnostics, NodeInfo, Planner, Previous, ServiceChange, ServiceProblem, SliceChange,
+        Changes, Diagnostics, NodeInfo, Planner, ServiceChange, ServiceProblem, SliceChange,
         problems::{problems_by_service, service_problems},
         service_of,
     },
@@ -64,38 +70,6 @@ pub enum Input {
     Plan(watcher::Event<NodeForwardingPlan>),
     /// Our own ForwardingSlices.
     ForwardingSlice(watcher::Event<ForwardingSlice>),
-}
-
-/// One object the controller writes.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ObjectRef {
-    /// A ForwardingSlice, by name.
-    Slice(String),
-    /// A node's NodeForwardingPlan, by node (= object) name.
-    Plan(String),
-}
-
-impl ObjectRef {
-    /// The object's kind.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Slice(_) => "ForwardingSlice",
-            Self::Plan(_) => "NodeForwardingPlan",
-        }
-    }
-
-    /// The object's name.
-    pub fn name(&self) -> &str {
-        match self {
-            Self::Slice(name) | Self::Plan(name) => name,
-        }
-    }
-}
-
-impl std::fmt::Display for ObjectRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.kind(), self.name())
-    }
 }
 
 /// What one planning run did.
@@ -128,159 +102,16 @@ pub enum Work {
     DeleteSlice(String),
 }
 
-/// Work waiting for one object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Pending {
-    trigger: Option<Timestamp>,
-    /// Written before other slices (it gains an entry another slice is about to lose).
-    first: bool,
-    /// When it was queued: a plan waiting longer than [`PLAN_PATIENCE`] goes before further slices.
-    queued: Instant,
-    /// After a failed write: not before this (it stays queued, so the order behind it holds).
-    not_before: Option<Instant>,
-}
-
-impl Pending {
-    fn new(now: Instant) -> Self {
-        Self {
-            trigger: None,
-            first: false,
-            queued: now,
-            not_before: None,
-        }
-    }
-}
-
-/// How long a plan waits behind slices at most: under sustained churn at the write budget, slices
-/// alone could otherwise starve plans (a new node's, a Local endpoint's override).
-pub const PLAN_PATIENCE: Duration = Duration::from_secs(5);
-
-/// A kind whose relist came back empty while objects were known: unconfirmed, so ignored for now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum SuspectEmpty {
-    /// Services.
-    Services,
-    /// EndpointSlices.
-    Slices,
-}
-
-/// Objects of one written kind listed (or written) since its watch's relist began.
-#[derive(Debug, Default)]
-struct Relist(Option<BTreeSet<String>>);
-
-/// The objects of one kind we write, as their watch shows them.
-#[derive(Debug, Default)]
-struct Watched {
-    tracker: Tracker,
-    /// Listed once.
-    synced: bool,
-    relist: Relist,
-}
-
-/// Which of our kinds.
-#[derive(Debug, Clone, Copy)]
-enum Ours {
-    Plans,
-    Slices,
-}
-
-impl Ours {
-    fn object(self, name: String) -> ObjectRef {
-        match self {
-            Self::Plans => ObjectRef::Plan(name),
-            Self::Slices => ObjectRef::Slice(name),
-        }
-    }
-}
-
-/// One watched object of ours, reduced to what the engine compares.
-struct Seen {
-    name: String,
-    observed: Observed,
-    resource_version: Option<String>,
-}
-
-impl Seen {
-    /// A plan: consistent when its spec hashes to its revision and it carries the node label the agent
-    /// selects it by (a plan without it is as good as missing for the agent).
-    fn plan(plan: NodeForwardingPlan) -> Option<Self> {
-        let name = plan.metadata.name?;
-        let label = plan
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_NODE))
-            .cloned();
-        let consistent = label.as_ref() == Some(&name)
-            && revision::compute(&plan.spec).is_ok_and(|r| r == plan.spec.revision);
-        Some(Self {
-            observed: Observed {
-                revision: plan.spec.revision,
-                consistent,
-                node: Some(label.unwrap_or(plan.spec.node_name)),
-            },
-            name,
-            resource_version: plan.metadata.resource_version,
-        })
-    }
-
-    /// A slice: consistent when its spec hashes to its revision and it carries the view label agents
-    /// select it by.
-    fn slice(slice: ForwardingSlice) -> Option<Self> {
-        let name = slice.metadata.name?;
-        let labelled =
-            slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_VIEW)) == Some(&slice.spec.view);
-        let consistent =
-            labelled && revision::compute_slice(&slice.spec).is_ok_and(|r| r == slice.spec.revision);
-        Some(Self {
-            observed: Observed {
-                revision: slice.spec.revision,
-                consistent,
-                node: None,
-            },
-            name,
-            resource_version: slice.metadata.resource_version,
-        })
-    }
-}
-
-impl Relist {
-    fn note(&mut self, name: &str) {
-        if let Some(seen) = self.0.as_mut() {
-            seen.insert(name.to_string());
-        }
-    }
-}
-
-/// The decision state of the live controller.
+/// The decision state of the live controller: what the watches delivered, the planning done on it,
+/// and what waits to be written.
 pub struct Engine {
     config: Config,
-    services: ObjectCache<Service>,
-    slices: ObjectCache<EndpointSlice>,
-    nodes: ObjectCache<Node>,
-    plans: Watched,
-    fws: Watched,
-    planner: Option<Planner>,
-    /// The last planner's revisions while a failed rebuild left no planner.
-    previous: Option<Previous>,
-    dirty_services: BTreeMap<String, Option<Timestamp>>,
-    /// Problems of the Services that have any, by `namespace/name`, as of the last planning run.
-    problems: BTreeMap<String, Vec<ServiceProblem>>,
-    rebuild: bool,
-    pending: BTreeMap<ObjectRef, Pending>,
-    /// Slices to delete once nothing waits to be written.
-    retired: BTreeMap<String, Option<Instant>>,
-    /// Objects a watch showed changed or deleted by someone else (for logs and metrics).
-    restored: Vec<ObjectRef>,
-    /// Empty relists waiting for confirmation (the objects known before them stay in the caches).
-    suspects: BTreeSet<SuspectEmpty>,
-    /// The object last handed out by `next_pending`, as it was queued: a requeue restores it whole
-    /// (its place in the order, whether it goes first).
-    in_flight: Option<(ObjectRef, Pending)>,
-    /// When each recently re-planned Service last changed (kept for those with a Service slice).
-    changed_at: HashMap<String, Instant>,
-    /// No fold before this (one packed slice per [`FOLD_EVERY`]).
-    next_fold: Option<Instant>,
+    /// Caches, our objects as watched, what needs planning.
+    intake: Intake,
+    /// The planner and what it found.
+    planning: Planning,
+    /// What waits for a write or a delete.
+    queue: WriteQueue,
 }
 
 /// At most one packed slice is folded per this interval: each fold sends a whole packed slice to every
@@ -292,43 +123,32 @@ impl Engine {
     pub fn new(config: Config) -> Self {
         Self {
             config,
-            services: ObjectCache::new(namespaced_key),
-            slices: ObjectCache::new(namespaced_key),
-            nodes: ObjectCache::new(cluster_key),
-            plans: Watched::default(),
-            fws: Watched::default(),
-            planner: None,
-            previous: None,
-            dirty_services: BTreeMap::new(),
-            problems: BTreeMap::new(),
-            rebuild: true,
-            pending: BTreeMap::new(),
-            retired: BTreeMap::new(),
-            restored: Vec::new(),
-            suspects: BTreeSet::new(),
-            in_flight: None,
-            changed_at: HashMap::new(),
-            next_fold: None,
+            intake: Intake::new(),
+            planning: Planning::default(),
+            queue: WriteQueue::default(),
         }
     }
 
     /// Services, EndpointSlices, Nodes, plans and slices have all been listed once.
     pub fn synced(&self) -> bool {
-        self.services.synced()
-            && self.slices.synced()
-            && self.nodes.synced()
-            && self.plans.synced
-            && self.fws.synced
+        self.intake.services.synced()
+            && self.intake.slices.synced()
+            && self.intake.nodes.synced()
+            && self.intake.plans.synced
+            && self.intake.fws.synced
     }
 
     /// A planning run is due (changed input, or a fold of quiet Service slices).
     pub fn dirty(&self) -> bool {
-        self.rebuild || !self.dirty_services.is_empty() || self.fold_due(Instant::now())
+        self.intake.rebuild || !self.intake.dirty_services.is_empty() || self.fold_due(Instant::now())
     }
 
     fn fold_due(&self, now: Instant) -> bool {
-        self.planner.as_ref().is_some_and(|p| p.service_slice_count() > 0)
-            && self.next_fold.is_none_or(|at| now >= at)
+        self.planning
+            .planner
+            .as_ref()
+            .is_some_and(|p| p.service_slice_count() > 0)
+            && self.planning.next_fold.is_none_or(|at| now >= at)
     }
 
     /// Folds the most shadowed packed slice whose Service slices were all quiet for
@@ -337,12 +157,12 @@ impl Engine {
         if !self.fold_due(now) {
             return Ok(None);
         }
-        self.next_fold = Some(now + FOLD_EVERY);
-        let Some(planner) = self.planner.as_mut() else {
+        self.planning.next_fold = Some(now + FOLD_EVERY);
+        let Some(planner) = self.planning.planner.as_mut() else {
             return Ok(None);
         };
         let after = self.config.slice_fold_after;
-        let changed_at = &self.changed_at;
+        let changed_at = &self.planning.changed_at;
         let quiet = |service: &str| {
             changed_at
                 .get(service)
@@ -355,7 +175,7 @@ impl Engine {
             .collect();
         // A Service slice whose latest write has not landed must not be folded away: the cluster
         // still holds its older entries, which agents would keep using once it is deleted.
-        let fws = &self.fws.tracker;
+        let fws = &self.intake.fws.tracker;
         let landed = |packed: &str, service: &str| {
             let name = service_slice_name(view_of_name(packed), service);
             planner
@@ -367,7 +187,9 @@ impl Engine {
             .filter(|(packed, services)| services.iter().all(|s| quiet(s) && landed(packed, s)))
             .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(&a.0)))
             .map(|(name, _)| name);
-        self.changed_at.retain(|service, _| live.contains(service));
+        self.planning
+            .changed_at
+            .retain(|service, _| live.contains(service));
         let Some(name) = due else {
             return Ok(None);
         };
@@ -377,57 +199,57 @@ impl Engine {
 
     /// Objects waiting for a write or a delete.
     pub fn queue_depth(&self) -> usize {
-        self.pending.len() + self.retired.len()
+        self.queue.depth()
     }
 
     /// The planner, once planning ran.
     pub fn planner(&self) -> Option<&Planner> {
-        self.planner.as_ref()
+        self.planning.planner.as_ref()
     }
 
     /// Applies one watch event.
     pub fn observe(&mut self, input: Input) {
         match input {
-            Input::Service(event) => match self.services.apply(event) {
+            Input::Service(event) => match self.intake.services.apply(event) {
                 Applied::One { before, after } => {
                     for svc in before.iter().chain(after.iter()) {
                         if let Some(key) = namespaced_key(svc) {
-                            self.dirty_services.entry(key).or_insert(None);
+                            self.intake.dirty_services.entry(key).or_insert(None);
                         }
                     }
                 }
-                Applied::Relisted { before } if self.services.is_empty() && !before.is_empty() => {
+                Applied::Relisted { before } if self.intake.services.is_empty() && !before.is_empty() => {
                     // Never empty every plan on one suspicious relist: keep what we had until confirmed.
-                    self.services.restore(before);
-                    self.suspects.insert(SuspectEmpty::Services);
+                    self.intake.services.restore(before);
+                    self.intake.suspects.insert(SuspectEmpty::Services);
                 }
-                Applied::Relisted { .. } => self.rebuild = true,
+                Applied::Relisted { .. } => self.intake.rebuild = true,
                 Applied::Nothing => {}
             },
-            Input::Slice(event) => match self.slices.apply(event) {
+            Input::Slice(event) => match self.intake.slices.apply(event) {
                 Applied::One { before, after } => {
                     let trigger = after.as_ref().and_then(trigger_time);
                     for slice in before.iter().chain(after.iter()) {
                         if let Some(key) = service_of(slice) {
-                            let earliest = self.dirty_services.entry(key).or_insert(None);
+                            let earliest = self.intake.dirty_services.entry(key).or_insert(None);
                             *earliest = min_time(*earliest, trigger);
                         }
                     }
                 }
-                Applied::Relisted { before } if self.slices.is_empty() && !before.is_empty() => {
-                    self.slices.restore(before);
-                    self.suspects.insert(SuspectEmpty::Slices);
+                Applied::Relisted { before } if self.intake.slices.is_empty() && !before.is_empty() => {
+                    self.intake.slices.restore(before);
+                    self.intake.suspects.insert(SuspectEmpty::Slices);
                 }
-                Applied::Relisted { .. } => self.rebuild = true,
+                Applied::Relisted { .. } => self.intake.rebuild = true,
                 Applied::Nothing => {}
             },
-            Input::Node(event) => match self.nodes.apply(event) {
+            Input::Node(event) => match self.intake.nodes.apply(event) {
                 // Node status churns constantly; only what the planner reads triggers a re-plan.
                 Applied::One { before, after } => {
                     if planner_view(&self.config, before.as_ref())
                         != planner_view(&self.config, after.as_ref())
                     {
-                        self.rebuild = true;
+                        self.intake.rebuild = true;
                     }
                 }
                 Applied::Relisted { before } => {
@@ -436,12 +258,13 @@ impl Engine {
                         .map(|n| planner_view(&self.config, Some(n)))
                         .collect();
                     let after: Vec<Option<NodeInfo>> = self
+                        .intake
                         .nodes
                         .values()
                         .map(|n| planner_view(&self.config, Some(n)))
                         .collect();
                     if before != after {
-                        self.rebuild = true;
+                        self.intake.rebuild = true;
                     }
                 }
                 Applied::Nothing => {}
@@ -461,7 +284,7 @@ impl Engine {
                 let Some(Seen { name, .. }) = seen else { return };
                 if self.watched_mut(ours).tracker.remove(&name).is_some() {
                     if matches!(ours, Ours::Slices) {
-                        self.retired.remove(&name);
+                        self.queue.unretire(&name);
                     }
                     self.restore_if_wanted(ours.object(name));
                 }
@@ -489,9 +312,7 @@ impl Engine {
                     self.restore_if_wanted(ours.object(name));
                 }
                 for name in names {
-                    self.pending
-                        .entry(ours.object(name))
-                        .or_insert_with(|| Pending::new(Instant::now()));
+                    self.queue.want(ours.object(name), None, false);
                 }
             }
         }
@@ -511,8 +332,8 @@ impl Engine {
 
     fn watched_mut(&mut self, ours: Ours) -> &mut Watched {
         match ours {
-            Ours::Plans => &mut self.plans,
-            Ours::Slices => &mut self.fws,
+            Ours::Plans => &mut self.intake.plans,
+            Ours::Slices => &mut self.intake.fws,
         }
     }
 
@@ -520,10 +341,10 @@ impl Engine {
     /// change someone else made.
     fn after_seen(&mut self, object: ObjectRef, echo: Echo) {
         let synced = match object {
-            ObjectRef::Plan(_) => self.plans.synced,
-            ObjectRef::Slice(_) => self.fws.synced,
+            ObjectRef::Plan(_) => self.intake.plans.synced,
+            ObjectRef::Slice(_) => self.intake.fws.synced,
         };
-        if echo == Echo::Stale || !synced || self.planner.is_none() {
+        if echo == Echo::Stale || !synced || self.planning.planner.is_none() {
             return;
         }
         match self.desired_revision(&object) {
@@ -531,16 +352,14 @@ impl Engine {
                 let current = self.tracker(&object).is_current(object.name(), &want);
                 if !current {
                     if echo == Echo::Foreign {
-                        self.restored.push(object.clone());
+                        self.intake.restored.push(object.clone());
                     }
-                    self.pending
-                        .entry(object)
-                        .or_insert_with(|| Pending::new(Instant::now()));
+                    self.queue.want(object, None, false);
                 }
             }
             // A slice nobody wants (left from an earlier layout, or made by hand): delete it.
             None if matches!(object, ObjectRef::Slice(_)) => {
-                self.retired.entry(object.name().to_string()).or_insert(None);
+                self.queue.retire(object.name().to_string());
             }
             None => {}
         }
@@ -548,57 +367,55 @@ impl Engine {
 
     fn tracker(&self, object: &ObjectRef) -> &Tracker {
         match object {
-            ObjectRef::Plan(_) => &self.plans.tracker,
-            ObjectRef::Slice(_) => &self.fws.tracker,
+            ObjectRef::Plan(_) => &self.intake.plans.tracker,
+            ObjectRef::Slice(_) => &self.intake.fws.tracker,
         }
     }
 
     fn tracker_mut(&mut self, object: &ObjectRef) -> &mut Tracker {
         match object {
-            ObjectRef::Plan(_) => &mut self.plans.tracker,
-            ObjectRef::Slice(_) => &mut self.fws.tracker,
+            ObjectRef::Plan(_) => &mut self.intake.plans.tracker,
+            ObjectRef::Slice(_) => &mut self.intake.fws.tracker,
         }
     }
 
     /// An object of ours disappeared: queue it when it is still wanted.
     fn restore_if_wanted(&mut self, object: ObjectRef) {
         if self.desired_revision(&object).is_some() {
-            self.restored.push(object.clone());
-            self.pending
-                .entry(object)
-                .or_insert_with(|| Pending::new(Instant::now()));
+            self.intake.restored.push(object.clone());
+            self.queue.want(object, None, false);
         }
     }
 
     /// Kinds whose last relist came back empty and awaits confirmation.
     pub fn suspects(&self) -> Vec<SuspectEmpty> {
-        self.suspects.iter().copied().collect()
+        self.intake.suspects.iter().copied().collect()
     }
 
     /// An independent list confirmed the kind is really empty: forget its objects and re-plan.
     pub fn confirm_empty(&mut self, kind: SuspectEmpty) {
-        if self.suspects.remove(&kind) {
+        if self.intake.suspects.remove(&kind) {
             match kind {
-                SuspectEmpty::Services => self.services.restore(Vec::new()),
-                SuspectEmpty::Slices => self.slices.restore(Vec::new()),
+                SuspectEmpty::Services => self.intake.services.restore(Vec::new()),
+                SuspectEmpty::Slices => self.intake.slices.restore(Vec::new()),
             }
-            self.rebuild = true;
+            self.intake.rebuild = true;
         }
     }
 
     /// An independent list found objects: the empty relist was wrong; keep what we had.
     pub fn dismiss_suspect(&mut self, kind: SuspectEmpty) {
-        self.suspects.remove(&kind);
+        self.intake.suspects.remove(&kind);
     }
 
     /// Objects someone else changed or deleted since the last call, for logs and metrics.
     pub fn take_restored(&mut self) -> Vec<ObjectRef> {
-        std::mem::take(&mut self.restored)
+        std::mem::take(&mut self.intake.restored)
     }
 
     /// The revision the controller wants for an object, if it wants the object at all.
     fn desired_revision(&self, object: &ObjectRef) -> Option<String> {
-        let planner = self.planner.as_ref()?;
+        let planner = self.planning.planner.as_ref()?;
         match object {
             ObjectRef::Plan(node) => planner.plan_revision(node).map(str::to_string),
             ObjectRef::Slice(name) => planner.slice_revision(name),
@@ -607,12 +424,12 @@ impl Engine {
 
     /// Every current Service problem, sorted by Service.
     pub fn problems(&self) -> impl Iterator<Item = &ServiceProblem> {
-        self.problems.values().flatten()
+        self.planning.problems.values().flatten()
     }
 
     /// What an Event about `service` (`namespace/name`) refers to, if the Service is still cached.
     pub fn service_reference(&self, service: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
-        let cached = self.services.get(service)?;
+        let cached = self.intake.services.get(service)?;
         Some(k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Service".into()),
@@ -628,17 +445,17 @@ impl Engine {
         if !self.synced() {
             return Ok(PlanOutcome::default());
         }
-        let dirty = std::mem::take(&mut self.dirty_services);
+        let dirty = std::mem::take(&mut self.intake.dirty_services);
         let earliest = dirty.values().copied().fold(None, min_time);
         let now = Instant::now();
         for key in dirty.keys() {
-            self.changed_at.insert(key.clone(), now);
+            self.planning.changed_at.insert(key.clone(), now);
         }
-        let (changes, full, services) = match self.planner.as_mut() {
-            Some(planner) if !self.rebuild => {
+        let (changes, full, services) = match self.planning.planner.as_mut() {
+            Some(planner) if !self.intake.rebuild => {
                 let mut by_service: BTreeMap<&str, Vec<&EndpointSlice>> =
                     dirty.keys().map(|k| (k.as_str(), Vec::new())).collect();
-                for slice in self.slices.values() {
+                for slice in self.intake.slices.values() {
                     if let Some(key) = service_of(slice)
                         && let Some(list) = by_service.get_mut(key.as_str())
                     {
@@ -647,16 +464,16 @@ impl Engine {
                 }
                 let changes: Vec<ServiceChange<'_>> = by_service
                     .into_iter()
-                    .map(|(key, slices)| (key, self.services.get(key), slices))
+                    .map(|(key, slices)| (key, self.intake.services.get(key), slices))
                     .collect();
                 for (key, service, slices) in &changes {
                     let problems = service
                         .map(|service| service_problems(service, slices, &self.config))
                         .unwrap_or_default();
                     if problems.is_empty() {
-                        self.problems.remove(*key);
+                        self.planning.problems.remove(*key);
                     } else {
-                        self.problems.insert(key.to_string(), problems);
+                        self.planning.problems.insert(key.to_string(), problems);
                     }
                 }
                 (planner.replan_services(&changes)?, false, dirty.len())
@@ -665,18 +482,19 @@ impl Engine {
                 // The old planner goes before the new one is built (a rebuild at 1,000 Nodes would
                 // otherwise hold two); what the diff needs of it stays in `previous`.
                 let previous = self
+                    .planning
                     .previous
                     .take()
-                    .or_else(|| self.planner.take().map(|p| p.previous()));
-                let services: Vec<&Service> = self.services.values().collect();
-                let slices: Vec<&EndpointSlice> = self.slices.values().collect();
-                self.problems =
+                    .or_else(|| self.planning.planner.take().map(|p| p.previous()));
+                let services: Vec<&Service> = self.intake.services.values().collect();
+                let slices: Vec<&EndpointSlice> = self.intake.slices.values().collect();
+                self.planning.problems =
                     problems_by_service(services.iter().copied(), slices.iter().copied(), &self.config);
                 // Built after the previous layout: what its packed slices hold stays as written, so a
                 // Node joining does not rewrite every packed slice a Service slice shadows. The
                 // Service slices in the cluster are kept (adopted after a restart) until folded.
                 let mut existing: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-                for name in self.fws.tracker.names() {
+                for name in self.intake.fws.tracker.names() {
                     if let Some((view, service)) = service_slice_of(name) {
                         existing.entry(view).or_default().insert(service);
                     }
@@ -684,7 +502,7 @@ impl Engine {
                 let built = Planner::build_after(
                     &services,
                     &slices,
-                    self.nodes.values(),
+                    self.intake.nodes.values(),
                     &self.config,
                     previous.as_ref(),
                     &existing,
@@ -692,7 +510,7 @@ impl Engine {
                 let planner = match built {
                     Ok(planner) => planner,
                     Err(error) => {
-                        self.previous = previous;
+                        self.planning.previous = previous;
                         return Err(error);
                     }
                 };
@@ -705,7 +523,7 @@ impl Engine {
                     planner
                         .plan_revisions()
                         .filter(|(node, want)| {
-                            !queued.contains(*node) && !self.plans.tracker.is_current(node, want)
+                            !queued.contains(*node) && !self.intake.plans.tracker.is_current(node, want)
                         })
                         .map(|(node, _)| node.to_string()),
                 );
@@ -714,24 +532,25 @@ impl Engine {
                     planner
                         .slice_revisions_iter()
                         .filter(|(name, want)| {
-                            !queued.contains(name) && !self.fws.tracker.is_current(name, want)
+                            !queued.contains(name) && !self.intake.fws.tracker.is_current(name, want)
                         })
                         .map(|(name, _)| SliceChange { name, first: false }),
                 );
                 // Objects that exist but are no longer wanted (a restart after a layout change).
                 let unwanted: Vec<String> = self
+                    .intake
                     .fws
                     .tracker
                     .names()
                     .filter(|n| planner.slice_revision(n).is_none())
                     .cloned()
                     .collect();
-                for name in &unwanted {
-                    self.pending.remove(&ObjectRef::Slice(name.clone()));
+                for name in unwanted {
+                    self.queue.forget(&ObjectRef::Slice(name.clone()));
+                    self.queue.retire_now(name);
                 }
-                self.retired.extend(unwanted.into_iter().map(|name| (name, None)));
-                self.planner = Some(planner);
-                self.rebuild = false;
+                self.planning.planner = Some(planner);
+                self.intake.rebuild = false;
                 (changes, true, 0)
             }
         };
@@ -752,25 +571,17 @@ impl Engine {
         services: usize,
     ) -> PlanOutcome {
         for change in &changes.slices {
-            self.retired.remove(&change.name);
-            let pending = self
-                .pending
-                .entry(ObjectRef::Slice(change.name.clone()))
-                .or_insert_with(|| Pending::new(Instant::now()));
-            pending.trigger = min_time(pending.trigger, earliest);
-            pending.first |= change.first;
+            self.queue.unretire(&change.name);
+            self.queue
+                .want(ObjectRef::Slice(change.name.clone()), earliest, change.first);
         }
         for node in &changes.plans {
-            let pending = self
-                .pending
-                .entry(ObjectRef::Plan(node.clone()))
-                .or_insert_with(|| Pending::new(Instant::now()));
-            pending.trigger = min_time(pending.trigger, earliest);
+            self.queue.want(ObjectRef::Plan(node.clone()), earliest, false);
         }
         for name in &changes.retired {
-            self.pending.remove(&ObjectRef::Slice(name.clone()));
-            if self.fws.tracker.get(name).is_some() {
-                self.retired.entry(name.clone()).or_insert(None);
+            self.queue.forget(&ObjectRef::Slice(name.clone()));
+            if self.intake.fws.tracker.get(name).is_some() {
+                self.queue.retire(name.clone());
             }
         }
         PlanOutcome {
@@ -788,115 +599,56 @@ impl Engine {
     ///    while one of them backs off after a failed write: the entry must never be in neither);
     /// 2. other slices;
     /// 3. plans: those of nodes without one first (a new node must not wait behind a rollout), then the
-    ///    longest-waiting; a plan queued longer than [`PLAN_PATIENCE`] goes before further slices, so
-    ///    sustained slice churn cannot starve plans;
+    ///    longest-waiting; a plan queued longer than [`super::queue::PLAN_PATIENCE`] goes before
+    ///    further slices, so sustained slice churn cannot starve plans;
     /// 4. slices no longer wanted, deleted once nothing else is queued (failed writes waiting for their
     ///    retry included), so a view never loses a slice before its replacements are written.
     ///
     /// Objects backing off after a failed write stay queued and are skipped until their time.
     pub fn next_pending(&mut self, now: Instant) -> Option<(ObjectRef, Option<Timestamp>)> {
         // Without a planner (a rebuild failed) nothing can be judged: the queue waits for the next one.
-        self.planner.as_ref()?;
-        // Queued slices nobody wants any more (listed at start, left from an earlier layout) are deletes.
-        let unwanted: Vec<ObjectRef> = self
-            .pending
-            .keys()
-            .filter(|o| matches!(o, ObjectRef::Slice(name) if self.planner.as_ref().is_some_and(|p| p.slice_revision(name).is_none())))
-            .cloned()
-            .collect();
-        for object in unwanted {
-            self.pending.remove(&object);
-            if self.fws.tracker.get(object.name()).is_some() {
-                self.retired.entry(object.name().to_string()).or_insert(None);
-            }
-        }
-        let first_waiting = self
-            .pending
-            .iter()
-            .any(|(o, p)| matches!(o, ObjectRef::Slice(_)) && p.first);
-        let rank = |object: &ObjectRef, p: &Pending| -> u8 {
-            match object {
-                ObjectRef::Slice(_) if p.first => 0,
-                ObjectRef::Plan(_) if now.saturating_duration_since(p.queued) >= PLAN_PATIENCE => 0,
-                ObjectRef::Slice(_) => 1,
-                ObjectRef::Plan(name) if self.plans.tracker.get(name).is_none() => 2,
-                ObjectRef::Plan(_) => 3,
-            }
+        let planner = self.planning.planner.as_ref()?;
+        let (plans, fws) = (&self.intake.plans.tracker, &self.intake.fws.tracker);
+        let judge = Judge {
+            unwanted_slice: &|name| planner.slice_revision(name).is_none(),
+            slice_exists: &|name| fws.get(name).is_some(),
+            has_plan: &|node| plans.get(node).is_some(),
         };
-        let next = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.not_before.is_none_or(|at| at <= now))
-            .filter(|(o, p)| !first_waiting || p.first || matches!(o, ObjectRef::Plan(_)))
-            .min_by_key(|(object, p)| (rank(object, p), p.trigger.is_none(), p.trigger, (*object).clone()))
-            .map(|(object, _)| object.clone());
-        if let Some(object) = next {
-            let pending = self.pending.remove(&object)?;
-            self.in_flight = Some((object.clone(), pending));
-            return Some((object, pending.trigger));
-        }
-        if !self.pending.is_empty() {
-            return None;
-        }
-        let name = self
-            .retired
-            .iter()
-            .find(|(_, at)| at.is_none_or(|at| at <= now))
-            .map(|(name, _)| name.clone())?;
-        self.retired.remove(&name);
-        Some((ObjectRef::Slice(name), None))
+        self.queue.take_next(now, &judge)
     }
 
     /// When the earliest object backing off after a failed write or delete may be tried again.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.pending
-            .values()
-            .filter_map(|p| p.not_before)
-            .chain(self.retired.values().flatten().copied())
-            .min()
+        self.queue.next_retry()
     }
 
     /// Puts an object back, keeping its trigger time: not before `not_before` (after a failed write), or
     /// at once (the write was cut short by losing the lease).
     pub fn requeue(&mut self, object: &ObjectRef, trigger: Option<Timestamp>, not_before: Option<Instant>) {
-        if let ObjectRef::Slice(name) = object
-            && self
-                .planner
-                .as_ref()
-                .is_some_and(|p| p.slice_revision(name).is_none())
-        {
-            // A failed delete backs off like a failed write.
-            self.retired.insert(name.clone(), not_before);
-            return;
-        }
-        let was = self
-            .in_flight
-            .take_if(|(o, _)| o == object)
-            .map(|(_, p)| p)
-            .unwrap_or_else(|| Pending::new(Instant::now()));
-        let pending = self.pending.entry(object.clone()).or_insert(was);
-        pending.first |= was.first;
-        pending.trigger = min_time(pending.trigger, min_time(was.trigger, trigger));
-        pending.not_before = not_before;
+        let unwanted = matches!(object, ObjectRef::Slice(name)
+            if self.planning.planner.as_ref().is_some_and(|p| p.slice_revision(name).is_none()));
+        self.queue.requeue(object, trigger, not_before, unwanted);
     }
 
     /// What an object needs, comparing the desired revision with the observed object. `None` when it is
     /// up to date, or not planned (gone, or planning not done yet).
     pub fn work_for(&self, object: &ObjectRef, trigger: Option<Timestamp>) -> Option<Work> {
-        let planner = self.planner.as_ref()?;
+        let planner = self.planning.planner.as_ref()?;
         let mut work = match object {
             ObjectRef::Plan(node) => {
                 let revision = planner.plan_revision(node)?;
-                if self.plans.tracker.is_current(node, revision) {
+                if self.intake.plans.tracker.is_current(node, revision) {
                     return None;
                 }
                 let uid = planner.node_info(node).and_then(|n| n.uid.clone());
                 Work::ApplyPlan(plan_object(node, uid.as_deref(), planner.node_plan(node)?))
             }
             ObjectRef::Slice(name) => match planner.slice_revision(name) {
-                Some(revision) if self.fws.tracker.is_current(name, &revision) => return None,
+                Some(revision) if self.intake.fws.tracker.is_current(name, &revision) => return None,
                 Some(_) => Work::ApplySlice(slice_object(name, planner.slice(name)?)),
-                None if self.fws.tracker.get(name).is_some() => return Some(Work::DeleteSlice(name.clone())),
+                None if self.intake.fws.tracker.get(name).is_some() => {
+                    return Some(Work::DeleteSlice(name.clone()));
+                }
                 None => return None,
             },
         };
@@ -915,13 +667,13 @@ impl Engine {
 
     /// Plans whose Node is not in the cache: candidates for deletion once the Node is confirmed gone.
     pub fn orphans(&self) -> BTreeMap<String, Vec<String>> {
-        if !self.nodes.synced() {
+        if !self.intake.nodes.synced() {
             return BTreeMap::new();
         }
         let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (name, observed) in self.plans.tracker.iter() {
+        for (name, observed) in self.intake.plans.tracker.iter() {
             let node = observed.node.clone().unwrap_or_else(|| name.clone());
-            if self.nodes.get(&node).is_none() {
+            if self.intake.nodes.get(&node).is_none() {
                 orphans.entry(node).or_default().push(name.clone());
             }
         }
@@ -938,11 +690,11 @@ impl Engine {
         // Written during a relist: the list may predate the write, which must not count as a deletion.
         let node = match object {
             ObjectRef::Plan(node) => {
-                self.plans.relist.note(node);
+                self.intake.plans.relist.note(node);
                 Some(node.as_str())
             }
             ObjectRef::Slice(name) => {
-                self.fws.relist.note(name);
+                self.intake.fws.relist.note(name);
                 None
             }
         };
@@ -956,13 +708,13 @@ impl Engine {
         let name = object.name().to_string();
         self.tracker_mut(object).remove(&name);
         if let ObjectRef::Slice(name) = object {
-            self.retired.remove(name);
+            self.queue.unretire(name);
         }
     }
 
     /// Services currently known (for the empty-relist guard and metrics).
     pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.intake.services.len()
     }
 }
 
@@ -987,13 +739,6 @@ fn trigger_time(slice: &EndpointSlice) -> Option<Timestamp> {
         .get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?
         .parse()
         .ok()
-}
-
-fn min_time(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 #[cfg(test)]
@@ -1384,25 +1129,26 @@ mod tests {
         engine.plan().unwrap();
         let (plans, slices) = write_all(&mut engine);
         // A failed rebuild leaves no planner (only the previous revisions): the queue waits.
-        engine.previous = engine.planner.take().map(|p| p.previous());
-        engine.rebuild = true;
+        engine.planning.previous = engine.planning.planner.take().map(|p| p.previous());
+        engine.intake.rebuild = true;
         let mut edited = plans[0].clone();
         edited.spec.endpoints_on_node.push("10.9.9.9".into());
         engine.observe(Input::Plan(Event::Apply(edited)));
         engine.observe(Input::ForwardingSlice(Event::Delete(slices[0].clone())));
-        engine
-            .pending
-            .insert(plan_ref("node-b"), Pending::new(Instant::now()));
+        engine.queue.pending.insert(
+            plan_ref("node-b"),
+            super::super::queue::Pending::new(Instant::now()),
+        );
         assert!(
             engine.next_pending(Instant::now()).is_none(),
             "nothing can be judged without a planner"
         );
         assert!(
-            engine.pending.contains_key(&plan_ref("node-b")),
+            engine.queue.pending.contains_key(&plan_ref("node-b")),
             "and nothing queued is dropped"
         );
         // The next rebuild wants the same revisions as before, yet writes what differs from them.
-        engine.pending.clear();
+        engine.queue.pending.clear();
         engine.plan().unwrap();
         let (rewritten, recreated) = write_all(&mut engine);
         let names = |objects: Vec<Option<String>>| objects.into_iter().flatten().collect::<Vec<_>>();

@@ -28,8 +28,9 @@ use tokio::sync::watch;
 
 use super::{
     budget::WriteBudget,
-    engine::{Engine, ObjectRef, Work},
+    engine::{Engine, Work},
     metrics::Metrics,
+    object::ObjectRef,
     ticket::{Done, Ticket},
 };
 use crate::Error;

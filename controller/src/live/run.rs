@@ -25,10 +25,12 @@ use tokio::sync::{Notify, mpsc, watch};
 
 use super::{
     budget::WriteBudget,
-    engine::{Engine, Input, ObjectRef, SuspectEmpty},
+    engine::{Engine, Input},
     events::{self, EventGate},
+    intake::SuspectEmpty,
     leader::{self, Timing},
     metrics::{ControllerEndpoints, Health, KindLabel, Metrics, ModeLabel, OutcomeLabel, ReasonLabel},
+    object::ObjectRef,
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
     ticket::{Done, Next},
     watch as watches,

@@ -14,7 +14,8 @@
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
-use super::engine::{Engine, ObjectRef, Work};
+use super::engine::{Engine, Work};
+use super::object::ObjectRef;
 
 /// One object handed to the writer: which, why (the change that caused it), and what it needs.
 #[derive(Debug, Clone, PartialEq)]
