@@ -30,9 +30,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_agent::xtables::exec::ExecIptables;
 use switchyard_agent::xtables::mode::Variant;

@@ -29,11 +29,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::NftablesDataplane;
 use switchyard_agent::nftables::diff::diff;
 use switchyard_agent::nftables::exec::ExecNft;
 use switchyard_agent::nftables::render;
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 

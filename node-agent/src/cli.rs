@@ -29,12 +29,12 @@ use switchyard_process::{LogFormat, init_logging};
 
 use crate::conntrack::CliConntrack;
 use crate::error::Error;
-use crate::host::{LocalAddrs, NetlinkAddrs};
-use crate::live::{PlanFrom, run_agent};
 use crate::planfile::{read_plan_file, status_yaml};
+use crate::probe::{LocalAddrs, NetlinkAddrs};
 use crate::run::RunConfig;
 use crate::run::grace::GracePeriod;
 use crate::source::cache::cache_path;
+use crate::start::{PlanFrom, run_agent};
 use crate::sync::{
     Composition, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
 };
@@ -291,8 +291,8 @@ fn plan_from_api(
         .map_err(|e| fail(EXIT_FAILED, &Error::StartRuntime(e)))?;
     let (plan, slices) = runtime
         .block_on(async {
-            let client = crate::live::client(kubeconfig).await?;
-            crate::live::fetch_plan(client, node).await
+            let client = crate::start::client(kubeconfig).await?;
+            crate::start::fetch_plan(client, node).await
         })
         .map_err(|e| fail(EXIT_FAILED, &e))?;
     match compose_plan(&Arc::new(plan), &slices, &mut LastGood::default()) {
@@ -379,7 +379,7 @@ fn render_command(args: &RenderArgs) -> ExitCode {
     } else {
         Vec::new()
     };
-    match print_stdout(&crate::wiring::host::render_for_host(
+    match print_stdout(&crate::wiring::dataplane::render_for_host(
         backend, &spec, &skip, &local,
     )) {
         Ok(()) => ExitCode::SUCCESS,
@@ -391,10 +391,10 @@ fn render_command(args: &RenderArgs) -> ExitCode {
 
 fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error> {
     let iptables = ExecIptables::detect(args.iptables_mode)?;
-    let facts = crate::wiring::host::discover_facts(iptables.version().ok().as_deref());
+    let facts = crate::wiring::dataplane::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
     // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
-    let dataplane = crate::wiring::host::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    let dataplane = crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
     Ok(Syncer::new(
         Box::new(dataplane),
         Arc::new(SystemClock),
@@ -425,7 +425,7 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
         Err(e) => eprintln!("error: {e}"),
     }
     if let Some(path) = &args.status_file
-        && let Err(e) = crate::planfile::write_status(path, &status)
+        && let Err(e) = crate::planfile::write_status_file(path, &status)
     {
         eprintln!("error: {e}");
     }
@@ -589,7 +589,7 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
 
 fn cleanup_command(args: &CleanupArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
-    for (what, done) in crate::wiring::host::cleanup(args.iptables_mode) {
+    for (what, done) in crate::wiring::dataplane::cleanup(args.iptables_mode) {
         match done {
             Ok(done) => {
                 let _ = print_stdout(&format!("{what}: {done}\n"));

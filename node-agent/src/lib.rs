@@ -12,7 +12,7 @@
 //!                                       (IPVS and nftables fall back to iptables where the host lacks them)
 //!                                                          ├─► conntrack: stale UDP flows deleted
 //!                                                          ▼
-//!   status (observedRevision, conditions, counts) ─► status_writer (SSA of plans/<node>/status) │ status file
+//!   status (observedRevision, conditions, counts) ─► status_writer (SSA of plans/<node>/status) │ status file (planfile)
 //!   run::http: /healthz /readyz /metrics · healthcheck servers · source::cache (<state-dir>/plan.yaml)
 //! ```
 //!
@@ -23,13 +23,14 @@
 //! [`wiring`] puts the real edges of this host together (and what `render` prints). Dependencies point
 //! one way: backend, xtables ← iptables, nftables, ipvs ← wiring ← cli.
 //!
-//! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`], [`sync::status`],
-//! [`source::store`], [`run::grace`], [`conntrack::select`], [`healthcheck::desired`]) is separate from the
-//! edges, each a small trait with an in-memory fake (built only for tests: `cfg(test)` or the `testing`
-//! feature, which this crate's own tests turn on; the shipped binary has none): [`xtables::kernel::Iptables`] ([`xtables::exec`],
-//! `xtables::fake`), [`conntrack::Conntrack`], [`host::LocalAddrs`], [`sync::Clock`]; the API server
-//! is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the
-//! long-running loop and [`live`] wires it to its plan source; [`explain`] answers, for one connection,
+//! Pure logic ([`iptables::render()`], [`iptables::stream`], [`sync::composition`],
+//! [`sync::status_fields`], [`source::store`], [`run::grace`], [`conntrack::select`],
+//! [`healthcheck::desired`]) is separate from the edges, each a small trait with an in-memory fake
+//! (built only for tests: `cfg(test)` or the `testing` feature, which this crate's own tests turn on;
+//! the shipped binary has none): [`xtables::kernel::Iptables`] ([`xtables::exec`], `xtables::fake`),
+//! [`conntrack::Conntrack`], [`probe::LocalAddrs`], [`sync::Clock`]; the API server is faked at the
+//! HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the long-running loop and
+//! [`start`] starts it on its plan source; [`explain`] answers, for one connection,
 //! what the plan (and with `--kernel` the installed rules) make the node do.
 
 pub mod backend;
@@ -41,15 +42,15 @@ pub mod conntrack;
 pub mod error;
 pub mod explain;
 pub mod healthcheck;
-pub mod host;
 pub mod iptables;
 pub mod ipvs;
-pub mod live;
 pub mod metrics;
 pub mod nftables;
 pub mod planfile;
+pub mod probe;
 pub mod run;
 pub mod source;
+pub mod start;
 pub mod status_writer;
 pub mod sync;
 pub mod wiring;

@@ -3,13 +3,13 @@
 //! ```text
 //! file ─► read_plan_bytes(): at most switchyard_api::yaml::MAX_PLAN_BYTES (64 MiB), a larger file is
 //!         refused by its size before it is read
-//!      ─► parse_plan_text() ─► PlanFile { plan, slices }
+//!      ─► parse_plan_text() ─► ParsedPlanFile { plan, slices }
 //!           one NodeForwardingPlan object (YAML or JSON), or a bare spec: a self-contained plan
 //!           (`switchyard-controller plan --node N`), or a live plan with views
 //!           + ForwardingSlices (multi-document YAML or a `kind: List`, as `plan --objects --node N` or
 //!             `kubectl get nfp,fws -o yaml` print them): composed like the API source does
 //!      ─► every entry with a /0 source range opened, as kube-proxy reads it (no firewall)
-//! status ─► write_status() ─► <file>.tmp ─► rename ─► <file>   (readers never see half a file)
+//! status ─► write_status_file() ─► <file>.tmp ─► rename ─► <file>   (readers never see half a file)
 //! ```
 //!
 //! JSON goes through serde_json (fastest, least memory for a 10,000-service plan); YAML through
@@ -36,9 +36,9 @@ use switchyard_api::{
 use crate::error::Error;
 use crate::sync::SliceObject;
 
-/// What a plan file holds.
+/// What a plan file holds, as parsed from its text (unshared; [`LoadedPlan`] is the form handed on).
 #[derive(Debug, Clone, PartialEq)]
-pub struct PlanFile {
+pub struct ParsedPlanFile {
     /// The node's plan.
     pub plan: NodeForwardingPlanSpec,
     /// ForwardingSlices (name, spec), for a plan with views.
@@ -63,7 +63,7 @@ fn yaml_options() -> serde_saphyr::Options {
 }
 
 /// Parses the text of a plan file.
-pub fn parse_plan_text(text: &str) -> Result<PlanFile, String> {
+pub fn parse_plan_text(text: &str) -> Result<ParsedPlanFile, String> {
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
         return Err("the file is empty".into());
@@ -111,7 +111,7 @@ fn cluster_dump_kind(text: &str) -> Option<&'static str> {
 /// A plan and each slice carry the counts of their own entries (`summary`): a file whose entries
 /// disagree was cut short (a half-written file, a `head`) or edited by hand, and applying it would drop
 /// Services silently. A summary of zeros is taken as absent (hand-written plans leave it out).
-fn check_summaries(file: &PlanFile) -> Result<(), String> {
+fn check_summaries(file: &ParsedPlanFile) -> Result<(), String> {
     let mismatch = |what: &str, stated: PlanSummary, entries: &[&Arc<ServicePlan>]| {
         let found = PlanSummary::of(entries.iter().copied());
         (stated != PlanSummary::default() && stated != found).then(|| {
@@ -139,9 +139,9 @@ fn check_summaries(file: &PlanFile) -> Result<(), String> {
 fn one_plan(
     mut plans: Vec<NodeForwardingPlanSpec>,
     slices: Vec<(String, ForwardingSliceSpec)>,
-) -> Result<PlanFile, String> {
+) -> Result<ParsedPlanFile, String> {
     match plans.len() {
-        1 => Ok(PlanFile {
+        1 => Ok(ParsedPlanFile {
             plan: plans.remove(0),
             slices,
         }),
@@ -217,7 +217,7 @@ fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
 /// each document's `spec` is parsed straight from its text into the typed spec (a generic JSON tree of
 /// 10,000 entries would take several times the memory of the typed one); YAML documents likewise, by
 /// their `kind` ([`YamlDocument`]).
-fn parse_documents(text: &str) -> Result<PlanFile, String> {
+fn parse_documents(text: &str) -> Result<ParsedPlanFile, String> {
     let trimmed = text.trim_start();
     let mut found = Found::default();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
@@ -598,7 +598,7 @@ pub fn status_yaml(status: &NodeForwardingPlanStatus) -> Result<String, Error> {
 }
 
 /// Writes the status as YAML to `path` atomically and durably (`switchyard_process::write_atomic`).
-pub fn write_status(path: &Path, status: &NodeForwardingPlanStatus) -> Result<(), Error> {
+pub fn write_status_file(path: &Path, status: &NodeForwardingPlanStatus) -> Result<(), Error> {
     let yaml = status_yaml(status)?;
     switchyard_process::write_atomic_bytes(path, yaml.as_bytes()).map_err(|source| Error::WriteStatus {
         path: path.to_path_buf(),
@@ -1135,7 +1135,7 @@ mod tests {
             drift_repairs: 2,
             ..Default::default()
         };
-        write_status(&path, &status).unwrap();
+        write_status_file(&path, &status).unwrap();
         let back: NodeForwardingPlanStatus =
             serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(back, status);

@@ -33,7 +33,7 @@ use switchyard_api::ServiceFailure;
 use crate::error::Error;
 use crate::healthcheck::{self, HealthServers};
 use crate::metrics::{self, LiveMetrics};
-use crate::planfile::write_status;
+use crate::planfile::write_status_file;
 use crate::source::{Origin, PlanSet, PlanSource, PlanUpdate, cache};
 use crate::status_writer::{StatusReport, StatusSink};
 use crate::sync::{SyncResult, Syncer, SystemClock};
@@ -65,8 +65,8 @@ pub struct RunConfig {
     pub metrics_bind: Option<SocketAddr>,
 }
 
-/// What the loop is fed and feeds.
-pub struct Wiring {
+/// What the loop is fed and feeds: its plan source, status sink and metrics.
+pub struct RunIo {
     /// Where plans come from.
     pub source: Box<dyn PlanSource>,
     /// The API status writer, if any.
@@ -113,12 +113,12 @@ impl AfterSync {
             syncer.set_extra_failures(failures);
         }
         self.healthy.store(syncer.healthy(), Ordering::Relaxed);
-        self.write_status(syncer);
+        self.write_status_file(syncer);
     }
 
-    fn write_status(&self, syncer: &Syncer) {
+    fn write_status_file(&self, syncer: &Syncer) {
         if let Some(path) = &self.status_file
-            && let Err(e) = write_status(path, &syncer.status())
+            && let Err(e) = write_status_file(path, &syncer.status())
         {
             tracing::warn!(error = %e, "cannot write the status file");
         }
@@ -437,7 +437,7 @@ impl Loop {
 pub async fn run(
     config: RunConfig,
     syncer: Syncer,
-    wiring: Wiring,
+    io: RunIo,
     shutdown: impl Future<Output = ()>,
     started: Option<tokio::sync::oneshot::Sender<Running>>,
 ) -> Result<(), Error> {
@@ -446,7 +446,7 @@ pub async fn run(
         config.resync_period * 2,
         Arc::new(SystemClock),
     ));
-    let registry = Arc::new(metrics::registry(syncer.metrics(), &wiring.metrics));
+    let registry = Arc::new(metrics::registry(syncer.metrics(), &io.metrics));
     let (metrics_addr, server) = match config.metrics_bind {
         Some(addr) => {
             let (bound, task) = http::serve(addr, Arc::clone(&health), registry).await?;
@@ -457,7 +457,7 @@ pub async fn run(
     if let Some(started) = started {
         let _ = started.send(Running {
             health: Arc::clone(&health),
-            metrics: wiring.metrics.clone(),
+            metrics: io.metrics.clone(),
             metrics_addr,
         });
     }
@@ -470,8 +470,8 @@ pub async fn run(
         },
         syncer,
         health,
-        metrics: wiring.metrics,
-        status: wiring.status,
+        metrics: io.metrics,
+        status: io.status,
         grace: Grace::new(config.deletion_grace),
         pending: None,
         current: None,
@@ -490,8 +490,8 @@ pub async fn run(
         state.apply_cache(&path);
     }
     let (tx, mut rx) = tokio::sync::watch::channel(None);
-    tracing::info!(source = %wiring.source.describe(), "watching");
-    let source = wiring.source.spawn(tx);
+    tracing::info!(source = %io.source.describe(), "watching");
+    let source = io.source.spawn(tx);
     let mut source_open = true;
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -519,7 +519,7 @@ pub async fn run(
         server.abort();
     }
     state.after.servers.stop_all();
-    state.after.write_status(&state.syncer);
+    state.after.write_status_file(&state.syncer);
     tracing::info!("stopping; the programmed rules stay in place");
     Ok(())
 }

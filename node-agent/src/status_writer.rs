@@ -100,8 +100,8 @@ pub fn apply_body(name: &str, status: &NodeForwardingPlanStatus) -> serde_json::
     })
 }
 
-/// Writes one status.
-pub async fn write_status(
+/// Writes one status to the API server: a server-side apply of [`apply_body`] to the status subresource.
+pub async fn apply_status(
     api: &Api<NodeForwardingPlan>,
     name: &str,
     status: &NodeForwardingPlanStatus,
@@ -187,7 +187,7 @@ async fn write_loop(
             continue;
         }
         last_attempt = Some(Instant::now());
-        match write_status(&api, &name, &report.status).await {
+        match apply_status(&api, &name, &report.status).await {
             Ok(()) => {
                 if failing {
                     tracing::info!(plan = %name, "status written again");

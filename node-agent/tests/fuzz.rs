@@ -47,7 +47,7 @@ fn plan_file(text: &str) {
     };
     let _ = switchyard_api::revision::compute(&spec);
     let report = validate(&spec);
-    let _ = switchyard_agent::sync::status::entry_failures(&spec, &report);
+    let _ = switchyard_agent::sync::status_fields::entry_failures(&spec, &report);
     if !report.plan.is_empty() {
         return;
     }

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! A new backend is a module with its render and its `Dataplane`, plus one [`select::Candidate`] in
-//! [`crate::wiring::host::host_dataplane`] and one arm in [`crate::wiring::render_text::render_text`].
+//! [`crate::wiring::dataplane::host_dataplane`] and one arm in [`crate::wiring::render_text::render_text`].
 
 pub mod facts;
 pub mod scope;

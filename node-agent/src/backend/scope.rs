@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec};
 
 use crate::error::Error;
-use crate::host::LocalAddrs;
+use crate::probe::LocalAddrs;
 
 /// The families a plan needs: those of its entries and node IPs, IPv4 when there are none.
 pub fn families_of(spec: &NodeForwardingPlanSpec) -> BTreeSet<IpFamily> {

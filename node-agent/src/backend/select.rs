@@ -305,9 +305,9 @@ impl Dataplane for Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::FixedAddrs;
     use crate::nftables::dataplane::NftablesDataplane;
     use crate::nftables::fake::FakeNft;
+    use crate::probe::FixedAddrs;
     use std::collections::HashSet;
     use std::sync::{Arc, Mutex};
     use switchyard_api::SyncMode;

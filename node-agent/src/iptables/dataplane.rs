@@ -34,9 +34,9 @@ use super::stream::{PayloadJob, Programmed, StreamMode, Streamed};
 use crate::backend::{FamilyEnv, HostFacts, sync_scope};
 use crate::command::RestoreInput;
 use crate::error::Error;
-use crate::host::LocalAddrs;
+use crate::probe::LocalAddrs;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
-use crate::sync::status::{MAX_REASON, entry_label, short};
+use crate::sync::status_fields::{MAX_REASON, entry_label, short};
 use crate::xtables::cleanup::remove_owned;
 use crate::xtables::kernel::Iptables;
 use crate::xtables::payload::Table;
@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn between_whole_table_checks_the_top_level_chains_and_jumps_are_still_checked() {
-        use crate::host::FixedAddrs;
+        use crate::probe::FixedAddrs;
         use crate::xtables::fake::FakeIptables;
         let local: Vec<std::net::IpAddr> = vec!["192.168.10.11".parse().unwrap()];
         let fake = FakeIptables::new(&local);

@@ -11,7 +11,7 @@
 //!
 //! kube-proxy leaves kube-ipvs0 down; ours is up, because IPv6 installs local routes only for addresses
 //! of an interface that is up. A dummy device has NOARP, so being up announces nothing and skips DAD.
-//! Every call runs on a short-lived thread with its own single-threaded runtime, as [`crate::host`]
+//! Every call runs on a short-lived thread with its own single-threaded runtime, as [`crate::probe`]
 //! does, because the sync path is blocking code that may run inside the agent's runtime.
 
 use std::collections::BTreeSet;

@@ -31,7 +31,7 @@ use crate::xtables::chains;
 use crate::xtables::jumps::JumpRow;
 use crate::xtables::jumps::JumpRule;
 use crate::xtables::payload::{Chain, Table};
-use crate::xtables::text::quote_args;
+use crate::xtables::tokens::quote_args;
 
 /// nat: LoadBalancer traffic, masqueraded unless its policy is Local.
 pub const LOAD_BALANCER: &str = "SWYD-LOAD-BALANCER";

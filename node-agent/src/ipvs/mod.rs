@@ -12,7 +12,7 @@
 //!        ├─► xtables::kernel::Iptables (the glue)          ExecIptables │ xtables::fake::FakeIptables
 //!        └─► sysctl::Sysctls                               ProcSysctls │ FakeSysctls
 //! Chosen per plan by crate::backend::Selector (iptables where the kernel has no IPVS); the real edges
-//! are wired in crate::wiring::host.
+//! are wired in crate::wiring::dataplane.
 //! ```
 //!
 //! # Ownership contract
@@ -47,9 +47,9 @@ pub mod ipset;
 pub mod kernel;
 pub mod netlink;
 pub mod render;
+pub mod render_text;
 pub mod sets;
 pub mod sysctl;
-pub mod text;
 
 pub use dataplane::{IpvsConfig, IpvsDataplane, IpvsEdges};
 pub use render::{Desired, VirtualServer, node_port_addresses, render};

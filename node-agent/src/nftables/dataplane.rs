@@ -31,7 +31,7 @@ use super::render::render_in;
 use super::transaction::{Op, Transaction};
 use crate::backend::{FamilyEnv, sync_scope};
 use crate::error::Error;
-use crate::host::LocalAddrs;
+use crate::probe::LocalAddrs;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 
 #[derive(Debug)]

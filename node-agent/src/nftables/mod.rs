@@ -11,7 +11,7 @@
 //!        └ full syncs  ◄── listing (nft -j list table)         │                  anything else → nft -f -
 //!                                                              └─ fake::FakeNft
 //! Chosen per plan by crate::backend::Selector (iptables where `nft` is missing); the real edges are
-//! wired in crate::wiring::host.
+//! wired in crate::wiring::dataplane.
 //! ```
 //!
 //! # Ownership contract

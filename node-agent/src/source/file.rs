@@ -1,4 +1,5 @@
-//! `run --plan-file`: the plan file polled for changes.
+//! `run --plan-file`: the plan file polled for changes ([`FileSource`], the plan source, keeps a
+//! [`PlanFilePoller`]).
 //!
 //! ```text
 //! every poll interval: stat ─► (inode, size, mtime, ctime) changed? ─► read file (over 64 MiB: refused
@@ -27,9 +28,9 @@ pub struct FileSource {
     pub poll_interval: Duration,
 }
 
-/// The plan file's last content and what came of it.
+/// The polling state of a plan file: its last content (stat and hash) and what came of it.
 #[derive(Debug, Default)]
-pub struct PlanFile {
+pub struct PlanFilePoller {
     hash: Option<u64>,
     /// The file's metadata when `hash` was taken: an unchanged stat skips reading a large plan.
     stamp: Option<Stamp>,
@@ -59,7 +60,7 @@ impl Stamp {
     }
 }
 
-impl PlanFile {
+impl PlanFilePoller {
     /// Looks at the file; `Some` when there is something new to say.
     pub fn poll(&mut self, path: &Path) -> Option<PlanUpdate> {
         let stamp = Stamp::of(path);
@@ -108,13 +109,13 @@ impl PlanFile {
 impl PlanSource for FileSource {
     fn spawn(self: Box<Self>, tx: UpdateSender) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let mut file = PlanFile::default();
+            let mut poller = PlanFilePoller::default();
             let mut ticker = tokio::time::interval(self.poll_interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 ticker.tick().await;
                 // Reading and parsing a large plan is blocking work.
-                let update = tokio::task::block_in_place(|| file.poll(&self.path));
+                let update = tokio::task::block_in_place(|| poller.poll(&self.path));
                 if let Some(update) = update
                     && tx.send(Some(Arc::new(update))).is_err()
                 {
@@ -140,16 +141,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("switchyard-filesource-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("plan.yaml");
-        let mut file = PlanFile::default();
-        assert!(matches!(file.poll(&path), Some(PlanUpdate::Invalid(m)) if m.contains("reading plan file")));
-        assert_eq!(file.poll(&path), None, "the same error is said once");
+        let mut poller = PlanFilePoller::default();
+        assert!(
+            matches!(poller.poll(&path), Some(PlanUpdate::Invalid(m)) if m.contains("reading plan file"))
+        );
+        assert_eq!(poller.poll(&path), None, "the same error is said once");
         let spec = plan(
             "node-a",
             vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
         );
         let object = NodeForwardingPlan::new("node-a", spec.clone());
         std::fs::write(&path, serde_saphyr::to_string(&object).unwrap()).unwrap();
-        match file.poll(&path) {
+        match poller.poll(&path) {
             Some(PlanUpdate::Objects(set)) => {
                 assert_eq!(set.plan, Arc::new(spec.clone()));
                 assert!(set.slices.is_empty());
@@ -158,9 +161,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(file.poll(&path), None, "unchanged");
+        assert_eq!(poller.poll(&path), None, "unchanged");
         std::fs::write(&path, "spec: [").unwrap();
-        assert!(matches!(file.poll(&path), Some(PlanUpdate::Invalid(_))));
+        assert!(matches!(poller.poll(&path), Some(PlanUpdate::Invalid(_))));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -175,14 +178,14 @@ mod tests {
         );
         let good = serde_saphyr::to_string(&NodeForwardingPlan::new("node-a", spec)).unwrap();
         std::fs::write(&path, &good).unwrap();
-        let mut file = PlanFile::default();
-        assert!(matches!(file.poll(&path), Some(PlanUpdate::Objects(_))));
+        let mut poller = PlanFilePoller::default();
+        assert!(matches!(poller.poll(&path), Some(PlanUpdate::Objects(_))));
         // Sparse: the size says it all, and nothing of it is read.
         let big = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         big.set_len(switchyard_api::yaml::MAX_PLAN_BYTES as u64 + 1)
             .unwrap();
         drop(big);
-        match file.poll(&path) {
+        match poller.poll(&path) {
             Some(PlanUpdate::Invalid(message)) => assert!(
                 message.contains(
                     "the file is 67108865 bytes, more than the 67108864 (64 MiB) a plan file may hold"
@@ -191,10 +194,10 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
-        assert_eq!(file.poll(&path), None, "said once");
+        assert_eq!(poller.poll(&path), None, "said once");
         std::fs::write(&path, &good).unwrap();
         assert!(
-            matches!(file.poll(&path), Some(PlanUpdate::Objects(_))),
+            matches!(poller.poll(&path), Some(PlanUpdate::Objects(_))),
             "the same good content as before is applied again"
         );
         let _ = std::fs::remove_dir_all(&dir);

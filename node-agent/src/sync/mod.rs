@@ -9,15 +9,16 @@
 //!                                         └─► conntrack cleanup (UDP endpoint changes)
 //! ```
 //!
-//! Pure pieces (composition, backoff, status conditions) are separate modules with their own
-//! tests; [`Syncer`] strings them together and is tested against the fake iptables edge.
+//! Pure pieces (composition, backoff, status_fields: the status' conditions and failures) are separate
+//! modules with their own tests; [`Syncer`] strings them together and is tested against the fake
+//! iptables edge.
 
 pub mod backoff;
 pub mod clock;
 pub mod composition;
 pub mod dataplane;
 pub mod metrics;
-pub mod status;
+pub mod status_fields;
 pub mod syncer;
 
 #[cfg(any(test, feature = "testing"))]

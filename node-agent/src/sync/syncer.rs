@@ -35,7 +35,7 @@ use super::clock::{Clock, rfc3339};
 use super::composition::{Composition, LastGood, SliceObject, compose_plan};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
 use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
-use super::status::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
+use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, stale_flows, udp_fingerprints, udp_targets};
 use crate::error::Error;
 

@@ -3,12 +3,12 @@
 //! `explain --kernel` reads.
 //!
 //! ```text
-//! cli ─► host::host_dataplane ─► Selector(iptables, candidates: IPVS, nftables)   (real edges)
-//!     ─► host::render_for_host ─► render_text::render_text(backend)               (pure text)
-//!     ─► host::cleanup ─► every backend's rules and objects removed
+//! cli ─► dataplane::host_dataplane ─► Selector(iptables, candidates: IPVS, nftables)   (real edges)
+//!     ─► dataplane::render_for_host ─► render_text::render_text(backend)               (pure text)
+//!     ─► dataplane::cleanup ─► every backend's rules and objects removed
 //!     ─► explain::compare_with_kernel ─► the plan's backend's kernel read, compared on the path
 //! ```
 
+pub mod dataplane;
 pub mod explain;
-pub mod host;
 pub mod render_text;

@@ -136,7 +136,7 @@ fn ipvs_text(spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>, facts: &HostF
             )
         })
         .collect();
-    crate::ipvs::text::render_text(spec, &desired, &node_ports)
+    crate::ipvs::render_text::render_text(spec, &desired, &node_ports)
 }
 
 #[cfg(test)]

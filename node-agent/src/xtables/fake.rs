@@ -130,7 +130,7 @@ impl FakeIptables {
         let found = save.lines().find_map(|line| {
             let args = line.strip_prefix(&prefix)?;
             args.ends_with(&format!("-j {target}"))
-                .then(|| super::text::tokenize(args).ok())
+                .then(|| super::tokens::tokenize(args).ok())
                 .flatten()
         });
         found.is_some_and(|args| kernel.delete_rule(table, chain, &args))

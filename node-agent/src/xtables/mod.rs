@@ -8,7 +8,7 @@
 //!                                                     kernel::Iptables ─┬─ exec::ExecIptables (mode: nft | legacy)
 //! iptables-save ─► save::SavedTable (our chains, our jumps)             └─ fake::FakeIptables (on tracer::Tracer)
 //!     └─► cleanup::remove_owned (every SWYD- chain and jump)
-//! text: the tokenizer and quoter every reader and writer of rules shares;  chains: the fixed chain names
+//! tokens: the tokenizer and quoter every reader and writer of rules shares;  chains: the fixed chain names
 //! ```
 
 pub mod chains;
@@ -21,7 +21,7 @@ pub mod kernel;
 pub mod mode;
 pub mod payload;
 pub mod save;
-pub mod text;
+pub mod tokens;
 pub mod tracer;
 
 pub use payload::{Chain, Table};

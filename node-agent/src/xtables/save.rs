@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use super::chains;
 use super::jumps::JumpRule;
 use super::payload::Table;
-use super::text::{built_in_chains, tokenize};
+use super::tokens::{built_in_chains, tokenize};
 
 /// One built-in chain's rule that jumps into a chain of ours.
 #[derive(Debug, Clone, PartialEq, Eq)]

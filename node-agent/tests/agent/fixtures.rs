@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::conntrack::FakeConntrack;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{FakeClock, SyncConfig, SyncMetrics, Syncer};
 use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::testing::{EntryExt, entry, ep, plan};

@@ -399,7 +399,7 @@ async fn explain_reads_the_plan_and_only_its_views_slices_from_the_api_server() 
         &server,
         &slice("zone-b", 0, 1, vec![entry("ns/b:p", "10.96.0.2", 80)]),
     );
-    let (plan, slices) = switchyard_agent::live::fetch_plan(server.client(), NODE)
+    let (plan, slices) = switchyard_agent::start::fetch_plan(server.client(), NODE)
         .await
         .unwrap();
     assert_eq!(plan, live);
@@ -418,7 +418,7 @@ async fn explain_reads_the_plan_and_only_its_views_slices_from_the_api_server() 
         "{}",
         explanation.text()
     );
-    let missing = switchyard_agent::live::fetch_plan(server.client(), "node-x")
+    let missing = switchyard_agent::start::fetch_plan(server.client(), "node-x")
         .await
         .unwrap_err();
     assert!(

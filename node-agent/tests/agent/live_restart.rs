@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::Method;
 use switchyard_agent::metrics::{LiveMetrics, registry};
-use switchyard_agent::run::Wiring;
+use switchyard_agent::run::RunIo;
 use switchyard_agent::run::grace::GracePeriod;
 use switchyard_agent::run::health::AgentHealth;
 use switchyard_agent::source::file::FileSource;
@@ -229,7 +229,7 @@ async fn the_cache_goes_in_before_the_first_request() {
         }
     }
     let (answer, mut answers) = tokio::sync::mpsc::unbounded_channel();
-    let wiring = Wiring {
+    let io = RunIo {
         source: Box::new(Probe {
             iptables: probe,
             requests: seen,
@@ -238,7 +238,7 @@ async fn the_cache_goes_in_before_the_first_request() {
         status: None,
         metrics: LiveMetrics::default(),
     };
-    let agent = Agent::start_with(&iptables, config(Some(&dir), GracePeriod::Never), wiring).await;
+    let agent = Agent::start_with(&iptables, config(Some(&dir), GracePeriod::Never), io).await;
     assert_eq!(
         answers.recv().await.unwrap(),
         (true, 0),
@@ -469,7 +469,7 @@ async fn the_plan_file_source_feeds_the_same_loop() {
     let iptables = FakeIptables::new(&local_addrs());
     let mut config = config(None, GracePeriod::Never);
     config.status_file = Some(dir.join("status.yaml"));
-    let wiring = Wiring {
+    let io = RunIo {
         source: Box::new(FileSource {
             path: path.clone(),
             poll_interval: Duration::from_millis(20),
@@ -477,7 +477,7 @@ async fn the_plan_file_source_feeds_the_same_loop() {
         status: None,
         metrics: LiveMetrics::default(),
     };
-    let agent = Agent::start_with(&iptables, config, wiring).await;
+    let agent = Agent::start_with(&iptables, config, io).await;
     wait_http("readiness", agent.addr(), "/readyz", 200).await;
     let status = std::fs::read_to_string(dir.join("status.yaml")).unwrap();
     assert!(status.contains(&spec.revision), "{status}");

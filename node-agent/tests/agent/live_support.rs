@@ -9,11 +9,11 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::metrics::LiveMetrics;
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::run::grace::GracePeriod;
-use switchyard_agent::run::{RunConfig, Running, Wiring, run};
+use switchyard_agent::run::{RunConfig, RunIo, Running, run};
 use switchyard_agent::source::api::ApiSource;
 use switchyard_agent::status_writer::{self, WriterConfig};
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
@@ -135,16 +135,16 @@ impl Agent {
         );
         let mut source = ApiSource::new(client, NODE);
         source.settle = Duration::from_millis(200);
-        let wiring = Wiring {
+        let io = RunIo {
             source: Box::new(source),
             status: Some(sink),
             metrics,
         };
-        Self::start_with(iptables, config, wiring).await
+        Self::start_with(iptables, config, io).await
     }
 
-    /// Starts the loop with any wiring.
-    pub async fn start_with(iptables: &FakeIptables, config: RunConfig, wiring: Wiring) -> Self {
+    /// Starts the loop with any plan source, status sink and metrics.
+    pub async fn start_with(iptables: &FakeIptables, config: RunConfig, io: RunIo) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let (started_tx, started_rx) = oneshot::channel();
         let syncer = syncer(iptables);
@@ -152,7 +152,7 @@ impl Agent {
             run(
                 config,
                 syncer,
-                wiring,
+                io,
                 async {
                     let _ = stopped.await;
                 },

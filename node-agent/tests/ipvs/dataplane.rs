@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::iptables::names;
 use switchyard_agent::ipvs::glue::IPVS_FILTER;
 use switchyard_agent::ipvs::kernel::{Destination, Service};
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::dataplane::Dataplane;
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, SyncResult, Syncer};
 use switchyard_agent::xtables::Table;

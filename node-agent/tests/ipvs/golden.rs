@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::ipvs::text::render_text;
+use switchyard_agent::ipvs::render_text::render_text;
 use switchyard_agent::ipvs::{node_port_addresses, render};
 use switchyard_api::NodeForwardingPlanSpec;
 use switchyard_api::testing::finish;

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::ipvs::dummy::FakeDummy;
 use switchyard_agent::ipvs::fake::FakeIpvs;
 use switchyard_agent::ipvs::ipset::FakeIpsets;
 use switchyard_agent::ipvs::kernel::{RealKey, VirtualKey};
 use switchyard_agent::ipvs::sysctl::FakeSysctls;
 use switchyard_agent::ipvs::{IpvsConfig, IpvsDataplane, IpvsEdges};
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::FakeClock;
 use switchyard_agent::sync::dataplane::{Dataplane, SyncOutcome, SyncRequest};
 use switchyard_agent::xtables::fake::FakeIptables;

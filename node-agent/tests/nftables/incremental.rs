@@ -5,11 +5,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::diff::diff;
 use switchyard_agent::nftables::fake::FakeNft;
 use switchyard_agent::nftables::kernel::Nft;
 use switchyard_agent::nftables::{NftablesDataplane, render};
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{FakeClock, SyncConfig, SyncMetrics, SyncResult, Syncer};
 use switchyard_api::testing::{EndpointExt, ep, finish};
 use switchyard_api::validate::validate;

@@ -6,12 +6,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::dataplane::NftablesDataplane;
 use switchyard_agent::nftables::diff::diff;
 use switchyard_agent::nftables::exec::ExecNft;
 use switchyard_agent::nftables::kernel::{Nft, summary_differences};
 use switchyard_agent::nftables::render;
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{Dataplane, SyncRequest};
 use switchyard_api::testing::finish;
 use switchyard_api::{Backend, IpFamily, SyncMode};

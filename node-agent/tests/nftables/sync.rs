@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_agent::host::FixedAddrs;
 use switchyard_agent::nftables::fake::FakeNft;
 use switchyard_agent::nftables::transaction::Op;
 use switchyard_agent::nftables::{Key, NftablesDataplane, Value};
+use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{FakeClock, SyncConfig, SyncMetrics, SyncResult, Syncer};
 use switchyard_api::conditions::{APPLIED, reasons, status};
 use switchyard_api::testing::finish;

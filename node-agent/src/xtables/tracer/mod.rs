@@ -42,7 +42,7 @@ use switchyard_api::IpFamily;
 use super::chains::MAX_CHAIN_LEN;
 use super::jumps::JumpRule;
 use super::payload::Table;
-use super::text::{built_in_chains, is_built_in, quote_args, tokenize};
+use super::tokens::{built_in_chains, is_built_in, quote_args, tokenize};
 use crate::error::Error;
 
 mod rule;

@@ -1,5 +1,6 @@
-//! Wiring of `switchyard-agent run`: which plan source, and for the API source the client and the
-//! status writer, around the one loop in [`crate::run`].
+//! Starts `switchyard-agent run`: picks the plan source and, for the API source, builds the client and
+//! the status writer, then runs the one loop in [`crate::run`] on them (its [`RunIo`]). Also the one
+//! read of a node's plan from the API server that `explain` makes.
 //!
 //! ```text
 //! --plan-file F ─► FileSource ───────────────────────────────────────────┐
@@ -20,7 +21,7 @@ use kube::Api;
 use crate::bootstrap;
 use crate::error::Error;
 use crate::metrics::LiveMetrics;
-use crate::run::{RunConfig, Wiring, run};
+use crate::run::{RunConfig, RunIo, run};
 use crate::source::api::ApiSource;
 use crate::source::file::FileSource;
 use crate::status_writer::{self, WriterConfig};
@@ -104,12 +105,12 @@ pub async fn run_agent(
     let metrics = LiveMetrics::default();
     match from {
         PlanFrom::File { path, poll_interval } => {
-            let wiring = Wiring {
+            let io = RunIo {
                 source: Box::new(FileSource { path, poll_interval }),
                 status: None,
                 metrics,
             };
-            run(config, syncer, wiring, shutdown, None).await
+            run(config, syncer, io, shutdown, None).await
         }
         PlanFrom::Api {
             kubeconfig,
@@ -139,12 +140,12 @@ pub async fn run_agent(
                 },
                 metrics.clone(),
             );
-            let wiring = Wiring {
+            let io = RunIo {
                 source: Box::new(ApiSource::new(client, &node)),
                 status: Some(sink),
                 metrics,
             };
-            let result = run(config, syncer, wiring, shutdown, None).await;
+            let result = run(config, syncer, io, shutdown, None).await;
             writer.abort();
             result
         }

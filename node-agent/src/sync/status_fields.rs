@@ -1,4 +1,6 @@
-//! Pure pieces of the plan status: conditions that keep their transition time, entry failures in the
+//! The fields of the plan status a sync fills in, as pure pieces ([`crate::sync::Syncer::status`] puts
+//! them together; the type is `switchyard_api::status`, the writers are [`crate::status_writer`] and
+//! `planfile::write_status_file`): conditions that keep their transition time, entry failures in the
 //! status' capped form, and short messages.
 //!
 //! ```text

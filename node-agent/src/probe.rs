@@ -1,12 +1,13 @@
-//! What the agent learns about its host for the pure render: iptables features, the conntrack
-//! liberal-TCP sysctl, and the node's local addresses.
+//! Probes of the host: what the agent reads from it for the pure render (iptables features, the
+//! conntrack liberal-TCP sysctl, the node's local addresses), which [`crate::backend::HostFacts`] holds.
 //!
 //! ```text
 //! iptables --version ─► parse_iptables_version ─► ≥ 1.6.2 ─► random_fully ─┐
 //! /proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal ─► tcp_be_liberal ────┼─► backend::HostFacts
 //! LocalAddrs (rtnetlink RTM_GETADDR dump | fixed list) ─► local addresses ──┘   (assembled by
-//!                                                                                wiring::host, and per
-//!                                                                                sync by the dataplanes)
+//!                                                                                wiring::dataplane, and
+//!                                                                                per sync by the
+//!                                                                                dataplanes)
 //! ```
 //!
 //! The agent runs in the node's network namespace (host network), so a plain rtnetlink socket sees the

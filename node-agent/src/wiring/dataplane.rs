@@ -22,10 +22,6 @@ use crate::backend::HostFacts;
 use crate::backend::select::{Candidate, Factory, Leftovers, Selector};
 use crate::command::{find_in_path, stdout_of};
 use crate::error::Error;
-use crate::host::{
-    FixedAddrs, NetlinkAddrs, TCP_BE_LIBERAL_SYSCTL, parse_iptables_version, read_tcp_be_liberal,
-    supports_random_fully,
-};
 use crate::iptables::dataplane::IptablesDataplane;
 use crate::ipvs::dataplane::{IpvsConfig, IpvsDataplane, IpvsEdges, remove_objects};
 use crate::ipvs::dummy::{INTERFACE, NetlinkDummy, ServiceAddrs};
@@ -35,6 +31,10 @@ use crate::ipvs::netlink::NetlinkIpvs;
 use crate::ipvs::sysctl::{OSRELEASE, ProcSysctls};
 use crate::nftables::dataplane::NftablesDataplane;
 use crate::nftables::exec::ExecNft;
+use crate::probe::{
+    FixedAddrs, NetlinkAddrs, TCP_BE_LIBERAL_SYSCTL, parse_iptables_version, read_tcp_be_liberal,
+    supports_random_fully,
+};
 use crate::sync::dataplane::{Cleanup, Dataplane};
 use crate::sync::{Clock, SystemClock};
 use crate::xtables::exec::ExecIptables;

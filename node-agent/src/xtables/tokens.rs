@@ -1,4 +1,4 @@
-//! The words of `iptables-restore` / `iptables-save` text, and the built-in chains of the tables we use:
+//! The tokens of `iptables-restore` / `iptables-save` text, and the built-in chains of the tables we use:
 //! the one tokenizer, quoter and chain list every reader and writer of that text shares (the save
 //! parser, the tracer, the IPVS glue and the in-memory iptables).
 //!
