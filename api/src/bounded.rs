@@ -2,7 +2,7 @@
 //! 100,001st entry is read, not after every entry was allocated and validation counted them.
 //!
 //! ```text
-//! #[serde(deserialize_with = "bounded::entries")] services ─► next_element() … MAX_ENTRIES ─► one more ─► error
+//! #[serde(deserialize_with = "crate::bounded::entries")] services ─► next_element() … MAX_ENTRIES ─► one more ─► error
 //!                                                                    (the parser adds where: line and column)
 //! ```
 //!

@@ -1,4 +1,4 @@
-//! A fake Kubernetes API server at the HTTP level, for tests and scale simulations (feature `testing`).
+//! A fake Kubernetes API server at the HTTP level, for tests and scale simulations (the switchyard-test-support crate: never shipped).
 //!
 //! ```text
 //! request ─► intake ─► parse_path ─► verb handler ─► store / watch fan-out ─► response
