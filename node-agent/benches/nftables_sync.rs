@@ -10,10 +10,18 @@
 //! target: full sync ≤ 10 s, one-service partial sync ≤ 20 ms, peak RSS ≤ 30 MiB. A partial sync that
 //! the agent did not apply as a partial one fails the benchmark.
 //!
+//! Beside each figure, the kernel's floor: the agent's own full-sync text loaded by the bare `nft -f`
+//! in one transaction into a fresh namespace, and a one-endpoint change's own diff text loaded the same
+//! way, with the agent's figure as a ratio to it. Sizes are `SERVICES` (× 5 endpoints) or
+//! `SERVICESxENDPOINTS`; with `SWITCHYARD_BENCH_SIZES` every size gets its partial syncs, and
+//! `SWITCHYARD_BENCH_RSS_ALL=1` measures the peak RSS at every size, not only the largest.
+//!
 //! ```text
 //! cargo bench -p switchyard-agent --bench nftables_sync                         # about a minute
 //! SWITCHYARD_BENCH_SMOKE=1 cargo bench -p switchyard-agent --bench nftables_sync  # seconds
 //! SWITCHYARD_BENCH_SIZES=1000,5000 cargo bench -p switchyard-agent --bench nftables_sync
+//! SWITCHYARD_BENCH_SIZES=10000x15,50000x5,100000x2,5000x50 SWITCHYARD_BENCH_RSS_ALL=1 \
+//!   cargo bench -p switchyard-agent --bench nftables_sync                      # the envelope
 //! ```
 //!
 //! Syncs run on a thread that has entered the namespace (`setns`), so the `nft` processes and netlink
@@ -38,8 +46,8 @@ use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, ENTRIES_PER_SLICE, Netns, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss,
-    root_bench_main, sliced, spec, target,
+    ENDPOINTS, ENTRIES_PER_SLICE, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms,
+    report_rss_sized, root_bench_main, sizes, sliced, spec_sized, target,
 };
 
 /// Targets at [`TARGET_SERVICES`]: full sync and one-service partial sync.
@@ -57,18 +65,76 @@ fn syncer() -> Result<Syncer, String> {
     ))
 }
 
-/// Validate, render and write the transaction nowhere: the CPU part of a fresh full sync.
-fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, usize) {
+/// Validate, render and write the transaction into memory: the CPU part of a fresh full sync. Returns
+/// the text too (the floor loads it with the bare tool).
+fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, Vec<u8>) {
     let start = Instant::now();
     let skip: HashSet<usize> = switchyard_api::validate::validate(spec).bad_entries();
     let transaction = diff(None, &render(spec, &HostFacts::default(), IpFamily::IPv4, &skip));
     let mut bytes = Vec::new();
     let _ = transaction.write(&mut bytes);
-    (start.elapsed(), bytes.len())
+    (start.elapsed(), bytes)
+}
+
+/// `nft -f FILE` of `text`, timed from spawn to exit (run inside a namespace).
+fn bare_nft(dir: &std::path::Path, name: &str, text: &[u8]) -> Result<Duration, String> {
+    let file = dir.join(name);
+    std::fs::write(&file, text).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let out = std::process::Command::new("nft")
+        .arg("-f")
+        .arg(&file)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    if !out.status.success() {
+        return Err(format!("nft -f {name}: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(elapsed)
+}
+
+/// The kernel's floor beside the agent's figures: the agent's own full-sync text loaded by the bare
+/// tool in one transaction into a fresh namespace, then `runs` one-endpoint changes, each the agent's
+/// own diff text, loaded the same way (median).
+fn floors(
+    spec: &NodeForwardingPlanSpec,
+    text: Vec<u8>,
+    runs: usize,
+) -> Result<(Duration, Option<Duration>), String> {
+    let netns = Netns::new("floor")?;
+    let dir = std::env::temp_dir().join(format!("swyd-bench-floor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let spec = spec.clone();
+    let work_dir = dir.clone();
+    let result = netns.within(move || {
+        let full = bare_nft(&work_dir, "full.nft", &text)?;
+        drop(text);
+        let facts = HostFacts::default();
+        let skip = HashSet::new();
+        let mut current = spec;
+        let mut before = render(&current, &facts, IpFamily::IPv4, &skip);
+        let mut changes = Vec::new();
+        for run in 0..runs {
+            let index = current.services.len() / 2;
+            Arc::make_mut(&mut current.services[index]).endpoints[0].ip =
+                format!("10.252.{}.{}", run / 250, run % 250 + 1);
+            switchyard_api::testing::finish(&mut current);
+            let after = render(&current, &facts, IpFamily::IPv4, &skip);
+            let mut change = Vec::new();
+            diff(Some(&before), &after)
+                .write(&mut change)
+                .map_err(|e| e.to_string())?;
+            changes.push(bare_nft(&work_dir, "change.nft", &change)?);
+            before = after;
+        }
+        Ok((full, (!changes.is_empty()).then(|| median(changes))))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 struct Row {
-    services: u32,
+    size: Size,
     programmed: u64,
     bytes: usize,
     render: Duration,
@@ -78,12 +144,18 @@ struct Row {
     partial: Option<Duration>,
     /// The one-service partial sync through the slices path (compose + sync).
     partial_sliced: Option<Duration>,
+    /// The same full-sync text loaded by the bare `nft -f` in one transaction.
+    floor_full: Duration,
+    /// A one-endpoint change's diff text loaded by the bare `nft -f` (median).
+    floor_change: Option<Duration>,
 }
 
-fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
-    let netns = Netns::new(&services.to_string())?;
-    let spec = spec(services, Backend::Nftables);
-    let (render, bytes) = render_only(&spec);
+fn measure(size: Size, partial_runs: usize) -> Result<Row, String> {
+    let netns = Netns::new(&format!("{}x{}", size.services, size.endpoints))?;
+    let spec = spec_sized(size, Backend::Nftables);
+    let (render, text) = render_only(&spec);
+    let bytes = text.len();
+    let (floor_full, floor_change) = floors(&spec, text, partial_runs.max(1))?;
     let (full, programmed, restart, drift_check, partial, partial_sliced) = netns.within(move || {
         let mut first = syncer()?;
         let (full, programmed) = applied(first.sync_plan(&Arc::new(spec.clone())))?;
@@ -130,7 +202,7 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
         Ok((full, programmed, restart, drift_check, partial, partial_sliced))
     })?;
     Ok(Row {
-        services,
+        size,
         programmed,
         bytes,
         render,
@@ -139,53 +211,73 @@ fn measure(services: u32, partial_runs: usize) -> Result<Row, String> {
         drift_check,
         partial: (!partial.is_empty()).then(|| median(partial)),
         partial_sliced: (!partial_sliced.is_empty()).then(|| median(partial_sliced)),
+        floor_full,
+        floor_change,
     })
 }
 
 fn run() -> Result<(), String> {
     let smoke = common::smoke();
-    let mut sizes: Vec<u32> = if smoke {
-        vec![20, 100]
+    let default = if smoke {
+        vec![Size::new(20, ENDPOINTS), Size::new(100, ENDPOINTS)]
     } else {
-        vec![1_000, 5_000, 10_000]
+        vec![
+            Size::new(1_000, ENDPOINTS),
+            Size::new(5_000, ENDPOINTS),
+            Size::new(10_000, ENDPOINTS),
+        ]
     };
-    if let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") {
-        sizes = list.split(',').filter_map(|s| s.trim().parse().ok()).collect();
-    }
+    let sizes = sizes(default);
     let partial_runs = if smoke { 2 } else { 5 };
-    let largest = sizes.iter().copied().max().unwrap_or_default();
+    let largest = sizes.iter().copied().max().unwrap_or(Size::new(0, ENDPOINTS));
+    let judged = Size::new(TARGET_SERVICES, ENDPOINTS);
+    println!("agent nftables benchmark: ClusterIP services × endpoints, fresh network namespaces");
     println!(
-        "agent nftables benchmark: ClusterIP services × {ENDPOINTS} endpoints, fresh network namespaces"
-    );
-    println!(
-        "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23} {:>17}",
-        "services",
+        "{:>10} | {:>9} {:>10} | {:>15} {:>11} {:>11} {:>6} | {:>17} {:>11} | {:>23} {:>17} {:>12} {:>6}",
+        "services×e",
         "rules+el.",
         "nft bytes",
         "validate+render",
         "full sync",
+        "nft -f",
+        "ratio",
         "restart (no-op)",
         "drift check",
         "1-service partial (med)",
-        "via slices (med)"
+        "via slices (med)",
+        "change nft",
+        "ratio"
     );
-    for &services in &sizes {
-        let runs = if services == largest { partial_runs } else { 0 };
-        let row = measure(services, runs)?;
+    for &size in &sizes {
+        // Every size gets its partial syncs when sizes are given (the envelope runs), else the largest.
+        let runs = if size == largest || std::env::var_os("SWITCHYARD_BENCH_SIZES").is_some() {
+            partial_runs
+        } else {
+            0
+        };
+        let row = measure(size, runs)?;
+        let ratio = |a: Duration, b: Duration| format!("{:.2}", a.as_secs_f64() / b.as_secs_f64().max(1e-9));
         println!(
-            "{:>8} | {:>9} {:>10} | {:>15} {:>11} | {:>17} {:>11} | {:>23} {:>17}",
-            row.services,
+            "{:>10} | {:>9} {:>10} | {:>15} {:>11} {:>11} {:>6} | {:>17} {:>11} | {:>23} {:>17} {:>12} {:>6}",
+            row.size.to_string(),
             row.programmed,
             row.bytes,
             ms(row.render),
             ms(row.full),
+            ms(row.floor_full),
+            ratio(row.full, row.floor_full),
             ms(row.restart),
             ms(row.drift_check),
             row.partial.map(ms).unwrap_or_else(|| "-".into()),
-            row.partial_sliced.map(ms).unwrap_or_else(|| "-".into())
+            row.partial_sliced.map(ms).unwrap_or_else(|| "-".into()),
+            row.floor_change.map(ms).unwrap_or_else(|| "-".into()),
+            match (row.partial, row.floor_change) {
+                (Some(p), Some(f)) => ratio(p, f),
+                _ => "-".into(),
+            }
         );
         let _ = std::io::stdout().flush();
-        if !smoke && services == TARGET_SERVICES {
+        if !smoke && size == judged {
             target(
                 "agent (nftables) full sync at 10,000 Services",
                 &ms(row.full),
@@ -210,7 +302,12 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    report_rss(largest, Backend::Nftables, smoke)
+    for &size in &sizes {
+        if size == largest || std::env::var_os("SWITCHYARD_BENCH_RSS_ALL").is_some() {
+            report_rss_sized(size, Backend::Nftables, smoke)?;
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

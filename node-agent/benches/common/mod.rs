@@ -19,15 +19,60 @@ pub const ENDPOINTS: u32 = 5;
 
 /// `n` ClusterIP services with 5 endpoints each, every address distinct, for `backend`.
 pub fn spec(n: u32, backend: Backend) -> NodeForwardingPlanSpec {
-    let services = (0..n)
+    spec_sized(Size::new(n, ENDPOINTS), backend)
+}
+
+/// A benchmark size: Services × endpoints per Service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Size {
+    /// ClusterIP Services.
+    pub services: u32,
+    /// Endpoints of each.
+    pub endpoints: u32,
+}
+
+impl Size {
+    pub const fn new(services: u32, endpoints: u32) -> Self {
+        Self { services, endpoints }
+    }
+}
+
+impl std::fmt::Display for Size {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}×{}", self.services, self.endpoints)
+    }
+}
+
+/// `SWITCHYARD_BENCH_SIZES` as `SERVICES` (× [`ENDPOINTS`]) or `SERVICESxENDPOINTS`, comma-separated;
+/// `default` without it.
+pub fn sizes(default: Vec<Size>) -> Vec<Size> {
+    let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") else {
+        return default;
+    };
+    list.split(',')
+        .filter_map(|item| {
+            let item = item.trim();
+            match item.split_once('x') {
+                Some((s, e)) => Some(Size::new(s.parse().ok()?, e.parse().ok()?)),
+                None => Some(Size::new(item.parse().ok()?, ENDPOINTS)),
+            }
+        })
+        .collect()
+}
+
+/// `size.services` ClusterIP services with `size.endpoints` endpoints each, every address distinct,
+/// for `backend`. ClusterIPs past 62,500 come from a second /16 (several ServiceCIDRs, as a cluster of
+/// that size has them).
+pub fn spec_sized(size: Size, backend: Backend) -> NodeForwardingPlanSpec {
+    let services = (0..size.services)
         .map(|i| {
             let mut e = entry(
                 &format!("ns{}/svc{i}:http", i / 100),
-                &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+                &format!("10.{}.{}.{}", 96 + i / 62_500, (i / 250) % 250, i % 250 + 1),
                 80,
             );
-            for j in 0..ENDPOINTS {
-                let k = i * ENDPOINTS + j;
+            for j in 0..size.endpoints {
+                let k = i * size.endpoints + j;
                 e = e.with(ep(
                     &format!("10.{}.{}.{}", 100 + k / 62_500, (k / 250) % 250, k % 250 + 1),
                     8080,
@@ -180,15 +225,15 @@ pub use summary::{record, target};
 /// plan self-contained, or (`sliced`) a live plan with its view's slices, which the agent composes.
 pub fn apply_rss(
     agent: &Path,
-    services: u32,
+    size: Size,
     backend: Backend,
     sliced_plan: bool,
 ) -> Result<(u64, Duration), String> {
-    let netns = Netns::new(&format!("rss-{services}-{sliced_plan}"))?;
+    let netns = Netns::new(&format!("rss-{}-{}-{sliced_plan}", size.services, size.endpoints))?;
     let dir = std::env::temp_dir().join(format!("swyd-bench-rss-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let file: PathBuf = dir.join("plan.json");
-    let spec = spec(services, backend);
+    let spec = spec_sized(size, backend);
     let body = if sliced_plan {
         let (live, slices) = sliced(&spec);
         drop(spec);
@@ -250,9 +295,14 @@ pub const RSS_TARGET_MIB: f64 = 30.0;
 /// Measures and prints the peak RSS of the real binary applying a `services`-entry plan for
 /// `backend`, and judges the RSS target at full size.
 pub fn report_rss(services: u32, backend: Backend, smoke: bool) -> Result<(), String> {
+    report_rss_sized(Size::new(services, ENDPOINTS), backend, smoke)
+}
+
+/// [`report_rss`] at any size (the target is judged only at [`TARGET_SERVICES`] × [`ENDPOINTS`]).
+pub fn report_rss_sized(size: Size, backend: Backend, smoke: bool) -> Result<(), String> {
     let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
     for sliced_plan in [false, true] {
-        let (kib, wall) = apply_rss(agent, services, backend, sliced_plan)?;
+        let (kib, wall) = apply_rss(agent, size, backend, sliced_plan)?;
         let mib = kib as f64 / 1024.0;
         let shape = if sliced_plan {
             "a live plan and its view's slices, composed"
@@ -260,10 +310,10 @@ pub fn report_rss(services: u32, backend: Backend, smoke: bool) -> Result<(), St
             "one self-contained plan"
         };
         println!(
-            "peak RSS of `switchyard-agent apply --plan` ({services} services, backend {backend}, {shape}, JSON, fresh namespace): {mib:.1} MiB (VmHWM), {:.1} s",
+            "peak RSS of `switchyard-agent apply --plan` ({size} services × endpoints, backend {backend}, {shape}, JSON, fresh namespace): {mib:.1} MiB (VmHWM), {:.1} s",
             wall.as_secs_f64()
         );
-        if !smoke && services == TARGET_SERVICES {
+        if !smoke && size == Size::new(TARGET_SERVICES, ENDPOINTS) {
             let what = if sliced_plan { ", composed from slices" } else { "" };
             target(
                 &format!("agent ({backend}) peak RSS at 10,000 Services{what}"),
