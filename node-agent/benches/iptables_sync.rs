@@ -15,7 +15,13 @@
 //! cargo bench -p switchyard-agent --bench iptables_sync         # minutes, most of it iptables-nft-restore
 //! SWITCHYARD_BENCH_SMOKE=1 cargo bench -p switchyard-agent --bench iptables_sync   # seconds
 //! SWITCHYARD_BENCH_SIZES=1000,5000 SWITCHYARD_BENCH_IPTABLES=nft cargo bench …     # a subset
+//! SWITCHYARD_BENCH_SIZES=10000x15,50000x5 SWITCHYARD_BENCH_IPTABLES=nft cargo bench …  # the envelope
 //! ```
+//!
+//! Beside the full sync, its floor: the agent's own full payload restored by the bare
+//! `iptables-<variant>-restore --noflush` into a fresh namespace, and each as a ratio to its floor.
+//! Sizes are `SERVICES` (× 5 endpoints) or `SERVICESxENDPOINTS`; with `SWITCHYARD_BENCH_SIZES` every
+//! size gets its partial syncs, and `SWITCHYARD_BENCH_RSS_ALL=1` measures the peak RSS at every size.
 //!
 //! Syncs run on a thread that has entered the namespace (`setns`), so the iptables processes it starts
 //! are in it too; the RSS run is `ip netns exec <ns> switchyard-agent apply`, its high-water mark read
@@ -39,8 +45,8 @@ use switchyard_agent::xtables::mode::Variant;
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, Netns, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss, root_bench_main,
-    spec, target,
+    ENDPOINTS, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss_sized,
+    root_bench_main, sizes, spec_sized, target,
 };
 
 /// One-service partial sync target at [`TARGET_SERVICES`].
@@ -61,8 +67,9 @@ fn syncer(variant: Variant) -> Result<Syncer, String> {
     ))
 }
 
-/// Validate and render alone (the payload written nowhere): the CPU part of a full sync.
-fn render_only(spec: &NodeForwardingPlanSpec) -> Duration {
+/// Validate and render alone (the payload written into memory): the CPU part of a full sync. Returns
+/// the payload too (the floor restores it with the bare tool).
+fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, Vec<u8>) {
     let start = Instant::now();
     let report = switchyard_api::validate::validate(spec);
     let skip: HashSet<usize> = report.bad_entries();
@@ -79,17 +86,30 @@ fn render_only(spec: &NodeForwardingPlanSpec) -> Duration {
         mode: StreamMode::Full { existing: &existing },
         jumps: &[],
     };
-    let _ = job.write(&mut std::io::sink());
-    start.elapsed()
+    let mut payload = Vec::new();
+    let _ = job.write(&mut payload);
+    (start.elapsed(), payload)
+}
+
+/// The full-sync payload restored by the bare `iptables-<variant>-restore --noflush` in one run, into
+/// a fresh namespace: the floor of a full sync.
+fn full_floor(variant: Variant, payload: Vec<u8>) -> Result<Duration, String> {
+    let netns = Netns::new(&format!("{variant}-floor"))?;
+    netns.within(move || {
+        let text = String::from_utf8(payload).map_err(|e| e.to_string())?;
+        bare_restore(variant, &text)
+    })
 }
 
 struct Row {
     variant: Variant,
-    services: u32,
+    size: Size,
     rules: u64,
     save_lines: usize,
     render: Duration,
     full: Duration,
+    /// The same full payload restored by the bare tool into a fresh namespace.
+    full_floor: Duration,
     partial: Option<Duration>,
     /// A bare `iptables-restore --noflush` of the smallest payload with a partial sync's effect (the
     /// changed Service's chains, flushed and rewritten), in the same namespace afterwards: the floor
@@ -101,10 +121,11 @@ struct Row {
     drift_check: (Duration, Duration),
 }
 
-fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, String> {
-    let netns = Netns::new(&format!("{variant}-{services}"))?;
-    let spec = spec(services, Backend::Iptables);
-    let render = render_only(&spec);
+fn measure(variant: Variant, size: Size, partial_runs: usize) -> Result<Row, String> {
+    let netns = Netns::new(&format!("{variant}-{}x{}", size.services, size.endpoints))?;
+    let spec = spec_sized(size, Backend::Iptables);
+    let (render, payload) = render_only(&spec);
+    let full_floor = full_floor(variant, payload)?;
     let (full, rules, partial, drift_check, floor) = netns.within(move || {
         let mut syncer = syncer(variant)?;
         let (full, rules) = applied(syncer.sync_plan(&Arc::new(spec.clone())))?;
@@ -157,11 +178,12 @@ fn measure(variant: Variant, services: u32, partial_runs: usize) -> Result<Row, 
         .sum();
     Ok(Row {
         variant,
-        services,
+        size,
         rules,
         save_lines,
         render,
         full,
+        full_floor,
         partial: (!partial.is_empty()).then(|| median(partial)),
         floor,
         nat_chains,
@@ -217,58 +239,73 @@ fn bare_restore(variant: Variant, payload: &str) -> Result<Duration, String> {
 
 fn run() -> Result<(), String> {
     let smoke = common::smoke();
-    let mut sizes: Vec<u32> = if smoke {
-        vec![20, 100]
+    let default = if smoke {
+        vec![Size::new(20, ENDPOINTS), Size::new(100, ENDPOINTS)]
     } else {
-        vec![1_000, 5_000, 10_000]
+        vec![
+            Size::new(1_000, ENDPOINTS),
+            Size::new(5_000, ENDPOINTS),
+            Size::new(10_000, ENDPOINTS),
+        ]
     };
-    if let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") {
-        sizes = list.split(',').filter_map(|s| s.trim().parse().ok()).collect();
-    }
+    let sizes = sizes(default);
     let variants: Vec<Variant> = match std::env::var("SWITCHYARD_BENCH_IPTABLES").as_deref() {
         Ok("nft") => vec![Variant::Nft],
         Ok("legacy") => vec![Variant::Legacy],
         _ => vec![Variant::Nft, Variant::Legacy],
     };
     let partial_runs = if smoke { 2 } else { 5 };
-    let largest = sizes.iter().copied().max().unwrap_or_default();
+    let largest = sizes.iter().copied().max().unwrap_or(Size::new(0, ENDPOINTS));
+    let every = std::env::var_os("SWITCHYARD_BENCH_SIZES").is_some();
+    println!("agent iptables benchmark: ClusterIP services × endpoints, fresh network namespaces");
     println!(
-        "agent iptables benchmark: ClusterIP services × {ENDPOINTS} endpoints, fresh network namespaces"
-    );
-    println!(
-        "{:>8} {:>8} | {:>8} {:>8} {:>10} | {:>16} {:>12} | {:>22} {:>12} | {:>12} {:>12}",
+        "{:>8} {:>10} | {:>8} {:>8} {:>10} | {:>16} {:>12} {:>12} {:>6} | {:>22} {:>12} {:>6} | {:>12} {:>12}",
         "iptables",
-        "services",
+        "services×e",
         "rules",
         "in save",
         "nat chains",
         "validate+render",
         "full sync",
+        "bare restore",
+        "ratio",
         "1-service partial (med)",
         "bare floor",
+        "ratio",
         "drift: whole",
         "steady"
     );
+    let ratio = |a: Duration, b: Duration| format!("{:.2}", a.as_secs_f64() / b.as_secs_f64().max(1e-9));
     for &variant in &variants {
-        for &services in &sizes {
-            let runs = if services == largest { partial_runs } else { 0 };
-            let row = measure(variant, services, runs)?;
+        for &size in &sizes {
+            // Every size gets its partial syncs when sizes are given (the envelope runs), else the largest.
+            let runs = if size == largest || every { partial_runs } else { 0 };
+            let row = measure(variant, size, runs)?;
             println!(
-                "{:>8} {:>8} | {:>8} {:>8} {:>10} | {:>16} {:>12} | {:>22} {:>12} | {:>12} {:>12}",
+                "{:>8} {:>10} | {:>8} {:>8} {:>10} | {:>16} {:>12} {:>12} {:>6} | {:>22} {:>12} {:>6} | {:>12} {:>12}",
                 row.variant.to_string(),
-                row.services,
+                row.size.to_string(),
                 row.rules,
                 row.save_lines,
                 row.nat_chains,
                 ms(row.render),
                 ms(row.full),
+                ms(row.full_floor),
+                ratio(row.full, row.full_floor),
                 row.partial.map(ms).unwrap_or_else(|| "-".into()),
                 row.floor.map(ms).unwrap_or_else(|| "-".into()),
+                match (row.partial, row.floor) {
+                    (Some(p), Some(f)) => ratio(p, f),
+                    _ => "-".into(),
+                },
                 ms(row.drift_check.0),
                 ms(row.drift_check.1)
             );
             let _ = std::io::stdout().flush();
-            if let Some(partial) = row.partial.filter(|_| !smoke && services == TARGET_SERVICES) {
+            if let Some(partial) = row
+                .partial
+                .filter(|_| !smoke && size == Size::new(TARGET_SERVICES, ENDPOINTS))
+            {
                 target(
                     &format!("agent (iptables-{variant}) one-service partial sync at 10,000 Services"),
                     &ms(partial),
@@ -278,7 +315,12 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    report_rss(largest, Backend::Iptables, smoke)
+    for &size in &sizes {
+        if size == largest || std::env::var_os("SWITCHYARD_BENCH_RSS_ALL").is_some() {
+            report_rss_sized(size, Backend::Iptables, smoke)?;
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
