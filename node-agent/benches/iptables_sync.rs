@@ -45,7 +45,7 @@ use switchyard_agent::xtables::mode::Variant;
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms, report_rss_sized,
+    ENDPOINTS, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms, ratio, report_rss_for,
     root_bench_main, sizes, spec_sized, target,
 };
 
@@ -255,8 +255,6 @@ fn run() -> Result<(), String> {
         _ => vec![Variant::Nft, Variant::Legacy],
     };
     let partial_runs = if smoke { 2 } else { 5 };
-    let largest = sizes.iter().copied().max().unwrap_or(Size::new(0, ENDPOINTS));
-    let every = std::env::var_os("SWITCHYARD_BENCH_SIZES").is_some();
     println!("agent iptables benchmark: ClusterIP services × endpoints, fresh network namespaces");
     println!(
         "{:>8} {:>10} | {:>8} {:>8} {:>10} | {:>16} {:>12} {:>12} {:>6} | {:>22} {:>12} {:>6} | {:>12} {:>12}",
@@ -275,11 +273,9 @@ fn run() -> Result<(), String> {
         "drift: whole",
         "steady"
     );
-    let ratio = |a: Duration, b: Duration| format!("{:.2}", a.as_secs_f64() / b.as_secs_f64().max(1e-9));
     for &variant in &variants {
-        for &size in &sizes {
-            // Every size gets its partial syncs when sizes are given (the envelope runs), else the largest.
-            let runs = if size == largest || every { partial_runs } else { 0 };
+        for &size in &sizes.list {
+            let runs = sizes.partial_runs(size, partial_runs);
             let row = measure(variant, size, runs)?;
             println!(
                 "{:>8} {:>10} | {:>8} {:>8} {:>10} | {:>16} {:>12} {:>12} {:>6} | {:>22} {:>12} {:>6} | {:>12} {:>12}",
@@ -315,12 +311,7 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    for &size in &sizes {
-        if size == largest || std::env::var_os("SWITCHYARD_BENCH_RSS_ALL").is_some() {
-            report_rss_sized(size, Backend::Iptables, smoke)?;
-        }
-    }
-    Ok(())
+    report_rss_for(&sizes, Backend::Iptables, smoke)
 }
 
 fn main() -> ExitCode {

@@ -46,8 +46,8 @@ use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, ENTRIES_PER_SLICE, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms,
-    report_rss_sized, root_bench_main, sizes, sliced, spec_sized, target,
+    ENDPOINTS, ENTRIES_PER_SLICE, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms, ratio,
+    report_rss_for, root_bench_main, sizes, sliced, spec_sized, target,
 };
 
 /// Targets at [`TARGET_SERVICES`]: full sync and one-service partial sync.
@@ -229,7 +229,6 @@ fn run() -> Result<(), String> {
     };
     let sizes = sizes(default);
     let partial_runs = if smoke { 2 } else { 5 };
-    let largest = sizes.iter().copied().max().unwrap_or(Size::new(0, ENDPOINTS));
     let judged = Size::new(TARGET_SERVICES, ENDPOINTS);
     println!("agent nftables benchmark: ClusterIP services × endpoints, fresh network namespaces");
     println!(
@@ -248,15 +247,9 @@ fn run() -> Result<(), String> {
         "change nft",
         "ratio"
     );
-    for &size in &sizes {
-        // Every size gets its partial syncs when sizes are given (the envelope runs), else the largest.
-        let runs = if size == largest || std::env::var_os("SWITCHYARD_BENCH_SIZES").is_some() {
-            partial_runs
-        } else {
-            0
-        };
+    for &size in &sizes.list {
+        let runs = sizes.partial_runs(size, partial_runs);
         let row = measure(size, runs)?;
-        let ratio = |a: Duration, b: Duration| format!("{:.2}", a.as_secs_f64() / b.as_secs_f64().max(1e-9));
         println!(
             "{:>10} | {:>9} {:>10} | {:>15} {:>11} {:>11} {:>6} | {:>17} {:>11} | {:>23} {:>17} {:>12} {:>6}",
             row.size.to_string(),
@@ -302,12 +295,7 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    for &size in &sizes {
-        if size == largest || std::env::var_os("SWITCHYARD_BENCH_RSS_ALL").is_some() {
-            report_rss_sized(size, Backend::Nftables, smoke)?;
-        }
-    }
-    Ok(())
+    report_rss_for(&sizes, Backend::Nftables, smoke)
 }
 
 fn main() -> ExitCode {

@@ -43,13 +43,42 @@ impl std::fmt::Display for Size {
     }
 }
 
+/// The sizes a run measures.
+pub struct Sizes {
+    /// In order.
+    pub list: Vec<Size>,
+    /// Given by `SWITCHYARD_BENCH_SIZES` (the envelope runs): every size then gets its partial syncs,
+    /// not only the largest.
+    pub given: bool,
+}
+
+impl Sizes {
+    /// The largest (the one the partial syncs and the RSS run are for by default).
+    pub fn largest(&self) -> Size {
+        self.list.iter().copied().max().unwrap_or(Size::new(0, ENDPOINTS))
+    }
+
+    /// Partial-sync runs at `size`.
+    pub fn partial_runs(&self, size: Size, runs: usize) -> usize {
+        if self.given || size == self.largest() {
+            runs
+        } else {
+            0
+        }
+    }
+}
+
 /// `SWITCHYARD_BENCH_SIZES` as `SERVICES` (× [`ENDPOINTS`]) or `SERVICESxENDPOINTS`, comma-separated;
 /// `default` without it.
-pub fn sizes(default: Vec<Size>) -> Vec<Size> {
+pub fn sizes(default: Vec<Size>) -> Sizes {
     let Ok(list) = std::env::var("SWITCHYARD_BENCH_SIZES") else {
-        return default;
+        return Sizes {
+            list: default,
+            given: false,
+        };
     };
-    list.split(',')
+    let list = list
+        .split(',')
         .filter_map(|item| {
             let item = item.trim();
             match item.split_once('x') {
@@ -57,7 +86,13 @@ pub fn sizes(default: Vec<Size>) -> Vec<Size> {
                 None => Some(Size::new(item.parse().ok()?, ENDPOINTS)),
             }
         })
-        .collect()
+        .collect();
+    Sizes { list, given: true }
+}
+
+/// `a` as a multiple of `b` (a figure against its floor), two decimals.
+pub fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}", a.as_secs_f64() / b.as_secs_f64().max(1e-9))
 }
 
 /// `size.services` ClusterIP services with `size.endpoints` endpoints each, every address distinct,
@@ -292,13 +327,17 @@ pub const TARGET_SERVICES: u32 = 10_000;
 /// Agent peak RSS target at [`TARGET_SERVICES`].
 pub const RSS_TARGET_MIB: f64 = 30.0;
 
-/// Measures and prints the peak RSS of the real binary applying a `services`-entry plan for
-/// `backend`, and judges the RSS target at full size.
-pub fn report_rss(services: u32, backend: Backend, smoke: bool) -> Result<(), String> {
-    report_rss_sized(Size::new(services, ENDPOINTS), backend, smoke)
+/// [`report_rss_sized`] at the largest size, or at every size with `SWITCHYARD_BENCH_RSS_ALL=1`.
+pub fn report_rss_for(sizes: &Sizes, backend: Backend, smoke: bool) -> Result<(), String> {
+    let all = std::env::var_os("SWITCHYARD_BENCH_RSS_ALL").is_some();
+    for &size in sizes.list.iter().filter(|&&s| all || s == sizes.largest()) {
+        report_rss_sized(size, backend, smoke)?;
+    }
+    Ok(())
 }
 
-/// [`report_rss`] at any size (the target is judged only at [`TARGET_SERVICES`] × [`ENDPOINTS`]).
+/// Measures and prints the peak RSS of the real binary applying a `size` plan for `backend`, and judges
+/// the RSS target at [`TARGET_SERVICES`] × [`ENDPOINTS`].
 pub fn report_rss_sized(size: Size, backend: Backend, smoke: bool) -> Result<(), String> {
     let agent = Path::new(env!("CARGO_BIN_EXE_switchyard-agent"));
     for sliced_plan in [false, true] {
