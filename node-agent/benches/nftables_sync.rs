@@ -70,7 +70,8 @@ fn syncer() -> Result<Syncer, String> {
 fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, Vec<u8>) {
     let start = Instant::now();
     let skip: HashSet<usize> = switchyard_api::validate::validate(spec).bad_entries();
-    let transaction = diff(None, &render(spec, &HostFacts::default(), IpFamily::IPv4, &skip));
+    let desired = render(spec, &HostFacts::default(), IpFamily::IPv4, &skip);
+    let transaction = diff(None, &desired);
     let mut bytes = Vec::new();
     let _ = transaction.write(&mut bytes);
     (start.elapsed(), bytes)

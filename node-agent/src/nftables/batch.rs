@@ -221,7 +221,7 @@ fn data(w: &mut Writer, value: &Value) {
 
 /// The transaction as one netlink batch with sequence numbers from `sequence`; `None` when it holds
 /// anything but element changes of the sets with a fixed role, or is too large.
-pub fn encode(transaction: &Transaction, mut sequence: u32) -> Option<Batch> {
+pub fn encode(transaction: &Transaction<'_>, mut sequence: u32) -> Option<Batch> {
     let family = nfproto(transaction.family);
     let mut w = Writer { buf: Vec::new() };
     let mut messages = Vec::new();
@@ -239,7 +239,7 @@ pub fn encode(transaction: &Transaction, mut sequence: u32) -> Option<Batch> {
                 set,
                 NFT_MSG_NEWSETELEM,
                 NLM_F_CREATE,
-                elements.iter().map(|(k, v)| (k, Some(v))).collect(),
+                elements.sorted().into_iter().map(|(k, v)| (k, Some(v))).collect(),
             ),
             Op::DeleteElements { set, keys } => (
                 set,

@@ -76,7 +76,7 @@ fn entries_of<'a>(
         .collect()
 }
 
-fn removed_objects(transaction: &Transaction) -> usize {
+fn removed_objects(transaction: &Transaction<'_>) -> usize {
     transaction
         .ops
         .iter()
@@ -136,19 +136,47 @@ impl<N: Nft, A: LocalAddrs> NftablesDataplane<N, A> {
                 ));
             }
         }
-        let (state, transaction, full, written) = match partial {
-            Some((state, delta)) => (state, delta.transaction, false, delta.entries),
+        let (state, full, written, removed) = match partial {
+            Some((state, delta)) => {
+                let removed = self.apply_timed(family, &delta.transaction, false, started)?;
+                (state, false, delta.entries, removed)
+            }
             None => {
                 let before = self.nft.read(family)?;
                 let desired = render_in(spec, &env, request.skip);
                 let transaction = diff(before.as_ref(), &desired);
+                // The table read back is no longer needed: dropped before the apply, the agent's
+                // peak holds one table (the desired one, which the transaction borrows), not two.
+                drop(before);
                 let written = transaction.chain_changes() + transaction.element_changes();
-                (desired, transaction, true, written)
+                let removed = self.apply_timed(family, &transaction, true, started)?;
+                drop(transaction);
+                (desired, true, written, removed)
             }
         };
+        let result = FamilyResult {
+            full,
+            programmed: state.rule_count() + state.element_count(),
+            written,
+            removed,
+            drift,
+        };
+        self.families.insert(family, FamilyModel { env, state });
+        Ok(result)
+    }
+
+    /// Applies `transaction` (unless empty), logs its size and timings, and returns how many chains
+    /// and sets it removed.
+    fn apply_timed(
+        &mut self,
+        family: IpFamily,
+        transaction: &Transaction<'_>,
+        full: bool,
+        started: Instant,
+    ) -> Result<usize, Error> {
         let computed = started.elapsed();
         if !transaction.is_empty() {
-            self.nft.apply(&transaction)?;
+            self.nft.apply(transaction)?;
         }
         tracing::debug!(
             ?family,
@@ -160,15 +188,7 @@ impl<N: Nft, A: LocalAddrs> NftablesDataplane<N, A> {
             apply_ms = (started.elapsed() - computed).as_millis() as u64,
             "nft transaction applied"
         );
-        let result = FamilyResult {
-            full,
-            programmed: state.rule_count() + state.element_count(),
-            written,
-            removed: removed_objects(&transaction),
-            drift,
-        };
-        self.families.insert(family, FamilyModel { env, state });
-        Ok(result)
+        Ok(removed_objects(transaction))
     }
 }
 

@@ -16,7 +16,7 @@ use super::model::{SetId, TableState};
 use super::transaction::{Transaction, TxBuilder};
 
 /// The transaction that turns `before` into `after`.
-pub fn diff(before: Option<&TableState>, after: &TableState) -> Transaction {
+pub fn diff<'a>(before: Option<&TableState>, after: &'a TableState) -> Transaction<'a> {
     let mut tx = TxBuilder::new(after.family);
     let Some(before) = before.filter(|b| !needs_recreate(b, after)) else {
         if before.is_some() {
@@ -86,7 +86,7 @@ pub fn diff(before: Option<&TableState>, after: &TableState) -> Transaction {
 }
 
 /// Everything in `after`, for an empty (new or recreated) table.
-fn create_all(tx: &mut TxBuilder, after: &TableState) {
+fn create_all<'a>(tx: &mut TxBuilder<'a>, after: &'a TableState) {
     for (name, set) in &after.sets {
         if let Some(decl) = &set.decl {
             tx.set_added(name, decl);
@@ -96,11 +96,7 @@ fn create_all(tx: &mut TxBuilder, after: &TableState) {
         tx.chain_added(name, chain);
     }
     for (id, elements) in &after.elements {
-        let name = id.name();
-        tx.reserve_added(&name, elements.len());
-        for (key, claim) in elements {
-            tx.element_added(&name, *key, claim.value.clone());
-        }
+        tx.set_filled(&id.name(), elements);
     }
 }
 

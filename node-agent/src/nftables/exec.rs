@@ -74,7 +74,7 @@ impl ExecNft {
 
 impl ExecNft {
     /// One `nft -f -` transaction.
-    fn apply_with_nft(&mut self, transaction: &Transaction) -> Result<(), Error> {
+    fn apply_with_nft(&mut self, transaction: &Transaction<'_>) -> Result<(), Error> {
         let mut command = Command::new(&self.binary);
         command
             .args(["-f", "-"])
@@ -125,7 +125,7 @@ pub fn failing_line(stderr: &str) -> Option<usize> {
 }
 
 impl Nft for ExecNft {
-    fn apply(&mut self, transaction: &Transaction) -> Result<(), Error> {
+    fn apply(&mut self, transaction: &Transaction<'_>) -> Result<(), Error> {
         let ops = transaction.ops.len();
         let elements_only = transaction
             .ops

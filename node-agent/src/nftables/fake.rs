@@ -88,7 +88,7 @@ impl FakeTable {
             .any(|rule| references(rule).1.iter().any(|s| s == name))
     }
 
-    fn apply(&mut self, op: &Op) -> Result<(), String> {
+    fn apply(&mut self, op: &Op<'_>) -> Result<(), String> {
         const ENOENT: &str = "No such file or directory";
         const EEXIST: &str = "File exists";
         const EBUSY: &str = "Device or resource busy";
@@ -171,7 +171,8 @@ impl FakeTable {
                 Ok(())
             }
             Op::AddElements { set, elements } => {
-                for (_, value) in elements {
+                let elements = elements.sorted();
+                for &(_, value) in &elements {
                     if let Value::Goto(target) = value
                         && !self.chains.contains_key(&**target)
                     {
@@ -179,7 +180,7 @@ impl FakeTable {
                     }
                 }
                 let target = self.sets.get_mut(set).ok_or(format!("set {set}: {ENOENT}"))?;
-                for (key, value) in elements {
+                for &(key, value) in &elements {
                     match target.elements.get(key) {
                         Some(have) if have != value => return Err(format!("{set} {key}: {EEXIST}")),
                         _ => {
@@ -205,7 +206,7 @@ impl FakeTable {
 #[derive(Debug, Default)]
 struct State {
     tables: BTreeMap<IpFamily, FakeTable>,
-    applied: Vec<Transaction>,
+    applied: Vec<Transaction<'static>>,
     fail_next: Option<String>,
     reads: usize,
     summaries: usize,
@@ -235,7 +236,7 @@ impl FakeNft {
     }
 
     /// Transactions applied successfully, oldest first.
-    pub fn applied(&self) -> Vec<Transaction> {
+    pub fn applied(&self) -> Vec<Transaction<'static>> {
         self.state().applied.clone()
     }
 
@@ -313,7 +314,7 @@ impl FakeNft {
 }
 
 impl Nft for FakeNft {
-    fn apply(&mut self, transaction: &Transaction) -> Result<(), Error> {
+    fn apply(&mut self, transaction: &Transaction<'_>) -> Result<(), Error> {
         let family = transaction.family;
         let fail = |reason: String| Error::NftTransaction {
             family: family_keyword(family).to_string(),
@@ -346,7 +347,7 @@ impl Nft for FakeNft {
             Some(t) => state.tables.insert(family, t),
             None => state.tables.remove(&family),
         };
-        state.applied.push(transaction.clone());
+        state.applied.push(transaction.clone().into_owned());
         Ok(())
     }
 

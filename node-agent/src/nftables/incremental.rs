@@ -29,7 +29,7 @@ use crate::backend::FamilyEnv;
 #[derive(Debug)]
 pub struct Delta {
     /// The transaction (empty when nothing changed).
-    pub transaction: Transaction,
+    pub transaction: Transaction<'static>,
     /// Entries rendered anew (changed, added or removed).
     pub entries: usize,
 }

@@ -49,7 +49,7 @@ pub struct Summary {
 /// The nftables operations the agent needs, for one host (both families).
 pub trait Nft: Send {
     /// One `nft -f -` transaction. Atomic: on failure the kernel keeps its previous ruleset.
-    fn apply(&mut self, transaction: &Transaction) -> Result<(), Error>;
+    fn apply(&mut self, transaction: &Transaction<'_>) -> Result<(), Error>;
 
     /// Reads our table of `family` back whole; `None` when it does not exist.
     fn read(&mut self, family: IpFamily) -> Result<Option<TableState>, Error>;

@@ -11,21 +11,85 @@
 //! chains added before it, and nothing is deleted while a rule or element still names it (stale chains
 //! are flushed before any is deleted; sets go last). A key whose value changes is deleted, then added
 //! (nft refuses to overwrite a map element).
+//!
+//! A table created whole (a first start, or a recreation) adds every element of the desired table: the
+//! transaction borrows them from that [`TableState`] ([`Elements::Whole`]) instead of copying them, so
+//! the agent's peak is one copy of its table, not two.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Write};
 
 use switchyard_api::IpFamily;
 
-use super::model::{ChainDef, Hook, Key, SetDecl, Value, family_keyword};
+use super::model::{ChainDef, Claim, Hook, Key, SetDecl, Value, family_keyword};
 use super::names::{DIGEST_PREFIX, TABLE};
 
 /// Most elements written on one `add element` line (keeps lines, and nft's parser state, small).
 const ELEMENTS_PER_LINE: usize = 1000;
 
+/// The elements of one `add element` operation, written in key order either way.
+#[derive(Debug, Clone)]
+pub enum Elements<'a> {
+    /// Elements of its own (a diff or a partial sync: few, sorted, no key twice).
+    Listed(Vec<(Key, Value)>),
+    /// Every element of one set of the desired table, borrowed.
+    Whole(&'a HashMap<Key, Claim>),
+}
+
+impl Elements<'_> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Listed(elements) => elements.len(),
+            Self::Whole(elements) => elements.len(),
+        }
+    }
+
+    /// None.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// In key order (a borrowed set is sorted here, by reference: 16 bytes an element, not a copy).
+    pub fn sorted(&self) -> Vec<(&Key, &Value)> {
+        match self {
+            Self::Listed(elements) => elements.iter().map(|(key, value)| (key, value)).collect(),
+            Self::Whole(elements) => {
+                let mut sorted: Vec<(&Key, &Value)> =
+                    elements.iter().map(|(key, claim)| (key, &claim.value)).collect();
+                sorted.sort_unstable_by_key(|(key, _)| **key);
+                sorted
+            }
+        }
+    }
+
+    /// A list of its own (the fake keeps what it was given).
+    pub fn into_owned(self) -> Elements<'static> {
+        match self {
+            Self::Listed(elements) => Elements::Listed(elements),
+            whole @ Self::Whole(_) => Elements::Listed(
+                whole
+                    .sorted()
+                    .into_iter()
+                    .map(|(key, value)| (*key, value.clone()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// The same elements, however they are held.
+impl PartialEq for Elements<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.sorted() == other.sorted()
+    }
+}
+
+impl Eq for Elements<'_> {}
+
 /// One operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
+pub enum Op<'a> {
     /// `add table` (idempotent).
     AddTable,
     /// `delete table`.
@@ -64,7 +128,7 @@ pub enum Op {
         /// Set.
         set: String,
         /// Elements (the value is [`Value::None`] in a set).
-        elements: Vec<(Key, Value)>,
+        elements: Elements<'a>,
     },
     /// `delete element`.
     DeleteElements {
@@ -77,14 +141,14 @@ pub enum Op {
 
 /// The operations of one sync of one family.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transaction {
+pub struct Transaction<'a> {
     /// The family (and so the table).
     pub family: IpFamily,
     /// In order.
-    pub ops: Vec<Op>,
+    pub ops: Vec<Op<'a>>,
 }
 
-impl Transaction {
+impl Transaction<'_> {
     /// Nothing to do.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
@@ -138,7 +202,7 @@ impl Transaction {
                 Op::DeleteChain(name) => writeln!(out, "delete chain {table} {name}")?,
                 Op::AddRule { chain, rule } => writeln!(out, "add rule {table} {chain} {rule}")?,
                 Op::AddElements { set, elements } => {
-                    for chunk in elements.chunks(ELEMENTS_PER_LINE) {
+                    for chunk in elements.sorted().chunks(ELEMENTS_PER_LINE) {
                         write!(out, "add element {table} {set} {{ ")?;
                         for (i, (key, value)) in chunk.iter().enumerate() {
                             let sep = if i == 0 { "" } else { ", " };
@@ -172,11 +236,41 @@ impl Transaction {
         let _ = self.write(&mut out);
         String::from_utf8_lossy(&out).into_owned()
     }
+
+    /// The same transaction holding its own elements.
+    pub fn into_owned(self) -> Transaction<'static> {
+        Transaction {
+            family: self.family,
+            ops: self.ops.into_iter().map(Op::into_owned).collect(),
+        }
+    }
+}
+
+impl Op<'_> {
+    /// The same operation holding its own elements.
+    pub fn into_owned(self) -> Op<'static> {
+        match self {
+            Self::AddTable => Op::AddTable,
+            Self::DeleteTable => Op::DeleteTable,
+            Self::AddSet { name, decl } => Op::AddSet { name, decl },
+            Self::DeleteSet(name) => Op::DeleteSet(name),
+            Self::FlushSet(name) => Op::FlushSet(name),
+            Self::AddChain { name, base } => Op::AddChain { name, base },
+            Self::FlushChain(name) => Op::FlushChain(name),
+            Self::DeleteChain(name) => Op::DeleteChain(name),
+            Self::AddRule { chain, rule } => Op::AddRule { chain, rule },
+            Self::AddElements { set, elements } => Op::AddElements {
+                set,
+                elements: elements.into_owned(),
+            },
+            Self::DeleteElements { set, keys } => Op::DeleteElements { set, keys },
+        }
+    }
 }
 
 /// Collects the changes of a sync in any order and emits them in the order the kernel needs.
 #[derive(Debug)]
-pub struct TxBuilder {
+pub struct TxBuilder<'a> {
     family: IpFamily,
     recreate: bool,
     add_table: bool,
@@ -186,11 +280,12 @@ pub struct TxBuilder {
     flush_sets: BTreeSet<String>,
     del_elements: BTreeMap<String, Vec<Key>>,
     add_elements: BTreeMap<String, Vec<(Key, Value)>>,
+    whole_sets: BTreeMap<String, &'a HashMap<Key, Claim>>,
     del_chains: BTreeSet<String>,
     del_sets: BTreeSet<String>,
 }
 
-impl TxBuilder {
+impl<'a> TxBuilder<'a> {
     /// Changes to an existing table of `family`.
     pub fn new(family: IpFamily) -> Self {
         Self {
@@ -203,6 +298,7 @@ impl TxBuilder {
             flush_sets: BTreeSet::new(),
             del_elements: BTreeMap::new(),
             add_elements: BTreeMap::new(),
+            whole_sets: BTreeMap::new(),
             del_chains: BTreeSet::new(),
             del_sets: BTreeSet::new(),
         }
@@ -255,13 +351,9 @@ impl TxBuilder {
         self.del_elements.entry(set.to_string()).or_default().push(key);
     }
 
-    /// Room for `additional` elements of `set` (a first sync adds tens of thousands: growing by
-    /// doubling would hold up to twice the memory at the agent's peak).
-    pub fn reserve_added(&mut self, set: &str, additional: usize) {
-        self.add_elements
-            .entry(set.to_string())
-            .or_default()
-            .reserve_exact(additional);
+    /// Every element of `set`, borrowed from the desired table (a set created with the table).
+    pub fn set_filled(&mut self, set: &str, elements: &'a HashMap<Key, Claim>) {
+        self.whole_sets.insert(set.to_string(), elements);
     }
 
     /// An element to add.
@@ -273,7 +365,7 @@ impl TxBuilder {
     }
 
     /// The transaction.
-    pub fn finish(self) -> Transaction {
+    pub fn finish(self) -> Transaction<'a> {
         let mut ops = Vec::new();
         if self.recreate {
             ops.push(Op::DeleteTable);
@@ -315,13 +407,25 @@ impl TxBuilder {
             keys.dedup();
             ops.push(Op::DeleteElements { set, keys });
         }
+        let mut add_elements: BTreeMap<String, Elements<'a>> = BTreeMap::new();
+        for (set, whole) in self.whole_sets {
+            if !whole.is_empty() {
+                add_elements.insert(set, Elements::Whole(whole));
+            }
+        }
         for (set, mut elements) in self.add_elements {
-            if self.del_sets.contains(&set) {
+            // A set filled whole gets no single elements besides (nothing asks for both).
+            if self.del_sets.contains(&set) || add_elements.contains_key(&set) {
                 continue;
             }
             elements.sort_by_key(|a| a.0);
             elements.dedup_by(|a, b| a.0 == b.0);
-            ops.push(Op::AddElements { set, elements });
+            add_elements.insert(set, Elements::Listed(elements));
+        }
+        for (set, elements) in add_elements {
+            if !self.del_sets.contains(&set) {
+                ops.push(Op::AddElements { set, elements });
+            }
         }
         for name in &self.del_chains {
             ops.push(Op::FlushChain(name.clone()));
@@ -397,5 +501,40 @@ mod tests {
         assert_eq!(lines[1], "add table ip6 switchyard");
         assert_eq!(lines.len(), 5);
         assert!(lines[2].starts_with("add element ip6 switchyard fast-np-1 { udp . 1, udp . 2,"));
+    }
+
+    #[test]
+    fn a_set_filled_whole_writes_what_the_same_elements_listed_write() {
+        let whole: HashMap<Key, Claim> = (0..2500u16)
+            .rev()
+            .map(|i| {
+                let claim = Claim {
+                    value: Value::None,
+                    count: 1,
+                };
+                (Key::Port(Protocol::TCP, i + 1), claim)
+            })
+            .collect();
+        let mut filled = TxBuilder::new(IpFamily::IPv4);
+        filled.create_table();
+        filled.set_filled("fast-np-1", &whole);
+        let mut listed = TxBuilder::new(IpFamily::IPv4);
+        listed.create_table();
+        for key in whole.keys() {
+            listed.element_added("fast-np-1", *key, Value::None);
+        }
+        let (filled, listed) = (filled.finish(), listed.finish());
+        assert!(matches!(
+            filled.ops[1],
+            Op::AddElements {
+                elements: Elements::Whole(_),
+                ..
+            }
+        ));
+        assert_eq!(filled.element_changes(), 2500);
+        assert_eq!(filled.text(), listed.text());
+        assert!(filled.text().contains("{ tcp . 1, tcp . 2, tcp . 3,"));
+        assert_eq!(filled, listed);
+        assert_eq!(filled.clone().into_owned(), listed);
     }
 }

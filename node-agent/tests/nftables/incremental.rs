@@ -107,8 +107,8 @@ fn reference(
     family: IpFamily,
 ) -> Option<switchyard_agent::nftables::TableState> {
     let mut nft = FakeNft::new();
-    nft.apply(&diff(None, &render(spec, &HostFacts::default(), family, skip)))
-        .unwrap();
+    let desired = render(spec, &HostFacts::default(), family, skip);
+    nft.apply(&diff(None, &desired)).unwrap();
     nft.read(family).unwrap()
 }
 

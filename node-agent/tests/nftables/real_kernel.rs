@@ -278,10 +278,8 @@ fn element_changes_go_over_netlink_and_read_back_exactly() {
         );
 
         // A refused batch changes nothing: deleting an element that is not there.
-        let mut bad = diff(
-            Some(&back),
-            &render(&before, &HostFacts::default(), family, &HashSet::new()),
-        );
+        let previous = render(&before, &HostFacts::default(), family, &HashSet::new());
+        let mut bad = diff(Some(&back), &previous);
         bad.ops.push(Op::DeleteElements {
             set: "cluster-ips".into(),
             keys: vec![switchyard_agent::nftables::Key::Addr(
