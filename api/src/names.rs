@@ -24,6 +24,9 @@ pub const ANNOTATION_IPVS_SCHEDULER: &str = "switchyard.io/ipvs-scheduler";
 /// Service annotation: IPVS real-server weights by the endpoint's node, `node-a=3,node-b=1`
 /// (1..65535; nodes not listed weigh 1). Used by weighted schedulers (wrr, wlc).
 pub const ANNOTATION_IPVS_WEIGHTS: &str = "switchyard.io/ipvs-weights";
+/// Service annotation: `"true"` keeps established connections to an endpoint that leaves the Service
+/// (the agent otherwise clears their conntrack entries, so the next packet meets the rules again).
+pub const ANNOTATION_KEEP_CONNECTIONS: &str = "switchyard.io/keep-connections";
 
 /// Well-known Kubernetes labels and annotations the planner reads.
 pub mod k8s {

@@ -462,6 +462,17 @@ pub struct ServicePlan {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10000))]
     pub endpoints: Vec<PlanEndpoint>,
+    /// Addresses the Service's EndpointSlices still list for this port but that take no new
+    /// connection (neither ready nor serving: starting, failing readiness, or terminating past
+    /// serving), sorted. Nothing forwards to them; the agent's connection hygiene leaves their
+    /// established connections alone, where an address absent from both lists has left the Service.
+    #[serde(default, rename = "unreadyIPs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10000))]
+    pub unready_ips: Vec<String>,
+    /// The Service's `switchyard.io/keep-connections: "true"`: connections to an endpoint that leaves
+    /// it are not cleared from conntrack (UDP's stale-entry cleanup, kube-proxy's, still runs).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep_connections: bool,
 }
 
 fn is_false(value: &bool) -> bool {

@@ -213,6 +213,8 @@ mod tests {
             internal_policy: TrafficPolicy::Cluster,
             health_check_node_port: None,
             scheduler: None,
+            unready_ips: vec![],
+            keep_connections: false,
             has_endpoints: true,
             endpoints: vec![PlanEndpoint {
                 ip: ep.into(),

@@ -50,6 +50,10 @@ pub struct NodeForwardingPlanStatus {
     /// Times the agent found its kernel state changed behind its back and repaired it, since it started.
     #[serde(default)]
     pub drift_repairs: u64,
+    /// Conntrack entries the agent cleared since it started: connections to endpoints that left their
+    /// Service, and kube-proxy's stale UDP entries (its metrics split them by reason).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub conntrack_flows_cleared: u64,
     /// Entries that could not be applied (at most ten listed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
@@ -110,4 +114,8 @@ pub struct ServiceFailure {
     /// Why.
     #[schemars(length(max = 512))]
     pub reason: String,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }

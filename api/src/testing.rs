@@ -96,6 +96,8 @@ pub fn entry(name: &str, cluster_ip: &str, port: u16) -> ServicePlan {
         internal_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
         scheduler: None,
+        unready_ips: vec![],
+        keep_connections: false,
         has_endpoints: false,
         endpoints: vec![],
     }

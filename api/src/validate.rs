@@ -574,6 +574,16 @@ fn validate_entry(entry: &ServicePlan, c: &mut Collector<'_>) {
     {
         c.push("scheduler", format!("unknown IPVS scheduler {}", Shown(s)));
     }
+    if !c.count(
+        "unreadyIPs",
+        "addresses",
+        entry.unready_ips.len(),
+        MAX_ENDPOINTS_PER_ENTRY,
+    ) {
+        for (i, text) in entry.unready_ips.iter().enumerate() {
+            c.ip(format_args!("unreadyIPs[{i}]"), text, family);
+        }
+    }
     if entry.endpoints.len() > MAX_ENDPOINTS_PER_ENTRY {
         c.push(
             "endpoints",
@@ -681,6 +691,8 @@ mod tests {
             internal_policy: TrafficPolicy::Cluster,
             health_check_node_port: None,
             scheduler: None,
+            unready_ips: vec![],
+            keep_connections: false,
             has_endpoints: true,
             endpoints: vec![ep("10.180.0.1")],
         }
@@ -745,6 +757,11 @@ mod tests {
                 "bad external IP",
                 |e| e.external_ips = vec!["x".into()],
                 "spec.services[1].externalIPs[0]",
+            ),
+            (
+                "unready address of the other family",
+                |e| e.unready_ips = vec!["10.180.0.9".into(), "fd00::9".into()],
+                "spec.services[1].unreadyIPs[1]",
             ),
             (
                 "bad LB IP",

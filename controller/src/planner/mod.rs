@@ -958,6 +958,8 @@ fn same_but_on_node_and_local(a: &ServicePlan, b: &ServicePlan) -> bool {
         scheduler,
         has_endpoints,
         endpoints,
+        unready_ips,
+        keep_connections,
     } = a;
     *name == b.name
         && *protocol == b.protocol
@@ -974,6 +976,8 @@ fn same_but_on_node_and_local(a: &ServicePlan, b: &ServicePlan) -> bool {
         && *health_check_node_port == b.health_check_node_port
         && *scheduler == b.scheduler
         && *has_endpoints == b.has_endpoints
+        && *unready_ips == b.unready_ips
+        && *keep_connections == b.keep_connections
         && endpoints.len() == b.endpoints.len()
         && endpoints
             .iter()
@@ -1006,7 +1010,10 @@ fn plan_slots(
         }
         duplicate
     });
-    let mut endpoints = slices::collect(slices, diag);
+    let slices::Collected {
+        mut endpoints,
+        mut unready,
+    } = slices::collect(slices, diag);
     // Slices of Services that exist but are not proxied (headless, another proxy's, invalid) are
     // expected and already explained by the Service's own warning, if any.
     let present: BTreeSet<String> = services.iter().filter_map(|s| services::key(s)).collect();
@@ -1032,6 +1039,13 @@ fn plan_slots(
             template.entry.family,
         );
         let eps = endpoints.remove(&port_key).unwrap_or_default();
+        let mut template = template;
+        template.entry.unready_ips = unready
+            .remove(&port_key)
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         let key: EntryKey = (
             template.entry.name.clone(),
             template.entry.protocol,

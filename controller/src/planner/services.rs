@@ -20,7 +20,7 @@ use switchyard_api::{
     IpFamily, Protocol, ServicePlan, TrafficPolicy,
     ip::{is_zero_cidr, parse_cidr_sloppy, parse_ip_sloppy},
     names::{
-        ANNOTATION_IPVS_SCHEDULER, ANNOTATION_IPVS_WEIGHTS, IPVS_SCHEDULERS,
+        ANNOTATION_IPVS_SCHEDULER, ANNOTATION_IPVS_WEIGHTS, ANNOTATION_KEEP_CONNECTIONS, IPVS_SCHEDULERS,
         k8s::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME},
         service_port_name,
     },
@@ -259,6 +259,26 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
                 None
             }
         });
+    let keep_connections = match service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_KEEP_CONNECTIONS))
+        .map(String::as_str)
+    {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            diag.warn(
+                "Service",
+                &object,
+                format!(
+                    "{ANNOTATION_KEEP_CONNECTIONS} {other:?} is neither \"true\" nor \"false\"; connections to removed endpoints are cleared"
+                ),
+            );
+            false
+        }
+    };
     let weights = service
         .metadata
         .annotations
@@ -379,6 +399,8 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
                 },
                 health_check_node_port,
                 scheduler: scheduler.clone(),
+                unready_ips: vec![],
+                keep_connections,
                 has_endpoints: false,
                 endpoints: Vec::new(),
             };

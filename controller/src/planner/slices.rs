@@ -8,8 +8,9 @@
 //! ```
 //!
 //! Conditions: ready = Ready unset or true; serving = Serving unset or true; terminating = Terminating
-//! true. Endpoints neither ready nor serving are dropped (no policy or cleanup ever uses them) before
-//! duplicates are merged. When the same ip:port appears twice, in one slice or in overlapping slices,
+//! true. Endpoints neither ready nor serving are set aside before duplicates are merged: no policy
+//! forwards to them, and only their addresses are kept ([`Collected::unready`]), so that the agent can
+//! tell an endpoint that left the Service from one that is merely not ready. When the same ip:port appears twice, in one slice or in overlapping slices,
 //! a non-terminating copy wins, then a ready one, then a serving one, then one with a nodeName; other
 //! ties break on content.
 
@@ -50,23 +51,39 @@ pub struct EndpointInfo {
 /// (`namespace/service`, port name, protocol, family).
 pub type PortKey = (String, String, Protocol, IpFamily);
 
+/// What the slices list, per port key.
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// Ready or serving endpoints, one per ip:port, sorted by (ip, port).
+    pub endpoints: HashMap<PortKey, Vec<EndpointInfo>>,
+    /// Addresses listed neither ready nor serving, sorted, each once, none of them also an endpoint.
+    pub unready: HashMap<PortKey, Vec<IpAddr>>,
+}
+
 /// Collects every slice's endpoints, sorted by (ip, port) within each key.
-pub fn collect(slices: &[&EndpointSlice], diag: &mut Diagnostics) -> HashMap<PortKey, Vec<EndpointInfo>> {
+pub fn collect(slices: &[&EndpointSlice], diag: &mut Diagnostics) -> Collected {
     let mut ordered: Vec<&EndpointSlice> = slices.to_vec();
     ordered.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
     });
-    let mut out: HashMap<PortKey, Vec<EndpointInfo>> = HashMap::new();
+    let mut out = Collected::default();
     for slice in ordered {
         add_slice(slice, diag, &mut out);
     }
-    for endpoints in out.values_mut() {
+    for endpoints in out.endpoints.values_mut() {
         endpoints.sort_by_key(|a| (a.ip, a.port));
     }
+    for (key, unready) in &mut out.unready {
+        let usable = out.endpoints.get(key);
+        unready.retain(|ip| !usable.is_some_and(|eps| eps.iter().any(|e| e.ip == *ip)));
+        unready.sort_unstable();
+        unready.dedup();
+    }
+    out.unready.retain(|_, unready| !unready.is_empty());
     out
 }
 
-fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<PortKey, Vec<EndpointInfo>>) {
+fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut Collected) {
     let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
     let name = slice.metadata.name.as_deref().unwrap_or("<unnamed>");
     let object = format!("{namespace}/{name}");
@@ -149,6 +166,7 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
     }
 
     let mut endpoints: Vec<EndpointInfo> = Vec::new();
+    let mut unready: Vec<IpAddr> = Vec::new();
     for (i, endpoint) in slice.endpoints.iter().flatten().enumerate() {
         let Some(text) = endpoint.addresses.first() else {
             diag.warn(
@@ -179,6 +197,8 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
         let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
         let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
         if !ready && !serving {
+            // Not forwarded to, but still the Service's: connection hygiene leaves its flows alone.
+            unready.push(ip);
             continue;
         }
         let hints = endpoint.hints.as_ref();
@@ -220,7 +240,10 @@ fn add_slice(slice: &EndpointSlice, diag: &mut Diagnostics, out: &mut HashMap<Po
 
     for (port_name, number, protocol) in ports {
         let key = (service_key.clone(), port_name, protocol, family);
-        let list = out.entry(key).or_default();
+        if !unready.is_empty() {
+            out.unready.entry(key.clone()).or_default().extend(&unready);
+        }
+        let list = out.endpoints.entry(key).or_default();
         for endpoint in &endpoints {
             let endpoint = EndpointInfo {
                 port: number,

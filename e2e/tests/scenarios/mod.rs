@@ -60,6 +60,12 @@ macro_rules! scenario_suite {
             scenarios::stale_udp_conntrack_entries_are_removed_after_an_endpoint_change(SUITE);
         }
         #[test]
+        fn a_connection_to_a_removed_endpoint_is_reset_and_one_to_a_terminating_endpoint_drains() {
+            scenarios::a_connection_to_a_removed_endpoint_is_reset_and_one_to_a_terminating_endpoint_drains(
+                SUITE,
+            );
+        }
+        #[test]
         fn a_killed_agent_leaves_rules_working_and_a_restart_reuses_them() {
             scenarios::a_killed_agent_leaves_rules_working_and_a_restart_reuses_them(SUITE);
         }
@@ -499,6 +505,125 @@ pub fn stale_udp_conntrack_entries_are_removed_after_an_endpoint_change(suite: S
     assert!(
         !after.contains("src=10.244.1.53"),
         "stale UDP flows remain:\n{after}"
+    );
+}
+
+/// A TCP client that holds one connection open and sends a byte every 50 ms: prints `connected <pod>`
+/// (the endpoint that answered), then `reset <unix time>` once a send fails, and exits.
+const HOLDING_CLIENT: &str = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+line = b""
+while not line.endswith(b"\n"):
+    chunk = s.recv(256)
+    if not chunk:
+        break
+    line += chunk
+print("connected", line.split()[0].decode(), flush=True)
+while True:
+    try:
+        s.send(b"x")
+    except OSError as e:
+        print("reset", time.time(), e.errno, flush=True)
+        sys.exit(0)
+    time.sleep(0.05)
+"#;
+
+pub fn a_connection_to_a_removed_endpoint_is_reset_and_one_to_a_terminating_endpoint_drains(suite: Suite) {
+    let Some(mut deployed) = suite
+        .deployed("a_connection_to_a_removed_endpoint_is_reset_and_one_to_a_terminating_endpoint_drains")
+    else {
+        return;
+    };
+    // nginx-pod-3 (node-c) holds a connection to apache (10.96.0.80: a1 on node-a, b2 on node-b); the
+    // DNAT and its conntrack entry are on node-c.
+    let argv: Vec<String> = ["python3", "-c", HOLDING_CLIENT, "10.96.0.80", "80"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let client = deployed.lab.spawn_in(&Place::pod("nginx-pod-3"), &argv).unwrap();
+    client
+        .wait_for_output("connected", Duration::from_secs(10))
+        .unwrap();
+    let pod = client
+        .stdout()
+        .lines()
+        .find_map(|l| l.strip_prefix("connected ").map(str::to_string))
+        .unwrap();
+    let ip = if pod.ends_with("-a1") {
+        "10.244.1.10"
+    } else {
+        "10.244.2.10"
+    };
+    let mut description = deployed.description().clone();
+    let set_conditions = |description: &mut ClusterDescription, serving: bool| {
+        let apache = slice_mut(description, "apache-x7k2p");
+        for endpoint in apache.endpoints.as_mut().unwrap() {
+            if endpoint.addresses[0] == ip {
+                let conditions = endpoint.conditions.get_or_insert_with(Default::default);
+                conditions.ready = Some(false);
+                conditions.serving = Some(serving);
+                conditions.terminating = Some(true);
+            }
+        }
+    };
+    // Terminating while serving, then past serving: the connection drains, untouched.
+    for serving in [true, false] {
+        set_conditions(&mut description, serving);
+        deployed.replan(description.clone()).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            !client.stdout().contains("reset"),
+            "a connection to {pod}, terminating (serving: {serving}), was cut:\n{}",
+            client.stdout()
+        );
+    }
+    // Gone from the slice: the next packet meets the rules again (the other endpoint answers RST).
+    let apache = slice_mut(&mut description, "apache-x7k2p");
+    apache
+        .endpoints
+        .as_mut()
+        .unwrap()
+        .retain(|e| e.addresses[0] != ip);
+    deployed.replan(description).unwrap();
+    let applied = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    client
+        .wait_for_output("reset", Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("the connection to removed {pod} still stands: {e}"));
+    let reset_at: f64 = client
+        .stdout()
+        .lines()
+        .find_map(|l| l.strip_prefix("reset ")?.split(' ').next()?.parse().ok())
+        .unwrap();
+    assert!(
+        reset_at - applied <= 1.0,
+        "reset {:.2} s after every agent applied the removal",
+        reset_at - applied
+    );
+    let status = deployed.status("node-c").unwrap().unwrap();
+    assert!(status.conntrack_flows_cleared >= 1, "node-c's status: {status:?}");
+    let flows = deployed
+        .exec_in_node(
+            "node-c",
+            &[
+                "conntrack",
+                "-L",
+                "-p",
+                "tcp",
+                "--orig-dst",
+                "10.96.0.80",
+                "--reply-src",
+                ip,
+            ],
+        )
+        .unwrap();
+    let left = String::from_utf8_lossy(&flows.stdout);
+    assert!(
+        !left.contains("dport=80"),
+        "flows to the removed endpoint remain:\n{left}"
     );
 }
 

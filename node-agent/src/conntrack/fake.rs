@@ -2,21 +2,24 @@
 //! under test, and the deletions are recorded.
 //!
 //! ```text
-//! test ─► add(flow) ─► FakeConntrack (shared) ◄─ list_udp / delete ─ code under test
-//!                                            └─► flows(), deleted() for assertions
+//! test ─► add(flow) / add_tracked(protocol, flow) ─► FakeConntrack (shared) ◄─ list_udp / delete /
+//!                                                     delete_matching ─ code under test
+//!                                                  └─► flows(), tracked(), deleted(), cleared() for assertions
 //! ```
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use switchyard_api::IpFamily;
+use switchyard_api::{IpFamily, Protocol};
 
-use super::{Conntrack, Flow};
+use super::{Conntrack, EndpointFlows, Flow};
 use crate::error::Error;
 
 #[derive(Debug, Default)]
 struct State {
     flows: Vec<Flow>,
+    tracked: Vec<(Protocol, Flow)>,
     deleted: Vec<Flow>,
+    cleared: Vec<EndpointFlows>,
     lists: usize,
     fail: bool,
 }
@@ -37,9 +40,24 @@ impl FakeConntrack {
         self.lock().flows.push(flow);
     }
 
-    /// The flows left.
+    /// Adds a flow of another protocol than UDP (never listed; `delete_matching` finds it).
+    pub fn add_tracked(&self, protocol: Protocol, flow: Flow) {
+        self.lock().tracked.push((protocol, flow));
+    }
+
+    /// The UDP flows left.
     pub fn flows(&self) -> Vec<Flow> {
         self.lock().flows.clone()
+    }
+
+    /// The flows of other protocols left.
+    pub fn tracked(&self) -> Vec<(Protocol, Flow)> {
+        self.lock().tracked.clone()
+    }
+
+    /// The filters `delete_matching` was called with, in order.
+    pub fn cleared(&self) -> Vec<EndpointFlows> {
+        self.lock().cleared.clone()
     }
 
     /// The flows deleted so far, in order.
@@ -94,6 +112,18 @@ impl Conntrack for FakeConntrack {
             None => Ok(false),
         }
     }
+
+    fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error> {
+        let mut state = self.lock();
+        if state.fail {
+            return Err(unavailable());
+        }
+        state.cleared.push(*flows);
+        let before = state.flows.len() + state.tracked.len();
+        state.flows.retain(|f| !flows.matches(Protocol::UDP, f));
+        state.tracked.retain(|(protocol, f)| !flows.matches(*protocol, f));
+        Ok((before - state.flows.len() - state.tracked.len()) as u64)
+    }
 }
 
 #[cfg(test)]
@@ -133,5 +163,37 @@ mod tests {
         fake.set_failing(true);
         assert!(fake.list_udp(IpFamily::IPv6).is_err());
         assert_eq!(fake.lists(), 1);
+    }
+
+    #[test]
+    fn deletes_what_a_filter_matches_on_every_protocol() {
+        let mut fake = FakeConntrack::default();
+        let to = |endpoint: &str| {
+            let mut f = flow("10.0.0.1", "10.96.0.10");
+            f.reply.src = endpoint.parse().unwrap();
+            f
+        };
+        fake.add(to("10.244.1.5"));
+        fake.add_tracked(Protocol::TCP, to("10.244.1.5"));
+        fake.add_tracked(Protocol::TCP, to("10.244.1.6"));
+        let filter = EndpointFlows {
+            protocol: Protocol::TCP,
+            family: IpFamily::IPv4,
+            frontend: Some("10.96.0.10".parse().unwrap()),
+            port: 53,
+            endpoint: "10.244.1.5".parse().unwrap(),
+            endpoint_port: Some(53),
+        };
+        assert_eq!(fake.delete_matching(&filter).unwrap(), 1);
+        assert_eq!(fake.delete_matching(&filter).unwrap(), 0);
+        assert_eq!(fake.tracked(), vec![(Protocol::TCP, to("10.244.1.6"))]);
+        assert_eq!(fake.flows(), vec![to("10.244.1.5")], "UDP is another protocol");
+        let node_port = EndpointFlows {
+            protocol: Protocol::UDP,
+            frontend: None,
+            ..filter
+        };
+        assert_eq!(fake.delete_matching(&node_port).unwrap(), 1);
+        assert_eq!(fake.cleared(), vec![filter, filter, node_port]);
     }
 }

@@ -1,9 +1,12 @@
-//! Stale UDP conntrack cleanup after endpoint changes (kube-proxy's `CleanStaleEntries`).
+//! Conntrack hygiene after syncs: kube-proxy's stale UDP cleanup (`CleanStaleEntries`), and the flows of
+//! endpoints that left their Service, on every protocol.
 //!
 //! ```text
 //! sync applied, some UDP entry's endpoints changed
 //!   └─► udp_targets(spec, family) ─► Targets { (service IP, port) → endpoint IPs, nodePort → endpoint IPs }
 //!       Conntrack::list_udp(family) ─► [Flow] ─► stale_flows(targets, flows) ─► Conntrack::delete(flow)
+//! sync applied over an earlier plan
+//!   └─► removed_endpoints(previous, current) ─► [EndpointFlows] ─► Conntrack::delete_matching (one each)
 //! ```
 //!
 //! UDP has no connection teardown: a client that keeps sending to a ClusterIP keeps its conntrack entry,
@@ -12,16 +15,22 @@
 //! destination is one of an entry's frontends (ClusterIP, LoadBalancer IP or externalIP with the port, or
 //! any address with the NodePort) and whose reply source is not one of that entry's endpoints is
 //! deleted, so the next packet is DNATed afresh. Traffic policy and topology are ignored; entries with
-//! no endpoints are skipped (their traffic is rejected anyway); TCP and SCTP are left alone.
+//! no endpoints are skipped (their traffic is rejected anyway).
+//!
+//! TCP, SCTP (and UDP) connections to an endpoint that *left* its Service — listed nowhere in the new
+//! plan's entry, neither as an endpoint nor as an unready address — are cleared too ([`removed`]):
+//! terminating endpoints stay listed, so they drain untouched.
 
 pub mod cli;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod removed;
 pub mod select;
 
 pub use cli::CliConntrack;
 #[cfg(any(test, feature = "testing"))]
 pub use fake::FakeConntrack;
+pub use removed::{EndpointFlows, removed_endpoints};
 pub use select::{Targets, stale_flows, udp_fingerprints, udp_targets};
 
 use std::net::IpAddr;
@@ -59,10 +68,12 @@ impl Flow {
     }
 }
 
-/// The conntrack table, UDP entries only.
+/// The conntrack table.
 pub trait Conntrack: Send {
     /// Every UDP entry of `family`.
     fn list_udp(&mut self, family: IpFamily) -> Result<Vec<Flow>, Error>;
-    /// Deletes exactly this entry; false when it was already gone.
+    /// Deletes exactly this UDP entry; false when it was already gone.
     fn delete(&mut self, flow: &Flow) -> Result<bool, Error>;
+    /// Deletes every entry of `flows` (one filter, however many entries match); returns how many.
+    fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error>;
 }

@@ -34,6 +34,18 @@ impl ModeLabel {
     }
 }
 
+/// `reason="endpoint-removed"` or `reason="udp-stale"`: why conntrack entries were cleared.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// [`CLEARED_ENDPOINT_REMOVED`] or [`CLEARED_UDP_STALE`].
+    pub reason: String,
+}
+
+/// Flows of an endpoint that left its Service (any protocol).
+pub const CLEARED_ENDPOINT_REMOVED: &str = "endpoint-removed";
+/// kube-proxy's stale UDP entries: a UDP frontend's flow not answered by a current endpoint.
+pub const CLEARED_UDP_STALE: &str = "udp-stale";
+
 /// `kind="iptables_restore"` and the like: what failed (the error's metric label).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -75,6 +87,8 @@ pub struct SyncMetrics {
     pub last_sync_timestamp_seconds: Gauge<f64, AtomicU64>,
     /// Stale UDP conntrack entries deleted.
     pub conntrack_deleted: Counter,
+    /// Conntrack entries cleared, by reason (the stale UDP ones are also in `conntrack_deleted`).
+    pub conntrack_cleared: Family<ReasonLabel, Counter>,
     /// Conntrack cleanups that failed.
     pub conntrack_failures: Counter,
 }
@@ -107,6 +121,15 @@ impl Default for SyncMetrics {
             skipped_entries: Gauge::default(),
             last_sync_timestamp_seconds: Gauge::default(),
             conntrack_deleted: Counter::default(),
+            conntrack_cleared: {
+                let family = Family::<ReasonLabel, Counter>::default();
+                for reason in [CLEARED_ENDPOINT_REMOVED, CLEARED_UDP_STALE] {
+                    let _ = family.get_or_create(&ReasonLabel {
+                        reason: reason.into(),
+                    });
+                }
+                family
+            },
             conntrack_failures: Counter::default(),
         }
     }
@@ -157,6 +180,11 @@ impl SyncMetrics {
             self.conntrack_deleted.clone(),
         );
         registry.register(
+            "conntrack_flows_cleared",
+            "Conntrack entries cleared, by reason: endpoint-removed (an endpoint left its Service), udp-stale (kube-proxy's UDP cleanup)",
+            self.conntrack_cleared.clone(),
+        );
+        registry.register(
             "conntrack_cleanup_failures",
             "Conntrack cleanups that failed",
             self.conntrack_failures.clone(),
@@ -193,5 +221,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("switchyard_agent_rules 42"), "{text}");
+        assert!(
+            text.contains("switchyard_agent_conntrack_flows_cleared_total{reason=\"endpoint-removed\"} 0"),
+            "{text}"
+        );
     }
 }

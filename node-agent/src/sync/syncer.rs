@@ -9,7 +9,8 @@
 //!                      ▼
 //!     full? = start | after a failure | drift | full-sync period due      (else partial)
 //!                      ▼
-//!               Dataplane::sync ─► Ok ─► Applied, conntrack cleanup if UDP endpoints changed
+//!               Dataplane::sync ─► Ok ─► Applied, conntrack cleanup if UDP endpoints changed, and of
+//!                                       endpoints that left their Service
 //!                               └► Err ─► ApplyFailed (rules stay), retry full after 1 s, 2 s, … 30 s
 //! check_drift ─► Dataplane::check_drift ─► drift ─► full sync of the applied plan, driftRepairs += 1
 //! resync_if_due ─► full-sync period over ─► full sync of the applied plan
@@ -34,9 +35,11 @@ use super::backoff::Backoff;
 use super::clock::{Clock, rfc3339};
 use super::composition::{Composition, LastGood, SliceObject, compose_plan};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
-use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
+use super::metrics::{
+    CLEARED_ENDPOINT_REMOVED, CLEARED_UDP_STALE, KindLabel, ModeLabel, ReasonLabel, SyncMetrics,
+};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
-use crate::conntrack::{Conntrack, stale_flows, udp_fingerprints, udp_targets};
+use crate::conntrack::{Conntrack, removed_endpoints, stale_flows, udp_fingerprints, udp_targets};
 use crate::error::Error;
 
 /// Timing of the sync loop.
@@ -152,6 +155,8 @@ pub struct Syncer {
     last: Last,
     conditions: Vec<PlanCondition>,
     drift_repairs: u64,
+    /// Conntrack entries cleared since the start (both reasons).
+    conntrack_cleared: u64,
     extra_failures: Vec<ServiceFailure>,
     /// Why the last write of the plan cache failed, while it does.
     cache_problem: Option<String>,
@@ -196,6 +201,7 @@ impl Syncer {
             last: Last::Never,
             conditions: Vec::new(),
             drift_repairs: 0,
+            conntrack_cleared: 0,
             extra_failures: Vec::new(),
             cache_problem: None,
             failed_reapply: None,
@@ -415,6 +421,7 @@ impl Syncer {
             last_sync_duration_ms: applied.map(|a| a.duration.as_millis() as u64),
             last_sync_mode: applied.map(|a| a.mode),
             drift_repairs: self.drift_repairs,
+            conntrack_flows_cleared: self.conntrack_cleared,
             failures,
             failures_total,
         }
@@ -490,6 +497,7 @@ impl Syncer {
                 if udp_changed {
                     self.clean_conntrack(&spec, &skip);
                 }
+                self.clear_left_endpoints(&spec, &skip);
                 let applied_entries = || {
                     spec.services
                         .iter()
@@ -632,7 +640,49 @@ impl Syncer {
         if deleted > 0 {
             tracing::info!(deleted, "deleted stale UDP conntrack entries");
             self.metrics.conntrack_deleted.inc_by(deleted);
+            self.count_cleared(CLEARED_UDP_STALE, deleted);
         }
+    }
+
+    /// Clears the connections of endpoints that left their Service since the last applied plan; runs
+    /// right after the sync that removed them from the rules.
+    fn clear_left_endpoints(&mut self, spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) {
+        let (Some(conntrack), Some(previous)) = (self.conntrack.as_mut(), self.applied.as_ref()) else {
+            return;
+        };
+        let left = removed_endpoints(&previous.spec, &previous.skip, spec, skip);
+        if left.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let mut cleared = 0u64;
+        for flows in &left {
+            match conntrack.delete_matching(flows) {
+                Ok(count) => cleared += count,
+                Err(e) => {
+                    tracing::warn!(error = %e, ?flows, "clearing the connections of a removed endpoint failed");
+                    self.metrics.conntrack_failures.inc();
+                    break;
+                }
+            }
+        }
+        tracing::info!(
+            cleared,
+            filters = left.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "cleared the conntrack entries of endpoints that left their Service"
+        );
+        self.count_cleared(CLEARED_ENDPOINT_REMOVED, cleared);
+    }
+
+    fn count_cleared(&mut self, reason: &str, count: u64) {
+        self.conntrack_cleared += count;
+        self.metrics
+            .conntrack_cleared
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc_by(count);
     }
 
     /// Why the backend in use is not the one the applied plan asks for.

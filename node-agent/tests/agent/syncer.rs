@@ -13,7 +13,7 @@ use switchyard_agent::xtables::Table;
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status};
 use switchyard_api::status::MAX_LISTED_FAILURES;
 use switchyard_api::testing::{EntryExt, entry, ep, finish, live_plan, slice};
-use switchyard_api::{IpFamily, NodeForwardingPlanStatus, SyncMode};
+use switchyard_api::{IpFamily, NodeForwardingPlanStatus, Protocol, SyncMode};
 
 use crate::fixtures::{Harness, base, declared, edit, fresh_state, ip};
 
@@ -817,6 +817,69 @@ fn udp_endpoint_changes_clean_stale_conntrack_entries() {
     let again = edit(&udp, "kube-system/dns:dns", |e| e.endpoints[0].port = 5353);
     assert!(matches!(h.sync(&again), SyncResult::Applied { .. }));
     assert_eq!(h.syncer.metrics().conntrack_failures.get(), 1);
+}
+
+fn tcp_flow(client: &str, dst: &str, dport: u16, endpoint: &str, endpoint_port: u16) -> Flow {
+    let mut flow = udp_flow(client, dst, dport, endpoint);
+    flow.reply.sport = endpoint_port;
+    flow
+}
+
+#[test]
+fn connections_of_an_endpoint_that_left_are_cleared_and_draining_ones_are_not() {
+    let mut h = Harness::new();
+    h.sync(&base());
+    let to_5 = tcp_flow("10.244.1.9", "10.96.0.1", 80, "10.244.2.5", 8080);
+    let node_port_to_5 = tcp_flow("10.244.1.9", "192.168.10.11", 30080, "10.244.2.5", 8080);
+    let to_other = tcp_flow("10.244.1.8", "10.96.0.1", 80, "10.244.3.5", 8080);
+    let direct_to_5 = tcp_flow("10.244.1.7", "10.244.2.5", 8080, "10.244.2.5", 8080);
+    for flow in [to_5, node_port_to_5, to_other, direct_to_5] {
+        h.conntrack.add_tracked(Protocol::TCP, flow);
+    }
+
+    // 10.244.2.5 terminates: serving, then past serving (unready). Its connections drain.
+    let serving = edit(&base(), "ns1/web:http", |e| e.endpoints[0].terminating = true);
+    h.sync(&serving);
+    let unready = edit(&serving, "ns1/web:http", |e| {
+        e.endpoints.remove(0);
+        e.unready_ips = vec!["10.244.2.5".into()];
+    });
+    h.sync(&unready);
+    assert_eq!(h.conntrack.cleared(), vec![], "nothing left the Service yet");
+    assert_eq!(h.conntrack.tracked().len(), 4);
+
+    // Gone from the slice: its flows through the ClusterIP and the NodePort go, the rest stay.
+    let gone = edit(&unready, "ns1/web:http", |e| e.unready_ips.clear());
+    assert!(matches!(h.sync(&gone), SyncResult::Applied { .. }));
+    assert_eq!(
+        h.conntrack
+            .tracked()
+            .into_iter()
+            .map(|(_, flow)| flow)
+            .collect::<Vec<_>>(),
+        vec![to_other, direct_to_5]
+    );
+    assert_eq!(h.syncer.status().conntrack_flows_cleared, 2);
+    let cleared = |reason: &str| {
+        h.syncer
+            .metrics()
+            .conntrack_cleared
+            .get_or_create(&switchyard_agent::sync::metrics::ReasonLabel {
+                reason: reason.into(),
+            })
+            .get()
+    };
+    assert_eq!(cleared("endpoint-removed"), 2);
+    assert_eq!(cleared("udp-stale"), 0);
+
+    // Opted out: an endpoint that leaves keeps its connections.
+    let kept = edit(&gone, "ns1/web:http", |e| e.keep_connections = true);
+    h.sync(&kept);
+    let filters = h.conntrack.cleared().len();
+    let left = edit(&kept, "ns1/web:http", |e| e.endpoints.clear());
+    h.sync(&left);
+    assert_eq!(h.conntrack.cleared().len(), filters);
+    assert_eq!(h.conntrack.tracked().len(), 2);
 }
 
 #[test]

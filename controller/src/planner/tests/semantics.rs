@@ -455,3 +455,75 @@ fn ipvs_scheduler_annotation_is_carried_and_validated() {
             .any(|w| w.object == "ns1/b" && w.reason.contains("fastest"))
     );
 }
+
+#[test]
+fn endpoints_neither_ready_nor_serving_are_listed_as_unready_addresses_only() {
+    let svc = service("ns1", "web", "10.96.0.2", |s| {
+        s.port("", 80, "TCP");
+    });
+    let eps = slice(
+        "ns1",
+        "web",
+        &[("", 80, "TCP")],
+        vec![
+            endpoint("10.244.1.9", "node-a"),
+            // Serving while it terminates: an endpoint (a fallback), not an unready address.
+            endpoint("10.244.1.10", "node-a").conditions(false, true, true),
+            // Terminating past serving, and starting: unready.
+            endpoint("10.244.2.7", "node-b").conditions(false, false, true),
+            endpoint("10.244.3.7", "node-c").conditions(false, false, false),
+        ],
+    );
+    // A second slice lists one unready address again and the ready one as unready: once each, and
+    // an address that is an endpoint is not also unready.
+    let overlap = slice_named(
+        "ns1",
+        "web",
+        "web-2",
+        "IPv4",
+        &[("", 80, "TCP")],
+        vec![
+            endpoint("10.244.2.7", "node-b").conditions(false, false, true),
+            endpoint("10.244.1.9", "node-a").conditions(false, false, false),
+        ],
+    );
+    let planner = plan(&snapshot(vec![svc], vec![eps, overlap]));
+    for node in ["node-a", "node-b", "node-c"] {
+        let entry = entry_of(&planner, node, "ns1/web");
+        assert_eq!(ips(&entry, |_| true), vec!["10.244.1.9", "10.244.1.10"], "{node}");
+        assert_eq!(entry.unready_ips, vec!["10.244.2.7", "10.244.3.7"], "{node}");
+        assert!(!entry.keep_connections);
+    }
+}
+
+#[test]
+fn keep_connections_annotation_is_carried_and_validated() {
+    let cases = [
+        (Some("true"), true, false),
+        (Some("false"), false, false),
+        (None, false, false),
+        (Some("yes"), false, true),
+    ];
+    for (value, keep, warned) in cases {
+        let svc = service("ns1", "a", "10.96.0.1", |s| {
+            s.port("", 80, "TCP");
+            if let Some(value) = value {
+                s.annotate("switchyard.io/keep-connections", value);
+            }
+        });
+        let planner = plan(&snapshot(vec![svc], vec![]));
+        assert_eq!(
+            entry_of(&planner, "node-a", "ns1/a").keep_connections,
+            keep,
+            "{value:?}"
+        );
+        let warnings = &planner.diagnostics().warnings;
+        assert_eq!(
+            warnings
+                .iter()
+                .any(|w| w.reason.contains("switchyard.io/keep-connections")),
+            warned,
+            "{value:?}: {warnings:?}"
+        );
+    }
+}
