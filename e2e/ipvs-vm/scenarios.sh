@@ -65,6 +65,7 @@ state_is() { [ "$(real_state "$1" "$2")" = "$3" ] || { echo "$2 of $1 is '$(real
 on_dummy() { /usr/sbin/ip -o addr show dev swyd-ipvs0 2>/dev/null | grep -q " $1/"; }
 has_vs() { ipvsadm -Ln | grep -q "$1"; }
 in_status() { grep -q "$1" $STATUS; }
+now_ms() { awk '{printf "%d\n", $1 * 1000}' /proc/uptime; }
 first_line_from() { /usr/sbin/ip netns exec client sh -c "echo | /usr/bin/socat -T 2 - TCP:$1" 2>/dev/null | head -n 1; }
 eventually 20 probe tcp 10.244.0.2:8080 >/dev/null && eventually 20 probe tcp 10.244.0.4:8080 >/dev/null \
   || diag "pods did not come up: $(cat /tmp/pod-*.log)"
@@ -201,7 +202,9 @@ check "drift: a changed weight gets its planned value back" eventually 20 count_
 /usr/sbin/ip netns exec client /usr/bin/socat -u EXEC:"sleep 600" TCP:10.96.0.30:80 &
 HOLD=$!
 check "graceful: a held connection is active on pod-a" eventually 10 state_is 10.96.0.30:80 10.244.0.2:9000 1/1
-{ services_r1 | sed '$d'; ep 10.244.0.3 9000; } | write_plan r2 ipvs
+# pod-a terminates: still listed by the Service, no longer used, so it drains.
+{ services_r1 | sed '$d'; echo "  - {ip: 10.244.0.2, port: 9000, terminating: true}"; ep 10.244.0.3 9000; } |
+  write_plan r2 ipvs
 eventually 20 applied r2 || diag "r2 not applied: $(tail -n 5 /tmp/agent.log)"
 check "graceful: the leaving real server has weight 0 and keeps its connection" state_is 10.96.0.30:80 10.244.0.2:9000 0/1
 check "graceful: the new real server takes new connections" contains "$(first_line_from 10.96.0.30:80)" pod-b
@@ -209,6 +212,25 @@ sleep 3
 check "graceful: still there, drained, 3 resyncs later while busy" state_is 10.96.0.30:80 10.244.0.2:9000 0/1
 kill $HOLD
 check "graceful: deleted once its connection closed" eventually 15 state_is 10.96.0.30:80 10.244.0.2:9000 ""
+
+# --- 4b. a removed endpoint: its connections end at once (issue 23) --------------------------------------
+# The Service no longer lists pod-b at all (removed, not terminating): its busy real server is deleted at
+# once, and with expire_nodest_conn the held connection's next packet ends it (a reset from the node)
+# instead of hanging on an address that no longer answers. The client writes every 0.2 s.
+rm -f /tmp/hold2.end
+( while sleep 0.2; do echo x; done ) |
+  { /usr/sbin/ip netns exec client /usr/bin/socat - TCP:10.96.0.30:80 >/dev/null 2>&1; now_ms >/tmp/hold2.end; } &
+check "removed: a held connection is active on pod-b" eventually 10 state_is 10.96.0.30:80 10.244.0.3:9000 1/1
+check "removed: it is still open" not test -e /tmp/hold2.end
+{ services_r1 | sed '$d'; ep 10.244.0.4 9000; } | write_plan r2b ipvs
+eventually 20 applied r2b || diag "r2b not applied: $(tail -n 5 /tmp/agent.log)"
+t0=$(now_ms)
+check "removed: the busy real server is deleted at once" state_is 10.96.0.30:80 10.244.0.3:9000 ""
+check "removed: the held connection ends" eventually 3 test -s /tmp/hold2.end
+ended=$(cat /tmp/hold2.end 2>/dev/null || echo $((t0 + 99999)))
+diag "removed: the held connection ended $((ended - t0)) ms after the plan was seen applied"
+check "removed: within 1 s of the plan being applied" test $((ended - t0)) -le 1000
+check "removed: new connections go to pod-c" contains "$(first_line_from 10.96.0.30:80)" pod-c
 
 # --- 5. switching the backend to iptables ------------------------------------------------------------------
 services_r1 | write_plan r3 iptables

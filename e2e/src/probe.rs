@@ -161,21 +161,27 @@ pub fn probe_here(proto: Proto, dst: SocketAddr, timeout: Duration) -> ProbeResu
 }
 
 fn probe_tcp(dst: SocketAddr, timeout: Duration) -> ProbeResult {
+    probe_tcp_keeping(dst, timeout).0
+}
+
+/// A TCP probe from the calling thread's namespace that keeps its connection: the answer, and the
+/// stream (the backend has half-closed it) when it was read.
+pub fn probe_tcp_keeping(dst: SocketAddr, timeout: Duration) -> (ProbeResult, Option<TcpStream>) {
     let deadline = Instant::now() + timeout;
     let mut stream = match TcpStream::connect_timeout(&dst, timeout) {
         Ok(stream) => stream,
-        Err(error) => return classify(&error),
+        Err(error) => return (classify(&error), None),
     };
     let remaining = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
     if let Err(error) = stream.set_read_timeout(Some(remaining)) {
-        return classify(&error);
+        return (classify(&error), None);
     }
     let mut reply = String::new();
     match stream.read_to_string(&mut reply) {
-        Ok(_) => parse_reply(&reply),
-        Err(error) => classify(&error),
+        Ok(_) => (parse_reply(&reply), Some(stream)),
+        Err(error) => (classify(&error), None),
     }
 }
 

@@ -2,25 +2,31 @@
 //!
 //! ```text
 //! Traffic::start(lab, flows) ─► one thread per flow, inside the flow's namespace:
-//!     loop until stopped: probe (new connection) ─► Answered by an allowed pod? ─► ok / failed
+//!     new connections: loop until stopped: probe ─► answered by an allowed pod? ─► ok / failed
+//!     held:            one connection, a byte written every PACE ─► reset? ─► killed (failed), reopen
 //!                          └─ counted under the phase set last (Traffic::phase("during") …)
-//! Traffic::stop() ─► TrafficReport { per phase: connections, failed; the first failures }
-//!                 ─► line("api-outage") = "fault: api-outage: 812 connections, 0 failed (before 80, …)"
+//! Traffic::stop() ─► TrafficReport { per phase: connections, failed; held: opened, killed; failures }
+//!                 ─► line("api-outage") = "fault: api-outage: 812 connections, 0 failed (before 80, …);
+//!                                          held 2, 0 killed"
 //! ```
 //!
 //! A connection fails when it is not answered within the probe timeout, or answered by a pod the flow
-//! does not allow (traffic to a Service whose endpoints did not change must reach those endpoints).
+//! does not allow (traffic to a Service whose endpoints did not change must reach those endpoints). A
+//! held connection to such a Service must never be reset: the agent clears the conntrack entries of
+//! endpoints that leave a Service, and a kill here is that clearing hitting the wrong connection (a
+//! false kill). It counts as a failure of its phase and as killed in `held`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::{LabError, Result};
-use crate::probe::{ProbeResult, Proto, probe_here};
+use crate::probe::{ProbeResult, Proto, probe_here, probe_tcp_keeping};
 use crate::{Lab, Place, checks, netns};
 
 /// How long one probe waits for its answer before it counts as failed.
@@ -41,6 +47,8 @@ pub struct Flow {
     pub to: SocketAddr,
     /// The pods allowed to answer (by name prefix, as in [`crate::checks`]).
     pub pods: Vec<String>,
+    /// One long-lived TCP connection instead of a new connection per probe.
+    pub held: bool,
 }
 
 impl Flow {
@@ -54,6 +62,15 @@ impl Flow {
         Self::new(from, Proto::Udp, to, pods)
     }
 
+    /// One TCP connection from `from` to `to`, answered by one of `pods`, then held open with a byte
+    /// written every [`PACE`]; reopened when it is reset.
+    pub fn held_tcp(from: Place, to: &str, pods: &[&str]) -> Result<Self> {
+        Ok(Flow {
+            held: true,
+            ..Self::new(from, Proto::Tcp, to, pods)?
+        })
+    }
+
     fn new(from: Place, proto: Proto, to: &str, pods: &[&str]) -> Result<Self> {
         let to = to
             .parse()
@@ -63,6 +80,7 @@ impl Flow {
             proto,
             to,
             pods: pods.iter().map(|pod| pod.to_string()).collect(),
+            held: false,
         })
     }
 
@@ -77,7 +95,8 @@ impl Flow {
 
 impl std::fmt::Display for Flow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} {}", self.from, self.proto, self.to)
+        let held = if self.held { " (held)" } else { "" };
+        write!(f, "{} {} {}{held}", self.from, self.proto, self.to)
     }
 }
 
@@ -94,9 +113,19 @@ pub struct Count {
 struct Tally {
     phases: Vec<(String, Count)>,
     failures: Vec<String>,
+    held: Count,
 }
 
 impl Tally {
+    /// A held connection was reset: a failure of `phase`, not a new connection.
+    fn killed(&mut self, phase: &str, why: String) {
+        self.count(phase, Some(why));
+        if let Some((_, count)) = self.phases.iter_mut().find(|(name, _)| name == phase) {
+            count.connections -= 1;
+        }
+        self.held.failed += 1;
+    }
+
     fn count(&mut self, phase: &str, failure: Option<String>) {
         let index = match self.phases.iter().position(|(name, _)| name == phase) {
             Some(index) => index,
@@ -152,6 +181,9 @@ impl Traffic {
             let (flow, shared) = (flow.clone(), Arc::clone(&shared));
             threads.push(std::thread::spawn(move || {
                 let outcome = netns::in_netns(&netns, || {
+                    if flow.held {
+                        return hold(&flow, &shared);
+                    }
                     while !shared.stop.load(Ordering::Relaxed) {
                         let phase = shared.phase();
                         let failure = flow
@@ -196,7 +228,45 @@ impl Traffic {
         TrafficReport {
             phases: tally.phases,
             failures: tally.failures,
+            held: tally.held,
         }
+    }
+}
+
+/// The loop of a held flow: keeps one connection, writes a byte every [`PACE`]; a write that fails is
+/// a reset (a kill), and the connection is reopened. The last write happens after `stop`.
+fn hold(flow: &Flow, shared: &Shared) {
+    let mut stream: Option<TcpStream> = None;
+    loop {
+        let stopping = shared.stop.load(Ordering::Relaxed);
+        let phase = shared.phase();
+        match stream.as_mut() {
+            Some(open) => {
+                // The first write after a reset may still be accepted locally; the reset shows on the
+                // next one, PACE later.
+                if let Err(error) = open.write_all(b".") {
+                    shared
+                        .tally()
+                        .killed(&phase, format!("{flow}: held connection killed: {error}"));
+                    stream = None;
+                }
+            }
+            None if stopping => {}
+            None => {
+                let (result, opened) = probe_tcp_keeping(flow.to, PROBE_TIMEOUT);
+                let failure = flow.judge(&result).map(|why| format!("{flow}: {why}"));
+                if failure.is_none() {
+                    stream = opened;
+                }
+                let mut tally = shared.tally();
+                tally.count(&phase, failure);
+                tally.held.connections += 1;
+            }
+        }
+        if stopping {
+            return;
+        }
+        std::thread::sleep(PACE);
     }
 }
 
@@ -207,6 +277,8 @@ pub struct TrafficReport {
     pub phases: Vec<(String, Count)>,
     /// The first failures, verbatim.
     pub failures: Vec<String>,
+    /// Held connections: opened, and killed (each kill is also a failure of its phase).
+    pub held: Count,
 }
 
 impl TrafficReport {
@@ -241,6 +313,13 @@ impl TrafficReport {
             let _ = write!(line, "{sep}{phase} {}", count.connections);
         }
         line.push(')');
+        if self.held.connections > 0 {
+            let _ = write!(
+                line,
+                "; held {}, {} killed",
+                self.held.connections, self.held.failed
+            );
+        }
         line
     }
 
@@ -267,6 +346,7 @@ mod tests {
         let report = TrafficReport {
             phases: tally.phases,
             failures: tally.failures,
+            held: tally.held,
         };
         assert_eq!(
             report.line("api-outage"),
@@ -280,6 +360,29 @@ mod tests {
             }
         );
         assert_eq!(report.failures, vec!["during: TimedOut".to_string()]);
+    }
+
+    #[test]
+    fn a_killed_held_connection_fails_its_phase_without_counting_as_a_new_connection() {
+        let mut tally = Tally::default();
+        tally.count("before", None);
+        tally.held.connections += 1;
+        tally.killed(
+            "during",
+            "c tcp 10.96.0.1:80 (held): held connection killed".into(),
+        );
+        tally.count("during", None);
+        tally.held.connections += 1;
+        let report = TrafficReport {
+            phases: tally.phases,
+            failures: tally.failures,
+            held: tally.held,
+        };
+        assert_eq!(
+            report.line("controller-restart"),
+            "fault: controller-restart: 2 connections, 1 failed (before 1, during 1); held 2, 1 killed"
+        );
+        assert_eq!(report.total().failed, 1);
     }
 
     #[test]

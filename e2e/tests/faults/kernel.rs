@@ -289,6 +289,7 @@ fn rules_rewritten_by_another_program_are_repaired(backend: Backend, test: &str)
             .filter(|f| !f.starts_with("rules-gone"))
             .cloned()
             .collect(),
+        held: report.held,
     };
     assert_clean(&settled, &format!("rules-rewritten-{backend}"));
 }

@@ -26,10 +26,14 @@ use switchyard_e2e::Place;
 use switchyard_e2e::traffic::Flow;
 
 /// Connections to Services whose endpoints no fault changes: ClusterIP from pods on two nodes, a
-/// NodePort from outside through a third node, and DNS over UDP.
+/// NodePort from outside through a third node, and DNS over UDP; and two held connections (ClusterIP
+/// from a pod, the NodePort from outside) that must never be reset: 0 false kills by the agent's
+/// clearing of removed endpoints' connections.
 pub fn stable_flows() -> Vec<Flow> {
     vec![
         Flow::tcp(Place::pod("nginx-pod-3"), "10.96.0.80:80", &["apache"]).unwrap(),
+        Flow::held_tcp(Place::pod("nginx-pod-3"), "10.96.0.80:80", &["apache"]).unwrap(),
+        Flow::held_tcp(Place::Client, "192.168.10.12:32701", &["nginx-gateway"]).unwrap(),
         Flow::tcp(
             Place::pod("apache-6d4cf56db6-a1"),
             "10.96.125.27:8080",

@@ -49,6 +49,14 @@ impl CliConntrack {
     }
 }
 
+fn protocol_name(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::TCP => "tcp",
+        Protocol::UDP => "udp",
+        Protocol::SCTP => "sctp",
+    }
+}
+
 fn family_flag(family: IpFamily) -> &'static str {
     match family {
         IpFamily::IPv4 => "ipv4",
@@ -138,11 +146,7 @@ pub fn delete_args(flow: &Flow) -> Vec<String> {
 
 /// The `conntrack -D` arguments selecting every entry of `flows`.
 pub fn delete_matching_args(flows: &EndpointFlows) -> Vec<String> {
-    let protocol = match flows.protocol {
-        Protocol::TCP => "tcp",
-        Protocol::UDP => "udp",
-        Protocol::SCTP => "sctp",
-    };
+    let protocol = protocol_name(flows.protocol);
     let mut args: Vec<String> = ["-D", "-p", protocol, "-f", family_flag(flows.family)]
         .iter()
         .map(|s| s.to_string())
@@ -171,11 +175,11 @@ pub fn deleted_count(stderr: &str) -> Option<u64> {
 }
 
 impl Conntrack for CliConntrack {
-    fn list_udp(&mut self, family: IpFamily) -> Result<Vec<Flow>, Error> {
+    fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error> {
         let stdout = command::stdout_of(Command::new(&self.binary).args([
             "-L",
             "-p",
-            "udp",
+            protocol_name(protocol),
             "-f",
             family_flag(family),
         ]))?;

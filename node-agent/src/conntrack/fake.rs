@@ -2,7 +2,7 @@
 //! under test, and the deletions are recorded.
 //!
 //! ```text
-//! test ─► add(flow) / add_tracked(protocol, flow) ─► FakeConntrack (shared) ◄─ list_udp / delete /
+//! test ─► add(flow) / add_tracked(protocol, flow) ─► FakeConntrack (shared) ◄─ list / delete /
 //!                                                     delete_matching ─ code under test
 //!                                                  └─► flows(), tracked(), deleted(), cleared() for assertions
 //! ```
@@ -40,7 +40,7 @@ impl FakeConntrack {
         self.lock().flows.push(flow);
     }
 
-    /// Adds a flow of another protocol than UDP (never listed; `delete_matching` finds it).
+    /// Adds a flow of another protocol than UDP (listed by its protocol; `delete` never takes it).
     pub fn add_tracked(&self, protocol: Protocol, flow: Flow) {
         self.lock().tracked.push((protocol, flow));
     }
@@ -84,15 +84,20 @@ fn unavailable() -> Error {
 }
 
 impl Conntrack for FakeConntrack {
-    fn list_udp(&mut self, family: IpFamily) -> Result<Vec<Flow>, Error> {
+    fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error> {
         let mut state = self.lock();
         if state.fail {
             return Err(unavailable());
         }
         state.lists += 1;
-        Ok(state
-            .flows
+        let udp = state.flows.iter().filter(|_| protocol == Protocol::UDP);
+        let tracked = state
+            .tracked
             .iter()
+            .filter(|(p, _)| *p == protocol)
+            .map(|(_, f)| f);
+        Ok(udp
+            .chain(tracked)
             .filter(|f| f.family() == family)
             .copied()
             .collect())
@@ -155,13 +160,13 @@ mod tests {
         let (v4, v6) = (flow("10.0.0.1", "10.96.0.10"), flow("fd00::1", "fd00::10"));
         fake.add(v4);
         fake.add(v6);
-        assert_eq!(fake.list_udp(IpFamily::IPv4).unwrap(), vec![v4]);
+        assert_eq!(fake.list(Protocol::UDP, IpFamily::IPv4).unwrap(), vec![v4]);
         assert!(fake.delete(&v4).unwrap());
         assert!(!fake.delete(&v4).unwrap());
         assert_eq!(fake.flows(), vec![v6]);
         assert_eq!(fake.deleted(), vec![v4]);
         fake.set_failing(true);
-        assert!(fake.list_udp(IpFamily::IPv6).is_err());
+        assert!(fake.list(Protocol::UDP, IpFamily::IPv6).is_err());
         assert_eq!(fake.lists(), 1);
     }
 

@@ -6,7 +6,9 @@
 //!   └─► udp_targets(spec, family) ─► Targets { (service IP, port) → endpoint IPs, nodePort → endpoint IPs }
 //!       Conntrack::list_udp(family) ─► [Flow] ─► stale_flows(targets, flows) ─► Conntrack::delete(flow)
 //! sync applied over an earlier plan
-//!   └─► removed_endpoints(previous, current) ─► [EndpointFlows] ─► Conntrack::delete_matching (one each)
+//!   └─► removed_endpoints(previous, current) ─► [EndpointFlows] ─► clear_removed():
+//!       ≤ 16 filters: Conntrack::delete_matching each; more: Conntrack::list per protocol and family
+//!       once ─► matched(filters, flows) ─► delete_matching only for the filters something matches
 //! ```
 //!
 //! UDP has no connection teardown: a client that keeps sending to a ClusterIP keeps its conntrack entry,
@@ -30,12 +32,12 @@ pub mod select;
 pub use cli::CliConntrack;
 #[cfg(any(test, feature = "testing"))]
 pub use fake::FakeConntrack;
-pub use removed::{EndpointFlows, removed_endpoints};
+pub use removed::{EndpointFlows, LIST_FIRST_ABOVE, matched, removed_endpoints};
 pub use select::{Targets, stale_flows, udp_fingerprints, udp_targets};
 
 use std::net::IpAddr;
 
-use switchyard_api::IpFamily;
+use switchyard_api::{IpFamily, Protocol};
 
 use crate::error::Error;
 
@@ -70,10 +72,39 @@ impl Flow {
 
 /// The conntrack table.
 pub trait Conntrack: Send {
-    /// Every UDP entry of `family`.
-    fn list_udp(&mut self, family: IpFamily) -> Result<Vec<Flow>, Error>;
+    /// Every entry of `protocol` and `family`.
+    fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error>;
     /// Deletes exactly this UDP entry; false when it was already gone.
     fn delete(&mut self, flow: &Flow) -> Result<bool, Error>;
     /// Deletes every entry of `flows` (one filter, however many entries match); returns how many.
     fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error>;
+}
+
+/// Deletes the entries of every filter in `filters` (from [`removed_endpoints`]); returns how many
+/// entries went and how many filters were run. Each `conntrack -D` walks the whole table, so past
+/// [`LIST_FIRST_ABOVE`] filters the table is listed once per protocol and family and only the filters
+/// some entry matches are run: a change that replaces every endpoint of 10,000 Services leaves ~50,000
+/// filters, nearly all of them matching nothing, which one process each would take minutes to learn.
+pub fn clear_removed(
+    conntrack: &mut dyn Conntrack,
+    filters: &[EndpointFlows],
+) -> Result<(u64, usize), Error> {
+    let run: Vec<EndpointFlows> = if filters.len() <= LIST_FIRST_ABOVE {
+        filters.to_vec()
+    } else {
+        let mut kinds: Vec<(Protocol, IpFamily)> = filters.iter().map(|f| (f.protocol, f.family)).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        let mut run = Vec::new();
+        for (protocol, family) in kinds {
+            let flows = conntrack.list(protocol, family)?;
+            run.extend(matched(filters, protocol, family, &flows));
+        }
+        run
+    };
+    let mut cleared = 0;
+    for flows in &run {
+        cleared += conntrack.delete_matching(flows)?;
+    }
+    Ok((cleared, run.len()))
 }

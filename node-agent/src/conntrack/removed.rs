@@ -56,6 +56,34 @@ impl EndpointFlows {
     }
 }
 
+/// Up to this many filters are run as they are; past it the table is listed first (see
+/// [`super::clear_removed`]).
+pub const LIST_FIRST_ABOVE: usize = 16;
+
+/// The filters of `protocol` and `family` that at least one of `flows` (listed for them) matches, in
+/// their order.
+pub fn matched(
+    filters: &[EndpointFlows],
+    protocol: Protocol,
+    family: IpFamily,
+    flows: &[super::Flow],
+) -> Vec<EndpointFlows> {
+    let mut by_endpoint: HashMap<IpAddr, Vec<&super::Flow>> = HashMap::new();
+    for flow in flows {
+        by_endpoint.entry(flow.reply.src).or_default().push(flow);
+    }
+    filters
+        .iter()
+        .filter(|f| f.protocol == protocol && f.family == family)
+        .filter(|f| {
+            by_endpoint
+                .get(&f.endpoint)
+                .is_some_and(|flows| flows.iter().any(|flow| f.matches(protocol, flow)))
+        })
+        .copied()
+        .collect()
+}
+
 fn planned<'a>(
     spec: &'a NodeForwardingPlanSpec,
     skip: &'a HashSet<usize>,
@@ -181,6 +209,61 @@ mod tests {
     fn without(mut entry: ServicePlan, gone: &str) -> ServicePlan {
         entry.endpoints.retain(|e| e.ip != gone);
         entry
+    }
+
+    #[test]
+    fn only_filters_that_some_listed_flow_matches_are_kept() {
+        use crate::conntrack::{Flow, Tuple};
+        let filter = |endpoint: &str, frontend: Option<&str>, port: u16| EndpointFlows {
+            protocol: Protocol::TCP,
+            family: IpFamily::IPv4,
+            frontend: frontend.map(ip),
+            port,
+            endpoint: ip(endpoint),
+            endpoint_port: Some(8080),
+        };
+        let flow = |dst: &str, dport: u16, endpoint: &str| Flow {
+            original: Tuple {
+                src: ip("10.244.9.9"),
+                dst: ip(dst),
+                sport: 40000,
+                dport,
+            },
+            reply: Tuple {
+                src: ip(endpoint),
+                dst: ip("10.244.9.9"),
+                sport: 8080,
+                dport: 40000,
+            },
+        };
+        let filters = [
+            filter("10.244.2.5", Some("10.96.0.1"), 80),
+            filter("10.244.2.5", None, 30080),
+            filter("10.244.2.6", Some("10.96.0.1"), 80),
+            filter("10.244.2.7", Some("10.96.0.1"), 80),
+        ];
+        let flows = [
+            flow("10.96.0.1", 80, "10.244.2.5"),
+            // To 10.244.2.6 directly, not through the frontend: its filter finds nothing.
+            flow("10.244.2.6", 8080, "10.244.2.6"),
+        ];
+        let table: [(Protocol, IpFamily, Vec<EndpointFlows>); 3] = [
+            (Protocol::TCP, IpFamily::IPv4, vec![filters[0]]),
+            (Protocol::UDP, IpFamily::IPv4, vec![]),
+            (Protocol::TCP, IpFamily::IPv6, vec![]),
+        ];
+        for (protocol, family, want) in table {
+            assert_eq!(
+                matched(&filters, protocol, family, &flows),
+                want,
+                "{protocol:?} {family:?}"
+            );
+        }
+        let node_port = [flow("192.168.10.11", 30080, "10.244.2.5")];
+        assert_eq!(
+            matched(&filters, Protocol::TCP, IpFamily::IPv4, &node_port),
+            vec![filters[1]]
+        );
     }
 
     #[test]

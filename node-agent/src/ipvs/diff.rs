@@ -12,8 +12,10 @@
 //! connections — it gets weight 0, so it takes no new ones — and is deleted once it has no active
 //! connection or its grace period is over, whichever comes first (re-checked on every sync and drift
 //! check). UDP and SCTP real servers are deleted at once, as kube-proxy does (with
-//! `expire_nodest_conn` their flows move on at the next packet). A real server that comes back while
-//! draining gets its weight back.
+//! `expire_nodest_conn` their flows move on at the next packet). Unlike kube-proxy, a TCP real server
+//! whose endpoint the Service no longer lists at all (removed, not terminating nor unready) is deleted
+//! at once too: it cannot drain, and its clients would hang (issue 23); `keep-connections` Services
+//! drain as before. A real server that comes back while draining gets its weight back.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -111,7 +113,11 @@ pub fn reconcile(
         .iter()
         .filter(|d| !desired.reals.contains_key(&d.real))
     {
-        if key.protocol != Protocol::TCP {
+        let gone = desired
+            .listed
+            .as_ref()
+            .is_some_and(|listed| !listed.contains(&dest.real.addr));
+        if key.protocol != Protocol::TCP || gone {
             draining.remove(&dest.real);
             ops.push(Op::DeleteDest(dest.real));
             continue;
@@ -155,6 +161,7 @@ mod tests {
             scheduler: "rr".into(),
             persistence: None,
             reals: reals.iter().map(|r| (*r, 1)).collect(),
+            listed: None,
         }
     }
 
@@ -283,6 +290,43 @@ mod tests {
             start,
         );
         assert_eq!(ops, [Op::DeleteDest(real(3))]);
+    }
+
+    #[test]
+    fn a_busy_tcp_real_server_drains_only_while_its_service_still_lists_its_address() {
+        let now = Instant::now();
+        let k = key(Protocol::TCP);
+        let service = Service::new(k, "rr", None);
+        // real(2) busy and no longer a real server; real(3) busy and gone from the Service.
+        let dests = [dest(real(1), 1, 0), dest(real(2), 1, 4), dest(real(3), 1, 4)];
+        let current = Current {
+            service: &service,
+            dests: &dests,
+        };
+        let mut want = desired(&[real(1)]);
+        want.listed = Some(std::sync::Arc::new(
+            [real(1).addr, real(2).addr].into_iter().collect(),
+        ));
+        let mut draining = Draining::new();
+        let ops = reconcile(&k, Some(&want), Some(current), &mut draining, now, GRACE);
+        assert_eq!(
+            ops,
+            [
+                Op::UpdateDest(Destination::new(real(2), 0)),
+                Op::DeleteDest(real(3))
+            ]
+        );
+        assert_eq!(draining.keys().collect::<Vec<_>>(), [&real(2)]);
+        // keep-connections (no list): both drain.
+        want.listed = None;
+        let ops = reconcile(&k, Some(&want), Some(current), &mut Draining::new(), now, GRACE);
+        assert_eq!(
+            ops,
+            [
+                Op::UpdateDest(Destination::new(real(2), 0)),
+                Op::UpdateDest(Destination::new(real(3), 0))
+            ]
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, PlanEndpoint, ServicePlan, TrafficPolicy};
@@ -49,6 +50,12 @@ pub struct VirtualServer {
     pub persistence: Option<u32>,
     /// Real servers and their weights (the plan's, 1 where it gives none).
     pub reals: BTreeMap<RealKey, u32>,
+    /// Every address the entry still lists (endpoints, terminating ones included, and unready ones);
+    /// `None` when the Service keeps connections (`switchyard.io/keep-connections`). A TCP real server
+    /// that leaves `reals` drains when its address is listed (terminating, or only not used here); one
+    /// the Service no longer lists has gone and is deleted at once: its connections cannot drain, and
+    /// with `expire_nodest_conn` their next packet ends them instead of hanging on a dead address.
+    pub listed: Option<Arc<BTreeSet<IpAddr>>>,
 }
 
 /// Everything IPVS mode programs for a plan.
@@ -233,6 +240,11 @@ fn render_entry(
         .unwrap_or_else(|| DEFAULT_SCHEDULER.to_string());
     let internal_reals = reals(&endpoint_sets.internal);
     let external_reals = reals(&endpoint_sets.external);
+    let listed = (!entry.keep_connections).then(|| {
+        let endpoints = entry.endpoints.iter().map(|ep| ep.ip.as_str());
+        let unready = entry.unready_ips.iter().map(String::as_str);
+        Arc::new(endpoints.chain(unready).filter_map(parse_ip).collect())
+    });
     let add = |desired: &mut Desired, key: VirtualKey, reals: &BTreeMap<RealKey, u32>| {
         if let Some(owner) = desired.virtuals.get(&key) {
             let why = format!(
@@ -249,6 +261,7 @@ fn render_entry(
                 scheduler: scheduler.clone(),
                 persistence: entry.affinity_timeout_seconds,
                 reals: reals.clone(),
+                listed: listed.clone(),
             },
         );
     };

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
 use switchyard_api::validate::{MAX_REVISION, validate};
 use switchyard_api::{
-    EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition,
+    EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition, Protocol,
     ServiceFailure, SyncMode,
 };
 
@@ -39,7 +39,9 @@ use super::metrics::{
     CLEARED_ENDPOINT_REMOVED, CLEARED_UDP_STALE, KindLabel, ModeLabel, ReasonLabel, SyncMetrics,
 };
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
-use crate::conntrack::{Conntrack, removed_endpoints, stale_flows, udp_fingerprints, udp_targets};
+use crate::conntrack::{
+    Conntrack, clear_removed, removed_endpoints, stale_flows, udp_fingerprints, udp_targets,
+};
 use crate::error::Error;
 
 /// Timing of the sync loop.
@@ -617,7 +619,7 @@ impl Syncer {
         let mut deleted = 0u64;
         for family in crate::conntrack::select::udp_families(spec, skip) {
             let targets = udp_targets(spec, skip, family);
-            let flows = match conntrack.list_udp(family) {
+            let flows = match conntrack.list(Protocol::UDP, family) {
                 Ok(flows) => flows,
                 Err(e) => {
                     tracing::warn!(error = %e, ?family, "listing conntrack entries failed");
@@ -655,20 +657,18 @@ impl Syncer {
             return;
         }
         let started = Instant::now();
-        let mut cleared = 0u64;
-        for flows in &left {
-            match conntrack.delete_matching(flows) {
-                Ok(count) => cleared += count,
-                Err(e) => {
-                    tracing::warn!(error = %e, ?flows, "clearing the connections of a removed endpoint failed");
-                    self.metrics.conntrack_failures.inc();
-                    break;
-                }
+        let (cleared, run) = match clear_removed(conntrack.as_mut(), &left) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(error = %e, filters = left.len(), "clearing the connections of removed endpoints failed");
+                self.metrics.conntrack_failures.inc();
+                return;
             }
-        }
+        };
         tracing::info!(
             cleared,
             filters = left.len(),
+            run,
             took_ms = started.elapsed().as_millis() as u64,
             "cleared the conntrack entries of endpoints that left their Service"
         );

@@ -883,6 +883,38 @@ fn connections_of_an_endpoint_that_left_are_cleared_and_draining_ones_are_not() 
 }
 
 #[test]
+fn a_change_that_removes_many_endpoints_lists_the_table_once_and_runs_only_filters_that_match() {
+    let mut h = Harness::new();
+    let endpoints = |subnet: u8| {
+        (10..20)
+            .map(|host| ep(&format!("10.244.{subnet}.{host}"), 8080))
+            .collect::<Vec<_>>()
+    };
+    let old = edit(&base(), "ns1/web:http", |e| e.endpoints = endpoints(2));
+    h.sync(&old);
+    let busy = tcp_flow("10.244.1.9", "10.96.0.1", 80, "10.244.2.12", 8080);
+    let other = tcp_flow("10.244.1.8", "10.96.0.1", 80, "10.244.3.5", 8080);
+    h.conntrack.add_tracked(Protocol::TCP, busy);
+    h.conntrack.add_tracked(Protocol::TCP, other);
+    let lists = h.conntrack.lists();
+
+    // All ten endpoints replaced: 20 filters (ClusterIP and NodePort each), one of which matches.
+    let new = edit(&old, "ns1/web:http", |e| e.endpoints = endpoints(4));
+    assert!(matches!(h.sync(&new), SyncResult::Applied { .. }));
+    assert_eq!(h.conntrack.lists(), lists + 1, "one TCP listing");
+    let run = h.conntrack.cleared();
+    assert_eq!(run.len(), 1, "{run:?}");
+    assert_eq!(run[0].endpoint, ip("10.244.2.12"));
+    assert_eq!(run[0].frontend, Some(ip("10.96.0.1")));
+    assert_eq!(
+        h.conntrack.tracked(),
+        vec![(Protocol::TCP, other)],
+        "only the removed endpoint's flow went"
+    );
+    assert_eq!(h.syncer.status().conntrack_flows_cleared, 1);
+}
+
+#[test]
 fn transition_times_move_only_when_a_condition_flips() {
     let mut h = Harness::new();
     let a = base();

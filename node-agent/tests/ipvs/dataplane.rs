@@ -209,6 +209,15 @@ fn removed_services_and_addresses_go_and_foreign_virtual_servers_stay() {
     assert!(kernel.ipvs.table().contains_key(&tcp("192.0.2.1", 80)));
 }
 
+/// The Service still lists the endpoint (terminating) but no longer uses it.
+fn terminating(entry: &mut switchyard_api::ServicePlan, ip: &str) {
+    for ep in entry.endpoints.iter_mut().filter(|e| e.ip == ip) {
+        ep.terminating = true;
+        ep.cluster = false;
+        ep.local = false;
+    }
+}
+
 #[test]
 fn tcp_real_servers_drain_before_they_go_and_udp_ones_go_at_once() {
     let kernel = Kernel::new();
@@ -221,9 +230,9 @@ fn tcp_real_servers_drain_before_they_go_and_udp_ones_go_at_once() {
 
     let mut next = spec.clone();
     for entry in &mut next.services {
-        std::sync::Arc::make_mut(entry)
-            .endpoints
-            .retain(|e| e.ip != "10.244.2.5" && e.ip != "10.244.3.53");
+        let entry = std::sync::Arc::make_mut(entry);
+        terminating(entry, "10.244.2.5");
+        entry.endpoints.retain(|e| e.ip != "10.244.3.53");
     }
     finish(&mut next);
     sync(&mut dataplane, &next, false);
@@ -262,7 +271,9 @@ fn tcp_real_servers_drain_before_they_go_and_udp_ones_go_at_once() {
     let mut only_remote = next.clone();
     for entry in &mut only_remote.services {
         if entry.name == "ns/web:http" {
-            std::sync::Arc::make_mut(entry).endpoints = vec![ep("10.244.2.5", 8080)];
+            let entry = std::sync::Arc::make_mut(entry);
+            entry.endpoints = vec![ep("10.244.1.5", 8080), ep("10.244.2.5", 8080)];
+            terminating(entry, "10.244.1.5");
         }
     }
     finish(&mut only_remote);
@@ -273,6 +284,31 @@ fn tcp_real_servers_drain_before_they_go_and_udp_ones_go_at_once() {
     );
     sync(&mut dataplane, &next, false);
     assert_eq!(kernel.weights(web), weights(&[("10.244.1.5", 8080, 1)]));
+
+    // Removed from the Service (not terminating): busy or not, deleted at once (issue 23) ...
+    sync(&mut dataplane, &spec, false);
+    assert!(kernel.ipvs.set_connections(&web, &leaving, 3, 0));
+    let mut removed = spec.clone();
+    for entry in &mut removed.services {
+        std::sync::Arc::make_mut(entry)
+            .endpoints
+            .retain(|e| e.ip != "10.244.2.5");
+    }
+    finish(&mut removed);
+    sync(&mut dataplane, &removed, false);
+    assert_eq!(kernel.weights(web), weights(&[("10.244.1.5", 8080, 1)]));
+    // ... unless the Service keeps connections.
+    sync(&mut dataplane, &spec, false);
+    assert!(kernel.ipvs.set_connections(&web, &leaving, 3, 0));
+    for entry in &mut removed.services {
+        std::sync::Arc::make_mut(entry).keep_connections = true;
+    }
+    finish(&mut removed);
+    sync(&mut dataplane, &removed, false);
+    assert_eq!(
+        kernel.weights(web),
+        weights(&[("10.244.1.5", 8080, 1), ("10.244.2.5", 8080, 0)])
+    );
 }
 
 fn syncer(kernel: &Kernel) -> Syncer {

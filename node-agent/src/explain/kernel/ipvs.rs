@@ -107,6 +107,7 @@ mod tests {
             scheduler: "wrr".into(),
             persistence: None,
             reals: [(real("10.244.0.2"), 3), (real("10.244.0.3"), 1)].into(),
+            listed: None,
         };
         let fresh = || Explanation {
             node: "n".into(),
