@@ -134,6 +134,7 @@ fn main() -> ExitCode {
         };
         println!("flows of the endpoint | filters | cleared | time");
         for count in counts {
+            #[allow(clippy::single_element_loop)]
             for filters in [1] {
                 let (took, cleared) = one(count, filters)?;
                 println!("{count:>21} | {filters:>7} | {cleared:>7} | {}", ms(took));
