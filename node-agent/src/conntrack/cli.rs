@@ -65,7 +65,7 @@ fn family_flag(family: IpFamily) -> &'static str {
 }
 
 /// Parses one line of `conntrack -L` (plain or `-o extended`) output; `None` for lines that are not
-/// UDP flows (headers, summaries, other protocols).
+/// TCP, UDP or SCTP flows (headers, summaries, ICMP).
 pub fn parse_line(line: &str) -> Result<Option<Flow>, Error> {
     let mut words = line.split_whitespace();
     let protocol = match words.next() {
@@ -75,7 +75,7 @@ pub fn parse_line(line: &str) -> Result<Option<Flow>, Error> {
         }
         other => other,
     };
-    if protocol != Some("udp") {
+    if !matches!(protocol, Some("udp" | "tcp" | "sctp")) {
         return Ok(None);
     }
     let bad = |reason: &str| Error::ParseConntrack {
@@ -241,9 +241,14 @@ mod tests {
             None
         );
         assert_eq!(
-            parse_line("tcp      6 431999 ESTABLISHED src=1.1.1.1").unwrap(),
+            parse_line("icmp     1 29 src=1.1.1.1 dst=2.2.2.2 type=8 code=0 id=1").unwrap(),
             None
         );
+        let tcp = "tcp      6 431999 ESTABLISHED src=10.244.1.9 dst=10.96.0.1 sport=40000 dport=80 \
+                   src=10.244.2.5 dst=10.244.1.9 sport=8080 dport=40000 [ASSURED] mark=0 use=1";
+        let tcp = parse_line(tcp).unwrap().unwrap();
+        assert_eq!(tcp.reply.src, "10.244.2.5".parse::<IpAddr>().unwrap());
+        assert_eq!((tcp.original.dport, tcp.reply.sport), (80, 8080));
         assert!(parse_line("udp 17 30 src=10.0.0.1 dst=nope sport=1 dport=2").is_err());
         assert!(parse_line("udp 17 30 src=10.0.0.1 dst=10.0.0.2 sport=1 dport=2").is_err());
     }
