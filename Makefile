@@ -71,13 +71,14 @@ bench: ## All benchmarks (release build) and one summary table against the targe
 	  bench switchyard-agent iptables_sync; \
 	  bench switchyard-agent nftables_sync; \
 	  bench switchyard-agent conntrack_clear; \
+	  bench switchyard-agent traffic_counters; \
 	  bench switchyard-e2e latency; \
 	  echo "== watch_fanout: against a scratch API server (scripts/with-control-plane.sh; needs SWITCHYARD_K8S_BIN or KUBECONFIG)"; \
 	  ./scripts/with-control-plane.sh $(CARGO) bench -p switchyard-e2e --bench watch_fanout || { \
 	    status=1; echo "SUMMARY|watch_fanout benchmark|exited with an error|-|FAILED" >> "$$summary"; }; \
 	else \
-	  echo "bench: skipping iptables_sync, nftables_sync, conntrack_clear and latency: they need root (network namespaces); run 'sudo make bench'"; \
-	  for b in iptables_sync nftables_sync conntrack_clear latency watch_fanout; do \
+	  echo "bench: skipping iptables_sync, nftables_sync, conntrack_clear, traffic_counters and latency: they need root (network namespaces); run 'sudo make bench'"; \
+	  for b in iptables_sync nftables_sync conntrack_clear traffic_counters latency watch_fanout; do \
 	    echo "SUMMARY|$$b benchmark|skipped: needs root|-|-" >> "$$summary"; \
 	  done; \
 	fi; \

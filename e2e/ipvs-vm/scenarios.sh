@@ -167,6 +167,10 @@ check "ClientIP affinity: persistent 10800 in IPVS" contains "$list" "10.96.0.13
 t=$(tally 10 $NODE:30080)
 check "NodePort: answered on the node address" contains "$t" '"timed_out":0,"errors":0'
 check "NodePort: eTP=Cluster traffic is masqueraded" lacks "$t" "$CLIENT"
+# Traffic counters (issue 23): the real servers' connection counts, read over netlink by `top`.
+top=$(agent top --plan $PLAN --limit 40 2>&1)
+check "counters: a-rr's 20 connections, 10 per real server" sh -c "echo '$top' | grep -Eq '^default/a-rr:http/tcp +20 +0 +2 +clusterIP 20 .*\(10\)'" || diag "$top"
+check "counters: e-nodeport's 10 NodePort connections" sh -c "echo '$top' | grep -Eq '^default/e-nodeport:http/tcp +10 .*nodePort 10'"
 t=$(tally 10 $NODE:30081)
 check "eTP=Local: only the local endpoint serves the NodePort" contains "$t" '"answered":{"pod-a":10}'
 check "eTP=Local: the client IP is kept" contains "$t" "\"$CLIENT\":10"

@@ -75,13 +75,18 @@ enum Command {
     /// Explain the path a new connection takes on this node, in words: frontend, policy, endpoints,
     /// masquerade, REJECT/DROP. Exit 0 forwarded, 3 rejected/dropped/not a Service, 2 bad input.
     Explain(ExplainArgs),
+    /// The busiest Service ports on this node: new connections per Service port as the kernel counted
+    /// them (nftables, IPVS; root), by frontend, with refusals and the busiest endpoint.
+    Top(TopArgs),
 }
 
+/// Where `explain` and `top` read the node's plan.
 #[derive(Args, Debug)]
 // One of the two is needed, and clap's message names both.
 #[command(group(clap::ArgGroup::new("the_plan").required(true).args(["plan", "node"])))]
-struct ExplainArgs {
-    /// The node's plan (as for render; `switchyard-controller plan -f DUMP --node NAME` writes one).
+struct PlanArgs {
+    /// The node's plan (as for render; `switchyard-controller plan -f DUMP --node NAME` writes one; on a
+    /// node, `<state-dir>/plan.yaml` is what its agent applied).
     #[arg(long)]
     plan: Option<PathBuf>,
     /// Read this node's plan and its slices from the API server instead of a file.
@@ -90,6 +95,40 @@ struct ExplainArgs {
     /// With --node: kubeconfig file (default: KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, requires = "node")]
     kubeconfig: Option<PathBuf>,
+}
+
+impl PlanArgs {
+    /// The composed plan, from the file or the API server.
+    fn load(&self, command: &str) -> Result<Arc<NodeForwardingPlanSpec>, ExitCode> {
+        match (&self.plan, &self.node) {
+            (Some(path), _) => load_plan(path).map(|(_, spec)| spec),
+            (None, Some(node)) => plan_from_api(node, self.kubeconfig.as_deref()),
+            (None, None) => Err(fail(
+                EXIT_USAGE,
+                &format!(
+                    "{command} needs the plan: --plan FILE (- for standard input), or --node NAME to read it from the API server"
+                ),
+            )),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct TopArgs {
+    #[command(flatten)]
+    plan: PlanArgs,
+    /// How many Service ports to list.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// Output: text (a table) or json.
+    #[arg(short, long, value_enum, default_value_t = ExplainOutput::Text)]
+    output: ExplainOutput,
+}
+
+#[derive(Args, Debug)]
+struct ExplainArgs {
+    #[command(flatten)]
+    plan: PlanArgs,
     /// Destination: IP:PORT[/tcp|udp|sctp] ([IPv6]:PORT), or namespace/service[:port] (its ClusterIP).
     #[arg(long)]
     to: String,
@@ -210,6 +249,17 @@ struct RunArgs {
     /// so the pod status shows this message rather than a probe failure.
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     api_bootstrap_timeout: Duration,
+    /// Export per-Service traffic counters on /metrics (new connections per frontend and endpoint,
+    /// refused connections), read from the kernel at each scrape. nftables and IPVS backends.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    traffic_counters: bool,
+    /// Export the per-endpoint series too (one per Service port and endpoint).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    traffic_endpoint_series: bool,
+    /// At most this many traffic series per scrape; the rest are counted in
+    /// switchyard_agent_traffic_series_omitted (Service and refusal series go first).
+    #[arg(long, default_value_t = 100_000)]
+    traffic_max_series: usize,
     #[command(flatten)]
     iptables: IptablesArgs,
 }
@@ -255,6 +305,7 @@ where
         Command::Run(args) => run_command(&args),
         Command::Cleanup(args) => cleanup_command(&args),
         Command::Explain(args) => explain_command(&args),
+        Command::Top(args) => top_command(&args),
     }
 }
 
@@ -416,6 +467,8 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
     };
     let result = syncer.sync(&loaded.plan, &loaded.slices);
     drop(loaded);
+    // The status reports what the conntrack cleanup cleared: let it finish first.
+    syncer.settle_conntrack();
     let status = syncer.status();
     match status_yaml(&status) {
         Ok(yaml) => {
@@ -501,6 +554,10 @@ fn run_command(args: &RunArgs) -> ExitCode {
         deletion_grace: args.plan_deletion_grace,
         cache_file,
         metrics_bind: Some(args.metrics_bind),
+        traffic: args.traffic_counters.then_some(crate::counters::CountersConfig {
+            endpoints: args.traffic_endpoint_series,
+            max_series: args.traffic_max_series,
+        }),
     };
     let result = runtime.block_on(async {
         let shutdown = shutdown_signal()?;
@@ -523,6 +580,43 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
     switchyard_process::shutdown_signal().map_err(Error::Signals)
 }
 
+fn top_command(args: &TopArgs) -> ExitCode {
+    use crate::counters::{Accumulator, Applied, AppliedPlan, CounterSource, top};
+    let spec = match args.plan.load("top") {
+        Ok(spec) => spec,
+        Err(code) => return code,
+    };
+    let backend = spec.backend;
+    let skip = switchyard_api::validate::validate(&spec).bad_entries();
+    let plan = AppliedPlan::default();
+    plan.set(Some(Applied {
+        spec,
+        skip: Arc::new(skip),
+    }));
+    let samples = match crate::wiring::counters::HostCounters::new(plan).read() {
+        Ok(Some(samples)) => samples,
+        Ok(None) => {
+            return fail(
+                EXIT_FAILED,
+                &format!("the plan's backend is {backend:?}: only nftables and IPVS count connections yet"),
+            );
+        }
+        Err(e) => return fail(EXIT_FAILED, &e),
+    };
+    let rows = top::busiest(&Accumulator::default().update(samples), args.limit);
+    let text = match args.output {
+        ExplainOutput::Text => top::table(&rows),
+        ExplainOutput::Json => match serde_json::to_string_pretty(&rows) {
+            Ok(json) => json + "\n",
+            Err(e) => return fail(EXIT_FAILED, &e),
+        },
+    };
+    match print_stdout(&text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
 fn explain_command(args: &ExplainArgs) -> ExitCode {
     use crate::explain::{self, Destination, Source};
     let destination: Destination = match args.to.parse() {
@@ -533,21 +627,9 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
         Ok(source) => source,
         Err(e) => return fail(EXIT_USAGE, &format!("--from: {e}")),
     };
-    let spec = match (&args.plan, &args.node) {
-        (Some(path), _) => match load_plan(path) {
-            Ok((_, spec)) => spec,
-            Err(code) => return code,
-        },
-        (None, Some(node)) => match plan_from_api(node, args.kubeconfig.as_deref()) {
-            Ok(spec) => spec,
-            Err(code) => return code,
-        },
-        (None, None) => {
-            return fail(
-                EXIT_USAGE,
-                &"explain needs the plan: --plan FILE (- for standard input), or --node NAME to read it from the API server",
-            );
-        }
+    let spec = match args.plan.load("explain") {
+        Ok(spec) => spec,
+        Err(code) => return code,
     };
     let local = if args.kernel {
         match crate::wiring::explain::local_addrs() {

@@ -39,6 +39,7 @@ pub mod capabilities;
 pub mod cli;
 pub mod command;
 pub mod conntrack;
+pub mod counters;
 pub mod error;
 pub mod explain;
 pub mod healthcheck;

@@ -5,7 +5,7 @@
 //! run loop ─► plan_age_seconds (every tick), network_programming_duration_seconds (new revision applied),
 //!             plan_deleted / plan_deleted_seconds, cache_writes / cache_write_failures
 //! status writer ─► status_writes / status_write_failures
-//! registry() ─► SyncMetrics + these, prefix switchyard_agent_ ─► GET /metrics
+//! registry() ─► SyncMetrics + these, prefix switchyard_agent_; the traffic collector (counters) ─► GET /metrics
 //! ```
 //!
 //! Plan age is now minus the time the applied plan's spec was last written by the controller (its
@@ -122,12 +122,22 @@ impl LiveMetrics {
 /// The agent's whole registry: the syncer's metrics and the live ones, prefix `switchyard_agent`.
 /// The sync duration series of both modes exist from the start (empty histograms), so dashboards and
 /// alerts see them before the first partial sync.
-pub fn registry(sync: &SyncMetrics, live: &LiveMetrics) -> Registry {
+/// With `traffic`, the per-Service traffic series ([`crate::counters`]) too, under their own
+/// `switchyard_` names.
+pub fn registry(
+    sync: &SyncMetrics,
+    live: &LiveMetrics,
+    traffic: Option<crate::counters::TrafficCollector>,
+) -> Registry {
     for mode in [SyncMode::Full, SyncMode::Partial] {
         let _ = sync.sync_duration.get_or_create(&ModeLabel::of(mode));
     }
-    let mut registry = Registry::with_prefix("switchyard_agent");
-    sync.register(&mut registry);
-    live.register(&mut registry);
+    let mut registry = Registry::default();
+    let agent = registry.sub_registry_with_prefix("switchyard_agent");
+    sync.register(agent);
+    live.register(agent);
+    if let Some(traffic) = traffic {
+        registry.register_collector(Box::new(traffic));
+    }
     registry
 }

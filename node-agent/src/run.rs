@@ -21,6 +21,8 @@ pub mod grace;
 pub mod health;
 pub mod http;
 
+use crate::counters::{Applied, AppliedPlan, CountersConfig, TrafficCollector};
+use crate::wiring::counters::HostCounters;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,6 +65,8 @@ pub struct RunConfig {
     pub cache_file: Option<PathBuf>,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`.
     pub metrics_bind: Option<SocketAddr>,
+    /// The per-Service traffic series on `/metrics` (read from the kernel at each scrape); `None`: off.
+    pub traffic: Option<CountersConfig>,
 }
 
 /// What the loop is fed and feeds: its plan source, status sink and metrics.
@@ -150,6 +154,11 @@ struct Loop {
     /// The fingerprint (plan revision and slices) last programmed from a new plan set, and when its
     /// newest object was written.
     programmed: Option<String>,
+    /// The plan the kernel holds, for the traffic counters.
+    applied_plan: AppliedPlan,
+    /// The conntrack worker's cleared count, read just before the last status was written: the worker
+    /// finishes after the sync's status went out, so a change is published from the tick.
+    published_cleared: u64,
     written_at: Option<SystemTime>,
 }
 
@@ -183,6 +192,14 @@ impl Loop {
             self.remove_rules(now);
         }
         self.after.healthy.store(self.syncer.healthy(), Ordering::Relaxed);
+        // Read once, before anything is written: a count that moves while the status is being written
+        // differs from the one recorded here, so the next tick writes it again.
+        let cleared = self.syncer.conntrack_cleared();
+        if cleared != self.published_cleared {
+            self.published_cleared = cleared;
+            self.publish_status();
+            self.after.write_status_file(&self.syncer);
+        }
         self.update_gauges(now);
     }
 
@@ -230,10 +247,17 @@ impl Loop {
 
     /// Everything that follows a sync, whatever started it.
     fn after(&mut self, result: SyncResult) {
+        // Before the status file and the API status are written (see `step`).
+        self.published_cleared = self.syncer.conntrack_cleared();
         self.after.run(&mut self.syncer);
         match &result {
             SyncResult::Applied { .. } => {
                 let revision = self.syncer.applied().map(|(spec, _)| spec.revision.clone());
+                self.applied_plan
+                    .set(self.syncer.applied().map(|(spec, skip)| Applied {
+                        spec: Arc::clone(spec),
+                        skip: Arc::new(skip.clone()),
+                    }));
                 self.health.synced(revision);
                 // Only a set the kernel now holds exactly (its plan and every one of its slices; not a
                 // rejected slice's stand-in) counts for latency and goes into the cache.
@@ -283,7 +307,7 @@ impl Loop {
         }
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
         let Some(sink) = &self.status else {
             return;
         };
@@ -446,7 +470,11 @@ pub async fn run(
         config.resync_period * 2,
         Arc::new(SystemClock),
     ));
-    let registry = Arc::new(metrics::registry(syncer.metrics(), &io.metrics));
+    let applied_plan = AppliedPlan::default();
+    let traffic = config
+        .traffic
+        .map(|traffic| TrafficCollector::new(Box::new(HostCounters::new(applied_plan.clone())), traffic));
+    let registry = Arc::new(metrics::registry(syncer.metrics(), &io.metrics, traffic));
     let (metrics_addr, server) = match config.metrics_bind {
         Some(addr) => {
             let (bound, task) = http::serve(addr, Arc::clone(&health), registry).await?;
@@ -482,6 +510,8 @@ pub async fn run(
         deletion_recorded: true,
         cached: None,
         programmed: None,
+        published_cleared: 0,
+        applied_plan,
         written_at: None,
         config,
     };

@@ -265,6 +265,7 @@ pub(crate) fn outcome(trace: &Trace, backend: Backend, entry: Option<&ServicePla
                 probability,
                 weight,
                 masquerade,
+                connections: None,
             }
         })
         .collect();

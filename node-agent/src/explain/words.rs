@@ -46,6 +46,10 @@ pub struct Candidate {
     pub weight: Option<u16>,
     /// The source is rewritten to the node's address on the way to this endpoint.
     pub masquerade: bool,
+    /// With `--kernel` on nftables: new connections the kernel counted to this endpoint of the Service
+    /// (all its frontends) since its element was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
 }
 
 /// The answer: the steps in words, and the outcome.
@@ -93,8 +97,12 @@ impl Explanation {
                     .map(|c| {
                         let weight = c.weight.map(|w| format!(", weight {w}")).unwrap_or_default();
                         let masquerade = if c.masquerade { ", masqueraded" } else { "" };
+                        let counted = c
+                            .connections
+                            .map(|n| format!(", {n} connections counted"))
+                            .unwrap_or_default();
                         format!(
-                            "{} ({:.0}%{weight}{masquerade})",
+                            "{} ({:.0}%{weight}{masquerade}{counted})",
                             c.endpoint,
                             c.probability * 100.0
                         )

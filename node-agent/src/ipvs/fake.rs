@@ -247,6 +247,7 @@ impl Ipvs for FakeIpvs {
                 active_conns: 0,
                 inactive_conns: 0,
                 persistent_conns: 0,
+                connections: 0,
                 ..*dest
             },
         );

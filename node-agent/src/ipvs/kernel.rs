@@ -187,6 +187,8 @@ pub struct Destination {
     pub inactive_conns: u32,
     /// Persistence templates.
     pub persistent_conns: u32,
+    /// Connections scheduled to it since it was added (the traffic counters' endpoint count).
+    pub connections: u64,
 }
 
 impl Destination {
@@ -201,6 +203,7 @@ impl Destination {
             active_conns: 0,
             inactive_conns: 0,
             persistent_conns: 0,
+            connections: 0,
         }
     }
 }

@@ -37,6 +37,7 @@
 //! - The dummy interface is up (IPv6 needs it for local routes); it has NOARP, so this announces nothing.
 
 pub mod codec;
+pub mod counters;
 pub mod dataplane;
 pub mod diff;
 pub mod dummy;

@@ -41,19 +41,19 @@ const NLM_F_CREATE: u16 = 0x400;
 const NLA_F_NESTED: u16 = 0x8000;
 
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
+pub(super) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+pub(super) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+pub(super) const NFTA_LIST_ELEM: u16 = 1;
+pub(super) const NFTA_SET_ELEM_KEY: u16 = 1;
+pub(super) const NFTA_SET_ELEM_DATA: u16 = 2;
+pub(super) const NFTA_DATA_VALUE: u16 = 1;
+pub(super) const NFTA_DATA_VERDICT: u16 = 2;
+pub(super) const NFTA_VERDICT_CODE: u16 = 1;
+pub(super) const NFTA_VERDICT_CHAIN: u16 = 2;
 /// `NF_DROP`.
-const VERDICT_DROP: i32 = 0;
+pub(super) const VERDICT_DROP: i32 = 0;
 /// `NFT_GOTO`.
-const VERDICT_GOTO: i32 = -4;
+pub(super) const VERDICT_GOTO: i32 = -4;
 
 /// One element change: the key, and the value when it is added.
 type Change<'a> = (&'a Key, Option<&'a Value>);

@@ -38,6 +38,9 @@ pub enum Atom {
     Goto(String),
     /// `{"drop": null}`.
     Drop,
+    /// `{"elem": {"val": …, "counter": {"packets": …}}}`: an element with stateful expressions (a
+    /// counted set's), its value and packet count (none without a counter).
+    Elem(Box<Atom>, Option<u64>),
     /// Anything else (prefixes, timeouts, verdicts we never write).
     Other,
 }
@@ -45,6 +48,17 @@ pub enum Atom {
 #[derive(Deserialize)]
 struct Target {
     target: String,
+}
+
+#[derive(Deserialize)]
+struct ElemBody {
+    val: Atom,
+    counter: Option<CounterBody>,
+}
+
+#[derive(Deserialize)]
+struct CounterBody {
+    packets: u64,
 }
 
 struct AtomVisitor;
@@ -103,6 +117,10 @@ impl<'de> Visitor<'de> for AtomVisitor {
                 "drop" => {
                     map.next_value::<IgnoredAny>()?;
                     atom = Atom::Drop;
+                }
+                "elem" => {
+                    let body: ElemBody = map.next_value()?;
+                    atom = Atom::Elem(Box::new(body.val), body.counter.map(|c| c.packets));
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -255,6 +273,10 @@ fn elements(id: SetId, list: &[Atom]) -> Option<HashMap<Key, Claim>> {
             Atom::Pair(pair) if pair.len() == 2 => (&pair[0], Some(&pair[1])),
             other => (other, None),
         };
+        let key = match key {
+            Atom::Elem(val, _) => val,
+            key => key,
+        };
         let key = parse_key(id, key)?;
         let value = match value {
             None => Value::None,
@@ -352,6 +374,7 @@ mod tests {
       {"map": {"family": "ip", "name": "fast-5-eps", "table": "switchyard", "type": ["ipv4_addr", "inet_proto", "inet_service", "integer"], "handle": 2, "map": "ipv4_addr . inet_service", "elem": [[{"concat": ["10.96.0.1", "tcp", 80, 0]}, {"concat": ["10.244.1.1", 8080]}], [{"concat": ["10.96.0.1", "tcp", 80, 1]}, {"concat": ["10.244.1.2", 8080]}]]}},
       {"map": {"family": "ip", "name": "service-ips", "table": "switchyard", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 3, "map": "verdict", "elem": [[{"concat": ["10.96.0.2", "tcp", 80]}, {"goto": {"target": "service-ABCDEFGH-ns/svc/tcp/http"}}]]}},
       {"map": {"family": "ip", "name": "no-endpoint-nodeports", "table": "switchyard", "type": ["inet_proto", "inet_service"], "handle": 4, "map": "verdict", "elem": [[{"concat": ["udp", 30053]}, {"drop": null}]]}},
+      {"set": {"family": "ip", "name": "fast-2", "table": "switchyard", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 14, "elem": [{"elem": {"val": {"concat": ["10.96.0.9", "tcp", 80]}, "counter": {"packets": 10, "bytes": 600}}}], "stmt": [{"counter": null}]}},
       {"set": {"family": "ip", "name": "cluster-ips", "table": "switchyard", "type": "ipv4_addr", "handle": 5, "elem": ["10.96.0.1", "10.96.0.2"]}},
       {"set": {"family": "ip", "name": "hairpin", "table": "switchyard", "type": ["ipv4_addr", "ipv4_addr", "inet_proto", "inet_service"], "handle": 6, "elem": [{"concat": ["10.244.1.1", "10.244.1.1", "tcp", 8080]}]}},
       {"set": {"family": "ip", "name": "nodeport-ips", "table": "switchyard", "type": "ipv4_addr", "handle": 7, "flags": ["interval"], "elem": [{"prefix": {"addr": "10.0.0.0", "len": 8}}]}},
@@ -369,6 +392,12 @@ mod tests {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(state.sets["fast-5"].digest, "d1");
         assert_eq!(state.sets["cluster-ips"].digest, "");
+        // A counted set's element (`{"elem": {"val", "counter"}}`) reads as its plain key.
+        assert!(
+            state
+                .value(SetId::Fast(2), &Key::Frontend(ip("10.96.0.9"), Protocol::TCP, 80))
+                .is_some()
+        );
         assert_eq!(
             state.value(
                 SetId::FastEps(5),

@@ -69,6 +69,7 @@
 
 pub mod batch;
 pub mod claims;
+pub mod counters;
 pub mod dataplane;
 pub mod diff;
 pub mod exec;

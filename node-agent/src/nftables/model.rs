@@ -182,11 +182,35 @@ impl SetId {
                 true,
             ),
         };
+        // Counted sets: the kernel keeps one counter per element, bumped by each lookup that matches.
+        // They sit on NAT and `ct state new` paths, so an element's count is new connections.
+        let body = if self.counted() {
+            format!("{body} counter;")
+        } else {
+            body
+        };
         SetDecl {
             body,
             map,
             dynamic: false,
         }
+    }
+
+    /// Whether its elements carry a counter ([`crate::counters`] reads them): the frontend sets and
+    /// maps (connections per frontend), the endpoint maps of plain entries (per endpoint) and the
+    /// no-endpoint maps (dropped and rejected).
+    pub fn counted(self) -> bool {
+        matches!(
+            self,
+            Self::ServiceIps
+                | Self::ServiceNodeports
+                | Self::NoEndpointServices
+                | Self::NoEndpointNodeports
+                | Self::Fast(_)
+                | Self::FastEps(_)
+                | Self::FastNp(_)
+                | Self::FastNpEps(_)
+        )
     }
 }
 

@@ -31,9 +31,9 @@ use crate::error::Error;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFT_MSG_GETSET: u16 = 10;
-const NFT_MSG_GETSETELEM: u16 = 13;
+pub(super) const NFT_MSG_GETRULE: u16 = 7;
+pub(super) const NFT_MSG_GETSET: u16 = 10;
+pub(super) const NFT_MSG_GETSETELEM: u16 = 13;
 
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
@@ -43,13 +43,13 @@ const NLMSG_DONE: u16 = 3;
 const ENOENT: i32 = 2;
 
 /// `NFTA_*_TABLE` is attribute 1 of tables' children (chains, rules, sets, element lists).
-const ATTR_TABLE: u16 = 1;
+pub(super) const ATTR_TABLE: u16 = 1;
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_RULE_CHAIN: u16 = 2;
+pub(super) const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_USERDATA: u16 = 7;
-const NFTA_SET_NAME: u16 = 2;
+pub(super) const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_USERDATA: u16 = 13;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
@@ -107,7 +107,7 @@ pub fn attrs(mut data: &[u8]) -> Vec<Attr<'_>> {
     out
 }
 
-fn string(value: &[u8]) -> String {
+pub(super) fn string(value: &[u8]) -> String {
     let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
     String::from_utf8_lossy(&value[..end]).into_owned()
 }
@@ -192,7 +192,7 @@ impl NftNetlink {
 
     /// Runs one dump, handing each reply's attributes (after the `nfgenmsg`) to `each`. `Ok(false)` when
     /// the kernel answered ENOENT (no such table or set).
-    fn dump(
+    pub(super) fn dump(
         &mut self,
         operation: &str,
         command: u16,

@@ -440,7 +440,7 @@ fn firewall(entry: &ServicePlan, env: &FamilyEnv, lb_ips: &[IpAddr], out: &mut C
     out.chains.push((
         chain.clone(),
         ChainDef::regular(vec![format!(
-            "{} saddr != {{ {} }} drop",
+            "{} saddr != {{ {} }} counter drop",
             env.ip(),
             list.join(", ")
         )]),

@@ -470,7 +470,7 @@ mod tests {
         );
         let text = tx.finish().text();
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("add set ip switchyard fast-2 { type ipv4_addr . inet_proto . inet_service; comment \"switchyard:"), "{text}");
+        assert!(lines[0].starts_with("add set ip switchyard fast-2 { type ipv4_addr . inet_proto . inet_service; counter; comment \"switchyard:"), "{text}");
         assert_eq!(lines[1], "add chain ip switchyard service-NEW-ns/a/tcp");
         assert!(lines[2].starts_with("add rule ip switchyard service-NEW-ns/a/tcp meta l4proto tcp dnat ip to 10.0.0.1:80 comment \"switchyard:"));
         assert_eq!(

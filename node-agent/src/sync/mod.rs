@@ -6,7 +6,8 @@
 //!   Clock (now, wall) ───────────────────►│◄──── SyncOutcome / Drift ┘
 //!                                         ├─► status (conditions, counts, failures)
 //!                                         ├─► SyncMetrics
-//!                                         └─► conntrack cleanup (UDP endpoint changes)
+//!                                         └─► conntrack_worker (its own thread): stale UDP entries,
+//!                                             flows of removed endpoints
 //! ```
 //!
 //! Pure pieces (composition, backoff, status_fields: the status' conditions and failures) are separate
@@ -16,6 +17,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod composition;
+pub mod conntrack_worker;
 pub mod dataplane;
 pub mod metrics;
 pub mod status_fields;

@@ -9,15 +9,15 @@
 //!                      ▼
 //!     full? = start | after a failure | drift | full-sync period due      (else partial)
 //!                      ▼
-//!               Dataplane::sync ─► Ok ─► Applied, conntrack cleanup if UDP endpoints changed, and of
-//!                                       endpoints that left their Service
+//!               Dataplane::sync ─► Ok ─► Applied; queued to the conntrack worker: stale UDP entries if UDP
+//!                                       endpoints changed, flows of endpoints that left their Service
 //!                               └► Err ─► ApplyFailed (rules stay), retry full after 1 s, 2 s, … 30 s
 //! check_drift ─► Dataplane::check_drift ─► drift ─► full sync of the applied plan, driftRepairs += 1
 //! resync_if_due ─► full-sync period over ─► full sync of the applied plan
 //! ```
 //!
-//! Time comes from a [`Clock`]; nothing here sleeps or spawns. The caller (the run loop, or `apply`)
-//! decides when to call [`Syncer::sync`] (a new plan, or [`Syncer::retry_due`]), [`Syncer::resync_if_due`]
+//! Time comes from a [`Clock`]; nothing here sleeps, and the only thread is the conntrack worker's. The
+//! caller (the run loop, or `apply`) decides when to call [`Syncer::sync`] (a new plan, or [`Syncer::retry_due`]), [`Syncer::resync_if_due`]
 //! (often; it checks the full-sync period itself) and [`Syncer::check_drift`] (every resync period).
 
 use std::collections::{BTreeMap, HashSet};
@@ -27,21 +27,18 @@ use std::time::{Duration, Instant, SystemTime};
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
 use switchyard_api::validate::{MAX_REVISION, validate};
 use switchyard_api::{
-    EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition, Protocol,
+    EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition,
     ServiceFailure, SyncMode,
 };
 
 use super::backoff::Backoff;
 use super::clock::{Clock, rfc3339};
 use super::composition::{Composition, LastGood, SliceObject, compose_plan};
+use super::conntrack_worker::{ConntrackWorker, Job};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
-use super::metrics::{
-    CLEARED_ENDPOINT_REMOVED, CLEARED_UDP_STALE, KindLabel, ModeLabel, ReasonLabel, SyncMetrics,
-};
+use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
-use crate::conntrack::{
-    Conntrack, clear_removed, removed_endpoints, stale_flows, udp_fingerprints, udp_targets,
-};
+use crate::conntrack::{Conntrack, removed_endpoints, udp_fingerprints, udp_targets};
 use crate::error::Error;
 
 /// Timing of the sync loop.
@@ -145,7 +142,7 @@ struct Applied {
 /// The sync loop's state and decisions over one [`Dataplane`].
 pub struct Syncer {
     dataplane: Box<dyn Dataplane>,
-    conntrack: Option<Box<dyn Conntrack>>,
+    conntrack: Option<ConntrackWorker>,
     clock: Arc<dyn Clock>,
     config: SyncConfig,
     metrics: SyncMetrics,
@@ -157,8 +154,6 @@ pub struct Syncer {
     last: Last,
     conditions: Vec<PlanCondition>,
     drift_repairs: u64,
-    /// Conntrack entries cleared since the start (both reasons).
-    conntrack_cleared: u64,
     extra_failures: Vec<ServiceFailure>,
     /// Why the last write of the plan cache failed, while it does.
     cache_problem: Option<String>,
@@ -203,7 +198,6 @@ impl Syncer {
             last: Last::Never,
             conditions: Vec::new(),
             drift_repairs: 0,
-            conntrack_cleared: 0,
             extra_failures: Vec::new(),
             cache_problem: None,
             failed_reapply: None,
@@ -211,10 +205,23 @@ impl Syncer {
         }
     }
 
-    /// Cleans stale UDP conntrack entries through `conntrack` after syncs that change UDP endpoints.
+    /// Cleans conntrack through `conntrack` after syncs (stale UDP entries, flows of removed
+    /// endpoints), on a worker thread of its own ([`ConntrackWorker`]).
     pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
-        self.conntrack = Some(conntrack);
+        self.conntrack = Some(ConntrackWorker::start(conntrack, self.metrics.clone()));
         self
+    }
+
+    /// Conntrack entries the worker has cleared since the start (both reasons).
+    pub fn conntrack_cleared(&self) -> u64 {
+        self.conntrack.as_ref().map_or(0, ConntrackWorker::cleared)
+    }
+
+    /// Waits until the conntrack cleanups of every sync so far have run.
+    pub fn settle_conntrack(&self) {
+        if let Some(worker) = &self.conntrack {
+            worker.settle();
+        }
     }
 
     /// Applies a node's plan composed with its views' slices.
@@ -423,7 +430,7 @@ impl Syncer {
             last_sync_duration_ms: applied.map(|a| a.duration.as_millis() as u64),
             last_sync_mode: applied.map(|a| a.mode),
             drift_repairs: self.drift_repairs,
-            conntrack_flows_cleared: self.conntrack_cleared,
+            conntrack_flows_cleared: self.conntrack_cleared(),
             failures,
             failures_total,
         }
@@ -613,76 +620,26 @@ impl Syncer {
     }
 
     fn clean_conntrack(&mut self, spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) {
-        let Some(conntrack) = self.conntrack.as_mut() else {
+        let Some(worker) = &self.conntrack else {
             return;
         };
-        let mut deleted = 0u64;
-        for family in crate::conntrack::select::udp_families(spec, skip) {
-            let targets = udp_targets(spec, skip, family);
-            let flows = match conntrack.list(Protocol::UDP, family) {
-                Ok(flows) => flows,
-                Err(e) => {
-                    tracing::warn!(error = %e, ?family, "listing conntrack entries failed");
-                    self.metrics.conntrack_failures.inc();
-                    continue;
-                }
-            };
-            for flow in stale_flows(&targets, &flows) {
-                match conntrack.delete(&flow) {
-                    Ok(true) => deleted += 1,
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, ?flow, "deleting a stale conntrack entry failed");
-                        self.metrics.conntrack_failures.inc();
-                        break;
-                    }
-                }
-            }
-        }
-        if deleted > 0 {
-            tracing::info!(deleted, "deleted stale UDP conntrack entries");
-            self.metrics.conntrack_deleted.inc_by(deleted);
-            self.count_cleared(CLEARED_UDP_STALE, deleted);
-        }
+        let targets = crate::conntrack::select::udp_families(spec, skip)
+            .into_iter()
+            .map(|family| (family, udp_targets(spec, skip, family)))
+            .collect();
+        worker.submit(Job::Stale(targets));
     }
 
-    /// Clears the connections of endpoints that left their Service since the last applied plan; runs
+    /// Clears the connections of endpoints that left their Service since the last applied plan; queued
     /// right after the sync that removed them from the rules.
     fn clear_left_endpoints(&mut self, spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) {
-        let (Some(conntrack), Some(previous)) = (self.conntrack.as_mut(), self.applied.as_ref()) else {
+        let (Some(worker), Some(previous)) = (&self.conntrack, self.applied.as_ref()) else {
             return;
         };
         let left = removed_endpoints(&previous.spec, &previous.skip, spec, skip);
-        if left.is_empty() {
-            return;
+        if !left.is_empty() {
+            worker.submit(Job::Removed(left));
         }
-        let started = Instant::now();
-        let (cleared, run) = match clear_removed(conntrack.as_mut(), &left) {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::warn!(error = %e, filters = left.len(), "clearing the connections of removed endpoints failed");
-                self.metrics.conntrack_failures.inc();
-                return;
-            }
-        };
-        tracing::info!(
-            cleared,
-            filters = left.len(),
-            run,
-            took_ms = started.elapsed().as_millis() as u64,
-            "cleared the conntrack entries of endpoints that left their Service"
-        );
-        self.count_cleared(CLEARED_ENDPOINT_REMOVED, cleared);
-    }
-
-    fn count_cleared(&mut self, reason: &str, count: u64) {
-        self.conntrack_cleared += count;
-        self.metrics
-            .conntrack_cleared
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
-            .inc_by(count);
     }
 
     /// Why the backend in use is not the one the applied plan asks for.

@@ -49,6 +49,7 @@ pub fn compare_with_kernel(
                 &facts,
                 found.as_ref(),
             );
+            add_counts(spec, explanation)?;
             Ok(())
         }
         Backend::Ipvs => {
@@ -79,6 +80,7 @@ pub fn compare_with_kernel(
                     .as_ref()
                     .map(|(service, reals)| (service, reals.as_slice())),
             );
+            add_counts(spec, explanation)?;
             Ok(())
         }
         Backend::Iptables => {
@@ -97,4 +99,34 @@ pub fn compare_with_kernel(
             )
         }
     }
+}
+
+/// Puts the kernel's count of new connections beside each endpoint of the answer (nftables: the
+/// counted endpoint maps, complex entries have none and their endpoints stay without a count; IPVS:
+/// the real servers' connection counts, over every virtual server of the Service).
+fn add_counts(spec: &NodeForwardingPlanSpec, explanation: &mut Explanation) -> Result<(), Error> {
+    use crate::counters::{Accumulator, Applied, AppliedPlan, CounterSource, What};
+    let (Some(service), crate::explain::Outcome::Forwarded { endpoints }) =
+        (&explanation.service, &mut explanation.outcome)
+    else {
+        return Ok(());
+    };
+    let plan = AppliedPlan::default();
+    plan.set(Some(Applied {
+        spec: std::sync::Arc::new(spec.clone()),
+        skip: std::sync::Arc::new(switchyard_api::validate::validate(spec).bad_entries()),
+    }));
+    let Some(samples) = super::counters::HostCounters::new(plan).read()? else {
+        return Ok(());
+    };
+    let series = Accumulator::default().update(samples);
+    for candidate in endpoints.iter_mut() {
+        candidate.connections = series
+            .iter()
+            .find(|s| {
+                &*s.service.name == service.as_str() && s.what == What::Endpoint(candidate.endpoint.clone())
+            })
+            .map(|s| s.value);
+    }
+    Ok(())
 }

@@ -7,8 +7,10 @@
 //!     ─► dataplane::render_for_host ─► render_text::render_text(backend)               (pure text)
 //!     ─► dataplane::cleanup ─► every backend's rules and objects removed
 //!     ─► explain::compare_with_kernel ─► the plan's backend's kernel read, compared on the path
+//! run ─► counters::HostCounters ─► the plan's backend's traffic counters (nftables, IPVS)
 //! ```
 
+pub mod counters;
 pub mod dataplane;
 pub mod explain;
 pub mod render_text;

@@ -65,7 +65,10 @@ impl Harness {
     }
 
     pub fn sync(&mut self, spec: &NodeForwardingPlanSpec) -> switchyard_agent::sync::SyncResult {
-        self.syncer.sync_plan(&Arc::new(spec.clone()))
+        let result = self.syncer.sync_plan(&Arc::new(spec.clone()));
+        // The conntrack cleanup runs on the syncer's worker: the tests look at its result.
+        self.syncer.settle_conntrack();
+        result
     }
 }
 

@@ -401,7 +401,7 @@ async fn healthz_is_kube_proxy_like_and_metrics_name_everything() {
     let health = Arc::new(AgentHealth::new(NODE, Duration::from_secs(60), clock.clone()));
     let sync = SyncMetrics::default();
     let live = LiveMetrics::default();
-    let registry = Arc::new(registry(&sync, &live));
+    let registry = Arc::new(registry(&sync, &live, None));
     let (addr, server) =
         switchyard_agent::run::http::serve("127.0.0.1:0".parse().unwrap(), Arc::clone(&health), registry)
             .await

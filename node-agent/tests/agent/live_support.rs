@@ -108,6 +108,8 @@ pub fn config(cache_dir: Option<&std::path::Path>, grace: GracePeriod) -> RunCon
         deletion_grace: grace,
         cache_file: cache_dir.map(switchyard_agent::source::cache::cache_path),
         metrics_bind: Some("127.0.0.1:0".parse().unwrap()),
+        // The fake kernel has no counters; the real-kernel traffic tests turn them on.
+        traffic: None,
     }
 }
 

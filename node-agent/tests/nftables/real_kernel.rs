@@ -294,3 +294,45 @@ fn element_changes_go_over_netlink_and_read_back_exactly() {
         assert!(diff(Some(&nft.read(family).unwrap().unwrap()), &desired).is_empty());
     });
 }
+
+/// The counted sets' elements come back over netlink with their counters, decoded into the keys the
+/// render wrote, and named after the plan's Services.
+#[test]
+fn element_counters_read_back_over_netlink_and_name_their_services() {
+    if !lab_allowed("element_counters_read_back_over_netlink_and_name_their_services") {
+        return;
+    }
+    let netns = Netns::new("nft-counters");
+    inside(&netns, || {
+        use switchyard_agent::counters::What;
+        use switchyard_agent::nftables::counters::samples;
+        use switchyard_agent::nftables::netlink::NftNetlink;
+        let mut nft = ExecNft::detect().unwrap();
+        let spec = everything();
+        let desired = render(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
+        nft.apply(&diff(None, &desired)).unwrap();
+        let raw = NftNetlink::open().unwrap().counters(IpFamily::IPv4).unwrap();
+        let counted: usize = desired
+            .elements
+            .iter()
+            .filter(|(id, _)| id.counted())
+            .map(|(_, elements)| elements.len())
+            .sum();
+        assert_eq!(raw.elements.len(), counted, "{raw:?}");
+        assert!(raw.elements.iter().all(|(.., packets)| *packets == 0));
+        let named = samples(&raw, &spec, &HashSet::new(), IpFamily::IPv4);
+        assert!(
+            named.iter().any(|s| matches!(s.what, What::Endpoint(_))),
+            "{named:?}"
+        );
+        assert!(
+            named.iter().any(|s| matches!(s.what, What::Frontend(_))),
+            "{named:?}"
+        );
+        assert!(
+            named.iter().any(|s| matches!(s.what, What::Refused(_))),
+            "{named:?}"
+        );
+        assert!(!raw.firewall_rules.is_empty(), "{raw:?}");
+    });
+}

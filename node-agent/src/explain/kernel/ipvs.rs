@@ -75,6 +75,7 @@ pub fn compare_kernel(
                 weight: u16::try_from(d.weight).ok(),
                 masquerade: matches!(&explanation.outcome, Outcome::Forwarded { endpoints }
                     if endpoints.iter().all(|c| c.masquerade)),
+                connections: None,
             })
             .collect();
         if !endpoints.is_empty() {

@@ -81,6 +81,14 @@ pub mod dest_attr {
     pub const TUN_PORT: u16 = 14;
     /// Tunnel flags (u16).
     pub const TUN_FLAGS: u16 = 15;
+    /// 64-bit statistics (nested `IPVS_STATS_ATTR_*`; dumps only).
+    pub const STATS64: u16 = 12;
+}
+
+/// `IPVS_STATS_ATTR_*`, inside `STATS64`.
+pub mod stats_attr {
+    /// Connections scheduled (u64, host order).
+    pub const CONNS: u16 = 1;
 }
 
 /// Parses every attribute of `payload` with `parse`.
@@ -306,7 +314,10 @@ pub enum DestAttr {
     TunPort(u16),
     /// Tunnel flags.
     TunFlags(u16),
-    /// Statistics and anything newer.
+    /// `STATS64`'s connection count: connections scheduled to this real server since it was added
+    /// (dumps only; the other statistics are not kept).
+    Connections(u64),
+    /// The other statistics and anything newer.
     Other(DefaultNla),
 }
 
@@ -317,6 +328,8 @@ impl Nla for DestAttr {
             Self::Port(_) | Self::AddrFamily(_) | Self::TunPort(_) | Self::TunFlags(_) => 2,
             Self::Addr(bytes) => bytes.len(),
             Self::Other(nla) => nla.value_len(),
+            // One nested `CONNS` attribute: header and u64.
+            Self::Connections(_) => 12,
             _ => 4,
         }
     }
@@ -336,6 +349,7 @@ impl Nla for DestAttr {
             Self::TunType(_) => dest_attr::TUN_TYPE,
             Self::TunPort(_) => dest_attr::TUN_PORT,
             Self::TunFlags(_) => dest_attr::TUN_FLAGS,
+            Self::Connections(_) => dest_attr::STATS64 | NLA_F_NESTED,
             Self::Other(nla) => nla.kind(),
         }
     }
@@ -348,6 +362,11 @@ impl Nla for DestAttr {
             }
             Self::AddrFamily(v) | Self::TunFlags(v) => put_u16(buffer, *v),
             Self::TunType(v) => buffer[0] = *v,
+            Self::Connections(conns) => {
+                buffer[0..2].copy_from_slice(&12u16.to_ne_bytes());
+                buffer[2..4].copy_from_slice(&stats_attr::CONNS.to_ne_bytes());
+                buffer[4..12].copy_from_slice(&conns.to_ne_bytes());
+            }
             Self::FwdMethod(v)
             | Self::Weight(v)
             | Self::UpperThreshold(v)
@@ -378,6 +397,24 @@ impl DestAttr {
             dest_attr::TUN_TYPE => Self::TunType(parse_u8(value)?),
             dest_attr::TUN_PORT => Self::TunPort(parse_u16_be(value)?),
             dest_attr::TUN_FLAGS => Self::TunFlags(parse_u16(value)?),
+            dest_attr::STATS64 => {
+                let mut conns = 0;
+                for stat in NlasIterator::new(value) {
+                    let stat = stat?;
+                    if stat.kind() == stats_attr::CONNS {
+                        let bytes = stat
+                            .value()
+                            .get(0..8)
+                            .ok_or_else(|| DecodeError::from("a short STATS64 CONNS"))?;
+                        conns = u64::from_ne_bytes(
+                            bytes
+                                .try_into()
+                                .map_err(|_| DecodeError::from("a short STATS64 CONNS"))?,
+                        );
+                    }
+                }
+                Self::Connections(conns)
+            }
             _ => Self::Other(other(nla)?),
         })
     }

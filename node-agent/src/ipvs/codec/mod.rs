@@ -318,6 +318,7 @@ pub fn destination_of(message: &IpvsMessage, family: IpFamily) -> Result<Destina
             DestAttr::ActiveConns(v) => dest.active_conns = *v,
             DestAttr::InactiveConns(v) => dest.inactive_conns = *v,
             DestAttr::PersistConns(v) => dest.persistent_conns = *v,
+            DestAttr::Connections(v) => dest.connections = *v,
             DestAttr::AddrFamily(v) => af_number = *v,
             DestAttr::TunType(_) | DestAttr::TunPort(_) | DestAttr::TunFlags(_) | DestAttr::Other(_) => {}
         }

@@ -343,3 +343,25 @@ fn the_kernels_dump_replies_decode() {
         (0, crate::ipvs::kernel::FWD_MASQUERADE)
     );
 }
+
+#[test]
+fn a_destination_reply_carries_its_connection_count_from_the_64_bit_statistics() {
+    // GET_DEST reply attributes as the kernel dumps them: STATS64 nests CONNS (u64) among others.
+    let vs = key("10.96.0.10", Protocol::TCP, 80);
+    let dest = Destination::new(
+        RealKey {
+            addr: "10.244.1.5".parse().unwrap(),
+            port: 8080,
+        },
+        1,
+    );
+    let mut message = dest_request(cmd::NEW_DEST, &vs, &dest);
+    for attr in &mut message.attrs {
+        if let CmdAttr::Dest(attrs) = attr {
+            attrs.push(DestAttr::Connections(42));
+        }
+    }
+    let back = destination_of(&parse(cmd::NEW_DEST, &bytes_of(&message)), IpFamily::IPv4).unwrap();
+    assert_eq!(back.connections, 42);
+    assert_eq!(back.real, dest.real);
+}

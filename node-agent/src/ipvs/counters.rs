@@ -1,0 +1,226 @@
+//! The IPVS traffic counters: every real server's connection count (`IPVS_STATS_ATTR_CONNS` of its
+//! 64-bit statistics), read over generic netlink and named after the plan's Services.
+//!
+//! ```text
+//! Ipvs::services ─► virtual servers whose key the plan explains ─► Ipvs::destinations(key)
+//!   ─► per real server: Sample(endpoint ip:port, its conns) and Sample(the virtual server's frontend kind)
+//! ```
+//!
+//! IPVS counts a connection when it schedules it to a real server, so a real server's count is its new
+//! connections through that virtual server (one virtual server per frontend address and port, NodePorts
+//! one per node address) and a frontend's is the sum over its real servers. The agent edits real servers
+//! in place (weights), so counts survive every change but the removal of the real server itself.
+//! Refusals are not counted here: IPVS rejects through the iptables glue.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use switchyard_api::{NodeForwardingPlanSpec, Protocol};
+
+use super::kernel::{Destination, Ipvs, VirtualKey};
+use super::netlink::NetlinkIpvs;
+use crate::counters::{Applied, AppliedPlan, CounterSource, Frontend, Sample, ServicePort, What, element_id};
+use crate::error::Error;
+
+/// Where each virtual server of the plan leads: frontends by address, NodePorts by port.
+struct Index {
+    frontends: HashMap<(IpAddr, Protocol, u16), (ServicePort, Frontend)>,
+    node_ports: HashMap<(Protocol, u16), ServicePort>,
+}
+
+impl Index {
+    fn of(spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) -> Self {
+        let mut index = Self {
+            frontends: HashMap::new(),
+            node_ports: HashMap::new(),
+        };
+        for (_, entry) in spec
+            .services
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !skip.contains(i))
+        {
+            let service = ServicePort {
+                name: entry.name.as_str().into(),
+                protocol: entry.protocol,
+            };
+            let addresses = std::iter::once((&entry.cluster_ip, Frontend::ClusterIp))
+                .chain(entry.external_ips.iter().map(|a| (a, Frontend::ExternalIp)))
+                .chain(
+                    entry
+                        .load_balancer_ips
+                        .iter()
+                        .map(|a| (a, Frontend::LoadBalancer)),
+                );
+            for (address, kind) in addresses {
+                if let Ok(address) = address.parse::<IpAddr>() {
+                    index
+                        .frontends
+                        .entry((address, entry.protocol, entry.port))
+                        .or_insert_with(|| (service.clone(), kind));
+                }
+            }
+            if let Some(port) = entry.node_port {
+                index
+                    .node_ports
+                    .entry((entry.protocol, port))
+                    .or_insert_with(|| service.clone());
+            }
+        }
+        index
+    }
+
+    /// The Service port and frontend kind of a virtual server.
+    fn find(&self, key: &VirtualKey) -> Option<(&ServicePort, Frontend)> {
+        if let Some((service, kind)) = self.frontends.get(&(key.addr, key.protocol, key.port)) {
+            return Some((service, *kind));
+        }
+        self.node_ports
+            .get(&(key.protocol, key.port))
+            .map(|service| (service, Frontend::NodePort))
+    }
+}
+
+/// The counters of the virtual servers in `table`, named after the plan's Service ports; virtual
+/// servers the plan does not explain are left out.
+pub fn samples(
+    table: &[(VirtualKey, Vec<Destination>)],
+    spec: &NodeForwardingPlanSpec,
+    skip: &HashSet<usize>,
+) -> Vec<Sample> {
+    let index = Index::of(spec, skip);
+    let mut out = Vec::new();
+    for (key, reals) in table {
+        let Some((service, kind)) = index.find(key) else {
+            continue;
+        };
+        for real in reals {
+            let element = (key, real.real.addr, real.real.port);
+            out.push(Sample {
+                service: service.clone(),
+                what: What::Endpoint(std::net::SocketAddr::new(real.real.addr, real.real.port).to_string()),
+                element: element_id(element),
+                packets: real.connections,
+            });
+            out.push(Sample {
+                service: service.clone(),
+                what: What::Frontend(kind),
+                element: element_id((element, "frontend")),
+                packets: real.connections,
+            });
+        }
+    }
+    out
+}
+
+/// Every virtual server of the plan with its real servers, read from `ipvs`.
+pub fn read_table(
+    ipvs: &mut dyn Ipvs,
+    spec: &NodeForwardingPlanSpec,
+    skip: &HashSet<usize>,
+) -> Result<Vec<(VirtualKey, Vec<Destination>)>, Error> {
+    let index = Index::of(spec, skip);
+    let mut table = Vec::new();
+    for service in ipvs.services()? {
+        if let Some(key) = service.key()
+            && index.find(&key).is_some()
+        {
+            table.push((key, ipvs.destinations(&key)?));
+        }
+    }
+    Ok(table)
+}
+
+/// The agent's [`CounterSource`] on IPVS.
+#[derive(Debug)]
+pub struct IpvsCounters {
+    ipvs: Option<NetlinkIpvs>,
+    plan: AppliedPlan,
+}
+
+impl IpvsCounters {
+    /// Reads the counters of the plan `plan` holds (the socket opens at the first read).
+    pub fn new(plan: AppliedPlan) -> Self {
+        Self { ipvs: None, plan }
+    }
+}
+
+impl CounterSource for IpvsCounters {
+    fn read(&mut self) -> Result<Option<Vec<Sample>>, Error> {
+        let Some(Applied { spec, skip }) = self.plan.get() else {
+            return Ok(Some(Vec::new()));
+        };
+        let ipvs = match &mut self.ipvs {
+            Some(ipvs) => ipvs,
+            None => self.ipvs.insert(NetlinkIpvs::connect()?),
+        };
+        let table = read_table(ipvs, &spec, &skip)?;
+        Ok(Some(samples(&table, &spec, &skip)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipvs::fake::FakeIpvs;
+    use crate::ipvs::kernel::{RealKey, Service};
+    use switchyard_api::testing::{EntryExt, entry, ep, plan};
+
+    fn key(addr: &str, port: u16) -> VirtualKey {
+        VirtualKey {
+            addr: addr.parse().unwrap(),
+            protocol: Protocol::TCP,
+            port,
+        }
+    }
+
+    fn real(addr: &str, connections: u64) -> Destination {
+        Destination {
+            connections,
+            ..Destination::new(
+                RealKey {
+                    addr: addr.parse().unwrap(),
+                    port: 8080,
+                },
+                1,
+            )
+        }
+    }
+
+    #[test]
+    fn real_servers_count_for_their_endpoint_and_their_virtual_servers_frontend() {
+        let spec = plan(
+            "node-a",
+            vec![
+                entry("ns1/web:http", "10.96.0.1", 80)
+                    .node_port(30080)
+                    .with(ep("10.244.1.5", 8080))
+                    .with(ep("10.244.2.5", 8080)),
+            ],
+        );
+        let fake = FakeIpvs::new();
+        fake.insert(
+            Service::new(key("10.96.0.1", 80), "rr", None),
+            &[real("10.244.1.5", 6), real("10.244.2.5", 4)],
+        );
+        fake.insert(
+            Service::new(key("192.168.10.11", 30080), "rr", None),
+            &[real("10.244.1.5", 3)],
+        );
+        // Not the plan's (another tool's virtual server): left out.
+        fake.insert(
+            Service::new(key("10.1.1.1", 443), "rr", None),
+            &[real("10.9.9.9", 50)],
+        );
+        let mut ipvs = fake.clone();
+        let table = read_table(&mut ipvs, &spec, &HashSet::new()).unwrap();
+        assert_eq!(table.len(), 2);
+        let series = crate::counters::Accumulator::default().update(samples(&table, &spec, &HashSet::new()));
+        let value = |what: What| series.iter().find(|s| s.what == what).map(|s| s.value);
+        assert_eq!(value(What::Frontend(Frontend::ClusterIp)), Some(10));
+        assert_eq!(value(What::Frontend(Frontend::NodePort)), Some(3));
+        assert_eq!(value(What::Endpoint("10.244.1.5:8080".into())), Some(9));
+        assert_eq!(value(What::Endpoint("10.244.2.5:8080".into())), Some(4));
+        assert_eq!(series.len(), 4);
+    }
+}
