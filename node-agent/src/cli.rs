@@ -581,20 +581,14 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
 }
 
 fn top_command(args: &TopArgs) -> ExitCode {
-    use crate::counters::{Accumulator, Applied, AppliedPlan, CounterSource, top};
+    use crate::counters::top;
     let spec = match args.plan.load("top") {
         Ok(spec) => spec,
         Err(code) => return code,
     };
     let backend = spec.backend;
-    let skip = switchyard_api::validate::validate(&spec).bad_entries();
-    let plan = AppliedPlan::default();
-    plan.set(Some(Applied {
-        spec,
-        skip: Arc::new(skip),
-    }));
-    let samples = match crate::wiring::counters::HostCounters::new(plan).read() {
-        Ok(Some(samples)) => samples,
+    let series = match crate::wiring::counters::HostCounters::read_once(spec) {
+        Ok(Some(series)) => series,
         Ok(None) => {
             return fail(
                 EXIT_FAILED,
@@ -603,7 +597,7 @@ fn top_command(args: &TopArgs) -> ExitCode {
         }
         Err(e) => return fail(EXIT_FAILED, &e),
     };
-    let rows = top::busiest(&Accumulator::default().update(samples), args.limit);
+    let rows = top::busiest(&series, args.limit);
     let text = match args.output {
         ExplainOutput::Text => top::table(&rows),
         ExplainOutput::Json => match serde_json::to_string_pretty(&rows) {

@@ -20,6 +20,7 @@
 //! semantics of a new process).
 
 pub mod collector;
+pub mod frontends;
 pub mod series;
 pub mod top;
 

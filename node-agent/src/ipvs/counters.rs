@@ -12,73 +12,18 @@
 //! in place (weights), so counts survive every change but the removal of the real server itself.
 //! Refusals are not counted here: IPVS rejects through the iptables glue.
 
-use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
-
-use switchyard_api::{NodeForwardingPlanSpec, Protocol};
+use std::collections::HashSet;
+use switchyard_api::NodeForwardingPlanSpec;
 
 use super::kernel::{Destination, Ipvs, VirtualKey};
 use super::netlink::NetlinkIpvs;
+use crate::counters::frontends::Frontends;
 use crate::counters::{Applied, AppliedPlan, CounterSource, Frontend, Sample, ServicePort, What, element_id};
 use crate::error::Error;
 
-/// Where each virtual server of the plan leads: frontends by address, NodePorts by port.
-struct Index {
-    frontends: HashMap<(IpAddr, Protocol, u16), (ServicePort, Frontend)>,
-    node_ports: HashMap<(Protocol, u16), ServicePort>,
-}
-
-impl Index {
-    fn of(spec: &NodeForwardingPlanSpec, skip: &HashSet<usize>) -> Self {
-        let mut index = Self {
-            frontends: HashMap::new(),
-            node_ports: HashMap::new(),
-        };
-        for (_, entry) in spec
-            .services
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !skip.contains(i))
-        {
-            let service = ServicePort {
-                name: entry.name.as_str().into(),
-                protocol: entry.protocol,
-            };
-            let addresses = std::iter::once((&entry.cluster_ip, Frontend::ClusterIp))
-                .chain(entry.external_ips.iter().map(|a| (a, Frontend::ExternalIp)))
-                .chain(
-                    entry
-                        .load_balancer_ips
-                        .iter()
-                        .map(|a| (a, Frontend::LoadBalancer)),
-                );
-            for (address, kind) in addresses {
-                if let Ok(address) = address.parse::<IpAddr>() {
-                    index
-                        .frontends
-                        .entry((address, entry.protocol, entry.port))
-                        .or_insert_with(|| (service.clone(), kind));
-                }
-            }
-            if let Some(port) = entry.node_port {
-                index
-                    .node_ports
-                    .entry((entry.protocol, port))
-                    .or_insert_with(|| service.clone());
-            }
-        }
-        index
-    }
-
-    /// The Service port and frontend kind of a virtual server.
-    fn find(&self, key: &VirtualKey) -> Option<(&ServicePort, Frontend)> {
-        if let Some((service, kind)) = self.frontends.get(&(key.addr, key.protocol, key.port)) {
-            return Some((service, *kind));
-        }
-        self.node_ports
-            .get(&(key.protocol, key.port))
-            .map(|service| (service, Frontend::NodePort))
-    }
+/// The Service port and frontend kind of a virtual server (NodePorts: one per node address).
+fn find<'a>(index: &'a Frontends, key: &VirtualKey) -> Option<(&'a ServicePort, Frontend)> {
+    index.any(key.addr, key.protocol, key.port)
 }
 
 /// The counters of the virtual servers in `table`, named after the plan's Service ports; virtual
@@ -88,10 +33,10 @@ pub fn samples(
     spec: &NodeForwardingPlanSpec,
     skip: &HashSet<usize>,
 ) -> Vec<Sample> {
-    let index = Index::of(spec, skip);
+    let index = Frontends::of(spec, skip, None);
     let mut out = Vec::new();
     for (key, reals) in table {
-        let Some((service, kind)) = index.find(key) else {
+        let Some((service, kind)) = find(&index, key) else {
             continue;
         };
         for real in reals {
@@ -119,11 +64,11 @@ pub fn read_table(
     spec: &NodeForwardingPlanSpec,
     skip: &HashSet<usize>,
 ) -> Result<Vec<(VirtualKey, Vec<Destination>)>, Error> {
-    let index = Index::of(spec, skip);
+    let index = Frontends::of(spec, skip, None);
     let mut table = Vec::new();
     for service in ipvs.services()? {
         if let Some(key) = service.key()
-            && index.find(&key).is_some()
+            && find(&index, &key).is_some()
         {
             table.push((key, ipvs.destinations(&key)?));
         }
@@ -164,6 +109,7 @@ mod tests {
     use super::*;
     use crate::ipvs::fake::FakeIpvs;
     use crate::ipvs::kernel::{RealKey, Service};
+    use switchyard_api::Protocol;
     use switchyard_api::testing::{EntryExt, entry, ep, plan};
 
     fn key(addr: &str, port: u16) -> VirtualKey {

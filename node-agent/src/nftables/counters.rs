@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol, ServicePlan};
+use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};
 
 use super::batch::{
     NFTA_DATA_VALUE, NFTA_DATA_VERDICT, NFTA_LIST_ELEM, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY,
@@ -36,9 +36,8 @@ use super::netlink::{
     ATTR_TABLE, Attr, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM, NFTA_RULE_CHAIN, NFTA_SET_NAME,
     NftNetlink, attrs, string,
 };
-use crate::counters::{
-    Applied, AppliedPlan, CounterSource, Frontend, Refusal, Sample, ServicePort, What, element_id,
-};
+use crate::counters::frontends::{Frontends, applied_entries, service_port};
+use crate::counters::{Applied, AppliedPlan, CounterSource, Refusal, Sample, ServicePort, What, element_id};
 use crate::error::Error;
 
 const NFTA_SET_ELEM_EXPR: u16 = 7;
@@ -239,68 +238,21 @@ impl NftNetlink {
     }
 }
 
-/// Where each counted key of a family leads in the plan.
-struct Index {
-    frontends: HashMap<(IpAddr, Protocol, u16), (ServicePort, Frontend)>,
-    node_ports: HashMap<(Protocol, u16), ServicePort>,
-    firewalls: HashMap<String, ServicePort>,
-}
-
-fn ip(text: &str) -> Option<IpAddr> {
-    text.parse().ok()
-}
-
-impl Index {
-    fn of(spec: &NodeForwardingPlanSpec, skip: &std::collections::HashSet<usize>, family: IpFamily) -> Self {
-        let mut index = Self {
-            frontends: HashMap::new(),
-            node_ports: HashMap::new(),
-            firewalls: HashMap::new(),
-        };
-        let entries = spec
-            .services
-            .iter()
-            .enumerate()
-            .filter(|(i, e)| e.family == family && !skip.contains(i));
-        for (_, entry) in entries {
-            let entry: &ServicePlan = entry;
-            let service = ServicePort {
-                name: entry.name.as_str().into(),
-                protocol: entry.protocol,
-            };
-            let mut frontend = |address: &str, kind: Frontend| {
-                if let Some(address) = ip(address) {
-                    // The first entry to claim a frontend wins, as in the render.
-                    index
-                        .frontends
-                        .entry((address, entry.protocol, entry.port))
-                        .or_insert_with(|| (service.clone(), kind));
-                }
-            };
-            frontend(&entry.cluster_ip, Frontend::ClusterIp);
-            entry
-                .external_ips
-                .iter()
-                .for_each(|a| frontend(a, Frontend::ExternalIp));
-            entry
-                .load_balancer_ips
-                .iter()
-                .for_each(|a| frontend(a, Frontend::LoadBalancer));
-            if let Some(port) = entry.node_port {
-                index
-                    .node_ports
-                    .entry((entry.protocol, port))
-                    .or_insert_with(|| service.clone());
-            }
-            if !entry.source_ranges.is_empty() {
-                index.firewalls.insert(
-                    names::firewall_chain(&entry.name, entry.protocol.lower()),
-                    service,
-                );
-            }
-        }
-        index
-    }
+/// The Service port behind each source-range firewall chain of a family's applied entries.
+fn firewalls(
+    spec: &NodeForwardingPlanSpec,
+    skip: &std::collections::HashSet<usize>,
+    family: IpFamily,
+) -> HashMap<String, ServicePort> {
+    applied_entries(spec, skip, Some(family))
+        .filter(|entry| !entry.source_ranges.is_empty())
+        .map(|entry| {
+            (
+                names::firewall_chain(&entry.name, entry.protocol.lower()),
+                service_port(entry),
+            )
+        })
+        .collect()
 }
 
 /// The counters of one family's table, named after the plan's Service ports. Elements the plan does
@@ -311,17 +263,15 @@ pub fn samples(
     skip: &std::collections::HashSet<usize>,
     family: IpFamily,
 ) -> Vec<Sample> {
-    let index = Index::of(spec, skip, family);
+    let index = Frontends::of(spec, skip, Some(family));
+    let firewalls = firewalls(spec, skip, family);
     let mut out = Vec::with_capacity(raw.elements.len() + raw.firewall_rules.len());
     for (id, key, value, packets) in &raw.elements {
         let found = match (key, value) {
             (Key::Frontend(a, p, port), _) | (Key::FrontendSlot(a, p, port, _), _) => {
-                index.frontends.get(&(*a, *p, *port)).map(|(s, kind)| (s, *kind))
+                index.address(*a, *p, *port)
             }
-            (Key::Port(p, port), _) | (Key::PortSlot(p, port, _), _) => index
-                .node_ports
-                .get(&(*p, *port))
-                .map(|s| (s, Frontend::NodePort)),
+            (Key::Port(p, port), _) | (Key::PortSlot(p, port, _), _) => index.node_port(*p, *port),
             _ => None,
         };
         let Some((service, kind)) = found else {
@@ -350,7 +300,7 @@ pub fn samples(
         });
     }
     for (chain, packets) in &raw.firewall_rules {
-        if let Some(service) = index.firewalls.get(chain) {
+        if let Some(service) = firewalls.get(chain) {
             out.push(Sample {
                 service: service.clone(),
                 what: What::Refused(Refusal::SourceRange),
@@ -400,6 +350,7 @@ impl CounterSource for NftCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::counters::Frontend;
     use crate::nftables::batch::key_bytes;
     use switchyard_api::testing::{EntryExt, entry, ep, plan};
 

@@ -6,9 +6,11 @@
 //!                                               ─► iptables: none yet (None: no traffic series)
 //! ```
 
-use switchyard_api::Backend;
+use std::sync::Arc;
 
-use crate::counters::{AppliedPlan, CounterSource, Sample};
+use switchyard_api::{Backend, NodeForwardingPlanSpec};
+
+use crate::counters::{Accumulator, Applied, AppliedPlan, CounterSource, Sample, Series};
 use crate::error::Error;
 use crate::ipvs::counters::IpvsCounters;
 use crate::nftables::counters::NftCounters;
@@ -29,6 +31,21 @@ impl HostCounters {
             ipvs: IpvsCounters::new(plan.clone()),
             plan,
         }
+    }
+
+    /// One read of `spec`'s counters as series (the CLI's `top` and `explain --kernel`: a plan from a
+    /// file or the API, its bad entries skipped as the agent skips them); `None` where the backend does
+    /// not count.
+    pub fn read_once(spec: Arc<NodeForwardingPlanSpec>) -> Result<Option<Vec<Series>>, Error> {
+        let skip = switchyard_api::validate::validate(&spec).bad_entries();
+        let plan = AppliedPlan::default();
+        plan.set(Some(Applied {
+            spec,
+            skip: Arc::new(skip),
+        }));
+        Ok(Self::new(plan)
+            .read()?
+            .map(|samples| Accumulator::default().update(samples)))
     }
 }
 

@@ -105,21 +105,15 @@ pub fn compare_with_kernel(
 /// counted endpoint maps, complex entries have none and their endpoints stay without a count; IPVS:
 /// the real servers' connection counts, over every virtual server of the Service).
 fn add_counts(spec: &NodeForwardingPlanSpec, explanation: &mut Explanation) -> Result<(), Error> {
-    use crate::counters::{Accumulator, Applied, AppliedPlan, CounterSource, What};
+    use crate::counters::What;
     let (Some(service), crate::explain::Outcome::Forwarded { endpoints }) =
         (&explanation.service, &mut explanation.outcome)
     else {
         return Ok(());
     };
-    let plan = AppliedPlan::default();
-    plan.set(Some(Applied {
-        spec: std::sync::Arc::new(spec.clone()),
-        skip: std::sync::Arc::new(switchyard_api::validate::validate(spec).bad_entries()),
-    }));
-    let Some(samples) = super::counters::HostCounters::new(plan).read()? else {
+    let Some(series) = super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()))? else {
         return Ok(());
     };
-    let series = Accumulator::default().update(samples);
     for candidate in endpoints.iter_mut() {
         candidate.connections = series
             .iter()
