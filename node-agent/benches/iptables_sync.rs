@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
-use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
 use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{SyncConfig, SyncMetrics, Syncer, SystemClock};
 use switchyard_agent::xtables::exec::ExecIptables;
@@ -45,8 +44,8 @@ use switchyard_agent::xtables::mode::Variant;
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use common::{
-    ENDPOINTS, Netns, Size, TARGET_SERVICES, applied, applied_partial, median, ms, ratio, report_rss_for,
-    root_bench_main, sizes, spec_sized, target,
+    ENDPOINTS, Netns, Size, TARGET_SERVICES, applied, applied_partial, bare_iptables_restore,
+    iptables_full_payload, median, ms, ratio, report_rss_for, root_bench_main, sizes, spec_sized, target,
 };
 
 /// One-service partial sync target at [`TARGET_SERVICES`].
@@ -67,37 +66,13 @@ fn syncer(variant: Variant) -> Result<Syncer, String> {
     ))
 }
 
-/// Validate and render alone (the payload written into memory): the CPU part of a full sync. Returns
-/// the payload too (the floor restores it with the bare tool).
-fn render_only(spec: &NodeForwardingPlanSpec) -> (Duration, Vec<u8>) {
-    let start = Instant::now();
-    let report = switchyard_api::validate::validate(spec);
-    let skip: HashSet<usize> = report.bad_entries();
-    let existing = Default::default();
-    let facts = HostFacts {
-        random_fully: true,
-        ..HostFacts::default()
-    };
-    let job = PayloadJob {
-        spec,
-        facts: &facts,
-        family: IpFamily::IPv4,
-        skip: &skip,
-        mode: StreamMode::Full { existing: &existing },
-        jumps: &[],
-    };
-    let mut payload = Vec::new();
-    let _ = job.write(&mut payload);
-    (start.elapsed(), payload)
-}
-
 /// The full-sync payload restored by the bare `iptables-<variant>-restore --noflush` in one run, into
 /// a fresh namespace: the floor of a full sync.
 fn full_floor(variant: Variant, payload: Vec<u8>) -> Result<Duration, String> {
     let netns = Netns::new(&format!("{variant}-floor"))?;
     netns.within(move || {
         let text = String::from_utf8(payload).map_err(|e| e.to_string())?;
-        bare_restore(variant, &text)
+        bare_iptables_restore(variant, &text)
     })
 }
 
@@ -124,7 +99,7 @@ struct Row {
 fn measure(variant: Variant, size: Size, partial_runs: usize) -> Result<Row, String> {
     let netns = Netns::new(&format!("{variant}-{}x{}", size.services, size.endpoints))?;
     let spec = spec_sized(size, Backend::Iptables);
-    let (render, payload) = render_only(&spec);
+    let (render, payload) = iptables_full_payload(&spec);
     let full_floor = full_floor(variant, payload)?;
     let (full, rules, partial, drift_check, floor) = netns.within(move || {
         let mut syncer = syncer(variant)?;
@@ -158,7 +133,7 @@ fn measure(variant: Variant, size: Size, partial_runs: usize) -> Result<Row, Str
             let payload = service_payload(&current, index);
             let mut runs = Vec::new();
             for _ in 0..partial_runs {
-                runs.push(bare_restore(variant, &payload)?);
+                runs.push(bare_iptables_restore(variant, &payload)?);
             }
             Some(median(runs))
         };
@@ -213,28 +188,6 @@ fn service_payload(spec: &NodeForwardingPlanSpec, index: usize) -> String {
     }
     payload.push_str("COMMIT\n");
     payload
-}
-
-/// One `iptables-<variant>-restore --noflush` of `payload`, timed from spawn to exit.
-fn bare_restore(variant: Variant, payload: &str) -> Result<Duration, String> {
-    use std::process::{Command, Stdio};
-    let started = Instant::now();
-    let mut child = Command::new(format!("iptables-{variant}-restore"))
-        .args(["--noflush", "-w"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    child
-        .stdin
-        .take()
-        .ok_or("no stdin")?
-        .write_all(payload.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let status = child.wait().map_err(|e| e.to_string())?;
-    if !status.success() {
-        return Err(format!("bare restore failed: {status}\n{payload}"));
-    }
-    Ok(started.elapsed())
 }
 
 fn run() -> Result<(), String> {

@@ -2,7 +2,8 @@
 //! 10,000 Services × 5 endpoints: the extra time the counters add to the first full sync (the agent's
 //! rendered `nft -f` text with and without the sets' `counter;`, loaded into fresh network namespaces,
 //! alternating, median of 3), and a whole `/metrics` scrape of the traffic series (the netlink read of
-//! every counted element, the accumulator, the OpenMetrics text): time, size, series.
+//! every counted element, the accumulator, the OpenMetrics text): time, size, series; and the same
+//! scrape on iptables-nft (`iptables-save -c` of nat and filter after the agent's full payload).
 //!
 //! ```text
 //! cargo bench -p switchyard-agent --bench traffic_counters          (root; SWITCHYARD_BENCH_SMOKE=1: 100 Services)
@@ -16,12 +17,16 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::counters::{Applied, AppliedPlan, CountersConfig, TrafficCollector};
+use switchyard_agent::counters::{Applied, AppliedPlan, CounterSource, CountersConfig, TrafficCollector};
+use switchyard_agent::iptables::counters::IptablesCounters;
 use switchyard_agent::nftables::counters::NftCounters;
 use switchyard_agent::nftables::render_text;
+use switchyard_agent::xtables::mode::{IptablesMode, Variant};
 use switchyard_api::{Backend, IpFamily};
 
-use common::{Netns, median, ms, root_bench_main, smoke, spec, target};
+use common::{
+    Netns, bare_iptables_restore, iptables_full_payload, median, ms, root_bench_main, smoke, spec, target,
+};
 
 const SERVICES: u32 = 10_000;
 const RUNS: usize = 3;
@@ -73,26 +78,7 @@ fn main() -> ExitCode {
             spec: std::sync::Arc::new(spec),
             skip: std::sync::Arc::new(HashSet::new()),
         }));
-        let (took, bytes, series) = netns.within(move || {
-            let mut registry = Registry::default();
-            registry.register_collector(Box::new(TrafficCollector::new(
-                Box::new(NftCounters::new(plan)),
-                CountersConfig::default(),
-            )));
-            let mut samples = Vec::new();
-            let mut text = String::new();
-            for _ in 0..RUNS {
-                text.clear();
-                let started = Instant::now();
-                prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|e| e.to_string())?;
-                samples.push(started.elapsed());
-            }
-            let series = text
-                .lines()
-                .filter(|l| l.starts_with("switchyard_") && l.contains("connections_total{"))
-                .count();
-            Ok((median(samples), text.len(), series))
-        })?;
+        let (took, bytes, series) = netns.within(move || scrape(Box::new(NftCounters::new(plan))))?;
         println!(
             "{services} Services x 5: /metrics scrape of the traffic series {} ({series} series, {:.1} MiB)",
             ms(took),
@@ -107,6 +93,52 @@ fn main() -> ExitCode {
             "≤ 1 s",
             took <= Duration::from_secs(1),
         );
+
+        // iptables (iptables-nft, Debian's default): the same plan's full payload restored into a fresh
+        // namespace, then scraped: the counters come from `iptables-save -c` of nat and filter.
+        let spec = common::spec(services, Backend::Iptables);
+        let (_, payload) = iptables_full_payload(&spec);
+        let text = String::from_utf8(payload).map_err(|e| e.to_string())?;
+        let plan = AppliedPlan::default();
+        plan.set(Some(Applied {
+            spec: std::sync::Arc::new(spec),
+            skip: std::sync::Arc::new(HashSet::new()),
+        }));
+        let netns = Netns::new("iptables-scrape")?;
+        let (took, bytes, series) = netns.within(move || {
+            bare_iptables_restore(Variant::Nft, &text)?;
+            scrape(Box::new(IptablesCounters::new(plan, IptablesMode::Nft)))
+        })?;
+        println!(
+            "{services} Services x 5: /metrics scrape of the traffic series on iptables-nft {} ({series} series, {:.1} MiB)",
+            ms(took),
+            bytes as f64 / (1024.0 * 1024.0)
+        );
+        if series < services as usize * 6 {
+            return Err(format!(
+                "iptables: {series} series, wanted one per Service and endpoint"
+            ));
+        }
         Ok(())
     })
+}
+
+/// A whole `/metrics` scrape of the traffic series `source` reads (median of [`RUNS`]): time, bytes of
+/// OpenMetrics text, traffic series.
+fn scrape(source: Box<dyn CounterSource>) -> Result<(Duration, usize, usize), String> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(TrafficCollector::new(source, CountersConfig::default())));
+    let mut samples = Vec::new();
+    let mut text = String::new();
+    for _ in 0..RUNS {
+        text.clear();
+        let started = Instant::now();
+        prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|e| e.to_string())?;
+        samples.push(started.elapsed());
+    }
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("switchyard_") && l.contains("connections_total{"))
+        .count();
+    Ok((median(samples), text.len(), series))
 }

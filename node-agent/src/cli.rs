@@ -120,6 +120,9 @@ struct TopArgs {
     /// How many Service ports to list.
     #[arg(long, default_value_t = 20)]
     limit: usize,
+    /// Which iptables to read when the plan's backend is iptables.
+    #[arg(long, default_value = "auto", value_parser = parse_mode)]
+    iptables_mode: IptablesMode,
     /// Output: text (a table) or json.
     #[arg(short, long, value_enum, default_value_t = ExplainOutput::Text)]
     output: ExplainOutput,
@@ -250,7 +253,7 @@ struct RunArgs {
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     api_bootstrap_timeout: Duration,
     /// Export per-Service traffic counters on /metrics (new connections per frontend and endpoint,
-    /// refused connections), read from the kernel at each scrape. nftables and IPVS backends.
+    /// refused connections), read from the kernel at each scrape. Every backend.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     traffic_counters: bool,
     /// Export the per-endpoint series too (one per Service port and endpoint).
@@ -557,6 +560,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         traffic: args.traffic_counters.then_some(crate::counters::CountersConfig {
             endpoints: args.traffic_endpoint_series,
             max_series: args.traffic_max_series,
+            iptables_mode: args.iptables.iptables_mode,
         }),
     };
     let result = runtime.block_on(async {
@@ -587,12 +591,12 @@ fn top_command(args: &TopArgs) -> ExitCode {
         Err(code) => return code,
     };
     let backend = spec.backend;
-    let series = match crate::wiring::counters::HostCounters::read_once(spec) {
+    let series = match crate::wiring::counters::HostCounters::read_once(spec, args.iptables_mode) {
         Ok(Some(series)) => series,
         Ok(None) => {
             return fail(
                 EXIT_FAILED,
-                &format!("the plan's backend is {backend:?}: only nftables and IPVS count connections yet"),
+                &format!("the plan's backend is {backend:?}: it counts no connections"),
             );
         }
         Err(e) => return fail(EXIT_FAILED, &e),

@@ -471,9 +471,12 @@ pub async fn run(
         Arc::new(SystemClock),
     ));
     let applied_plan = AppliedPlan::default();
-    let traffic = config
-        .traffic
-        .map(|traffic| TrafficCollector::new(Box::new(HostCounters::new(applied_plan.clone())), traffic));
+    let traffic = config.traffic.map(|traffic| {
+        TrafficCollector::new(
+            Box::new(HostCounters::new(applied_plan.clone(), traffic.iptables_mode)),
+            traffic,
+        )
+    });
     let registry = Arc::new(metrics::registry(syncer.metrics(), &io.metrics, traffic));
     let (metrics_addr, server) = match config.metrics_bind {
         Some(addr) => {

@@ -23,6 +23,9 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
             .await
             .map_err(|error| no_client_config(&error))?,
     };
+    // Which address was taken (flag, KUBECONFIG, or the pod's environment: the kubelet's or the
+    // switchyard-apiserver ConfigMap's) is the first thing to know when the API server is not reached.
+    tracing::info!(server = %config.cluster_url, "the API server");
     kube::Client::try_from(config).map_err(|error| Error::Client {
         cause: innermost(&error),
     })

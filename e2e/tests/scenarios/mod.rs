@@ -5,6 +5,8 @@
 //! tamper with the rules, how to see that cleanup removed them) is in [`Suite`]. Needs root (see
 //! `common::lab_allowed`).
 
+pub mod traffic;
+
 use std::{path::PathBuf, time::Duration};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -92,6 +94,12 @@ macro_rules! scenario_suite {
         #[test]
         fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit() {
             scenarios::explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(SUITE);
+        }
+        #[test]
+        fn traffic_counters_count_every_connection_by_frontend_endpoint_and_refusal() {
+            scenarios::traffic::traffic_counters_count_every_connection_by_frontend_endpoint_and_refusal(
+                SUITE,
+            );
         }
     };
 }
@@ -882,13 +890,8 @@ pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: S
         stdout.contains("kernel: the installed rules take the same path as the plan"),
         "{stdout}"
     );
-    // nftables counts each endpoint's new connections (none yet in this lab); iptables has no counters.
-    let forwarded = match suite.backend {
-        Backend::Nftables => {
-            "=> FORWARDED to 10.244.1.10:80 (50%, masqueraded, 0 connections counted), 10.244.2.10:80 (50%, 0 connections counted)"
-        }
-        _ => "=> FORWARDED to 10.244.1.10:80 (50%, masqueraded), 10.244.2.10:80 (50%)",
-    };
+    // Both backends count each endpoint's new connections (none yet in this lab).
+    let forwarded = "=> FORWARDED to 10.244.1.10:80 (50%, masqueraded, 0 connections counted), 10.244.2.10:80 (50%, 0 connections counted)";
     assert!(stdout.contains(forwarded), "{stdout}");
 
     // Every demo flow, on the node where it meets Switchyard, against the rules the agents installed:

@@ -4,15 +4,22 @@
 // Each benchmark uses only part of this module.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use switchyard_agent::backend::HostFacts;
+use switchyard_agent::iptables::stream::{PayloadJob, StreamMode};
 use switchyard_agent::sync::{SliceObject, SyncResult};
+use switchyard_agent::xtables::mode::Variant;
 use switchyard_api::testing::{EntryExt, entry, ep, finish, live_plan, plan, slice};
-use switchyard_api::{Backend, ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanSpec, SyncMode};
+use switchyard_api::{
+    Backend, ForwardingSlice, IpFamily, NodeForwardingPlan, NodeForwardingPlanSpec, SyncMode,
+};
 
 /// Endpoints per Service.
 pub const ENDPOINTS: u32 = 5;
@@ -384,4 +391,50 @@ pub fn root_bench_main(name: &str, what: &str, run: impl FnOnce() -> Result<(), 
             ExitCode::FAILURE
         }
     }
+}
+
+/// Validate and render alone (the payload written into memory): the CPU part of a full sync. Returns
+/// the payload too (the floor restores it with the bare tool).
+pub fn iptables_full_payload(spec: &NodeForwardingPlanSpec) -> (Duration, Vec<u8>) {
+    let start = Instant::now();
+    let report = switchyard_api::validate::validate(spec);
+    let skip: HashSet<usize> = report.bad_entries();
+    let existing = Default::default();
+    let facts = HostFacts {
+        random_fully: true,
+        ..HostFacts::default()
+    };
+    let job = PayloadJob {
+        spec,
+        facts: &facts,
+        family: IpFamily::IPv4,
+        skip: &skip,
+        mode: StreamMode::Full { existing: &existing },
+        jumps: &[],
+    };
+    let mut payload = Vec::new();
+    let _ = job.write(&mut payload);
+    (start.elapsed(), payload)
+}
+
+/// One `iptables-<variant>-restore --noflush` of `payload`, timed from spawn to exit.
+pub fn bare_iptables_restore(variant: Variant, payload: &str) -> Result<Duration, String> {
+    use std::process::{Command, Stdio};
+    let started = Instant::now();
+    let mut child = Command::new(format!("iptables-{variant}-restore"))
+        .args(["--noflush", "-w"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(payload.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("bare restore failed: {status}\n{payload}"));
+    }
+    Ok(started.elapsed())
 }

@@ -16,6 +16,7 @@
 //! `…_traffic_series_omitted`). A failed read exports no traffic series that scrape (the failure is
 //! counted and logged); the accumulator keeps its memory for the next one.
 
+use crate::xtables::mode::IptablesMode;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -36,6 +37,8 @@ pub struct CountersConfig {
     pub endpoints: bool,
     /// At most this many traffic series per scrape.
     pub max_series: usize,
+    /// Which iptables the iptables backend's counters read (the backend's own `--iptables-mode`).
+    pub iptables_mode: IptablesMode,
 }
 
 impl Default for CountersConfig {
@@ -43,6 +46,7 @@ impl Default for CountersConfig {
         Self {
             endpoints: true,
             max_series: 100_000,
+            iptables_mode: IptablesMode::Auto,
         }
     }
 }
@@ -275,6 +279,7 @@ mod tests {
             CountersConfig {
                 endpoints: true,
                 max_series: 3,
+                ..CountersConfig::default()
             },
         );
         let scrape = collector.scrape();
@@ -285,6 +290,7 @@ mod tests {
             CountersConfig {
                 endpoints: false,
                 max_series: 100,
+                ..CountersConfig::default()
             },
         );
         let scrape = off.scrape();

@@ -6,6 +6,7 @@
 //! kernel counters ─► CounterSource::read ─► [Sample { entry, what, element, packets }]
 //!   nftables: per-element counters of the counted sets (nftables::counters, over netlink)
 //!   IPVS: every real server's connection count (ipvs::counters, generic netlink)
+//!   iptables: the packet counts of the agent's rules (iptables::counters, iptables-save -c)
 //!                                  ─► Accumulator::update (per element: resets and moves absorbed)
 //!                                  ─► [Series] monotonic within one process ─► TrafficCollector ─► /metrics
 //! ```

@@ -37,6 +37,7 @@
 //!   endpoints of the plan's entries, as kube-proxy counts its endpoints map.
 //! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).
 
+pub mod counters;
 pub mod dataplane;
 mod drift;
 pub mod names;

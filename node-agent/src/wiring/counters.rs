@@ -3,7 +3,7 @@
 //! ```text
 //! HostCounters::read ─► applied plan's backend ─► nftables: nftables::counters (element counters)
 //!                                               ─► ipvs: ipvs::counters (real servers' connections)
-//!                                               ─► iptables: none yet (None: no traffic series)
+//!                                               ─► iptables: iptables::counters (rule counters, iptables-save -c)
 //! ```
 
 use std::sync::Arc;
@@ -12,8 +12,10 @@ use switchyard_api::{Backend, NodeForwardingPlanSpec};
 
 use crate::counters::{Accumulator, Applied, AppliedPlan, CounterSource, Sample, Series};
 use crate::error::Error;
+use crate::iptables::counters::IptablesCounters;
 use crate::ipvs::counters::IpvsCounters;
 use crate::nftables::counters::NftCounters;
+use crate::xtables::mode::IptablesMode;
 
 /// Reads whichever backend the applied plan uses.
 #[derive(Debug)]
@@ -21,12 +23,14 @@ pub struct HostCounters {
     plan: AppliedPlan,
     nftables: NftCounters,
     ipvs: IpvsCounters,
+    iptables: IptablesCounters,
 }
 
 impl HostCounters {
-    /// Counters for the plan `plan` holds.
-    pub fn new(plan: AppliedPlan) -> Self {
+    /// Counters for the plan `plan` holds; `iptables_mode` picks the iptables the iptables backend uses.
+    pub fn new(plan: AppliedPlan, iptables_mode: IptablesMode) -> Self {
         Self {
+            iptables: IptablesCounters::new(plan.clone(), iptables_mode),
             nftables: NftCounters::new(plan.clone()),
             ipvs: IpvsCounters::new(plan.clone()),
             plan,
@@ -36,14 +40,17 @@ impl HostCounters {
     /// One read of `spec`'s counters as series (the CLI's `top` and `explain --kernel`: a plan from a
     /// file or the API, its bad entries skipped as the agent skips them); `None` where the backend does
     /// not count.
-    pub fn read_once(spec: Arc<NodeForwardingPlanSpec>) -> Result<Option<Vec<Series>>, Error> {
+    pub fn read_once(
+        spec: Arc<NodeForwardingPlanSpec>,
+        iptables_mode: IptablesMode,
+    ) -> Result<Option<Vec<Series>>, Error> {
         let skip = switchyard_api::validate::validate(&spec).bad_entries();
         let plan = AppliedPlan::default();
         plan.set(Some(Applied {
             spec,
             skip: Arc::new(skip),
         }));
-        Ok(Self::new(plan)
+        Ok(Self::new(plan, iptables_mode)
             .read()?
             .map(|samples| Accumulator::default().update(samples)))
     }
@@ -55,7 +62,7 @@ impl CounterSource for HostCounters {
             None => Ok(Some(Vec::new())),
             Some(Backend::Nftables) => self.nftables.read(),
             Some(Backend::Ipvs) => self.ipvs.read(),
-            Some(Backend::Iptables) => Ok(None),
+            Some(Backend::Iptables) => self.iptables.read(),
         }
     }
 }

@@ -49,7 +49,7 @@ pub fn compare_with_kernel(
                 &facts,
                 found.as_ref(),
             );
-            add_counts(spec, explanation)?;
+            add_counts(spec, explanation, iptables_mode)?;
             Ok(())
         }
         Backend::Ipvs => {
@@ -80,7 +80,7 @@ pub fn compare_with_kernel(
                     .as_ref()
                     .map(|(service, reals)| (service, reals.as_slice())),
             );
-            add_counts(spec, explanation)?;
+            add_counts(spec, explanation, iptables_mode)?;
             Ok(())
         }
         Backend::Iptables => {
@@ -96,22 +96,30 @@ pub fn compare_with_kernel(
                 plan_trace,
                 local,
                 &saves,
-            )
+            )?;
+            add_counts(spec, explanation, iptables_mode)
         }
     }
 }
 
 /// Puts the kernel's count of new connections beside each endpoint of the answer (nftables: the
 /// counted endpoint maps, complex entries have none and their endpoints stay without a count; IPVS:
-/// the real servers' connection counts, over every virtual server of the Service).
-fn add_counts(spec: &NodeForwardingPlanSpec, explanation: &mut Explanation) -> Result<(), Error> {
+/// the real servers' connection counts, over every virtual server of the Service; iptables: each
+/// endpoint's DNAT rules).
+fn add_counts(
+    spec: &NodeForwardingPlanSpec,
+    explanation: &mut Explanation,
+    iptables_mode: IptablesMode,
+) -> Result<(), Error> {
     use crate::counters::What;
     let (Some(service), crate::explain::Outcome::Forwarded { endpoints }) =
         (&explanation.service, &mut explanation.outcome)
     else {
         return Ok(());
     };
-    let Some(series) = super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()))? else {
+    let Some(series) =
+        super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()), iptables_mode)?
+    else {
         return Ok(());
     };
     for candidate in endpoints.iter_mut() {

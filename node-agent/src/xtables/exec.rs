@@ -119,6 +119,14 @@ impl ExecIptables {
         }
     }
 
+    /// `iptables-save -c -t <table>`: the table with every rule's `[packets:bytes]` (the traffic
+    /// counters read it; the trait's saves leave counters out, as the syncs need).
+    pub fn save_counted(&self, family: IpFamily, table: Table) -> Result<String, Error> {
+        let mut command = Command::new(&self.binaries(family).save);
+        command.args(["-c", "-t", table.as_str()]);
+        command::stdout_of(&mut command)
+    }
+
     /// `iptables --version` (e.g. `iptables v1.8.9 (nf_tables)`).
     pub fn version(&self) -> Result<String, Error> {
         command::stdout_of(Command::new(&self.v4.iptables).arg("--version")).map(|s| s.trim().to_string())
