@@ -3,7 +3,8 @@
 //! rendered `nft -f` text with and without the sets' `counter;`, loaded into fresh network namespaces,
 //! alternating, median of 3), and a whole `/metrics` scrape of the traffic series (the netlink read of
 //! every counted element, the accumulator, the OpenMetrics text): time, size, series; and the same
-//! scrape on iptables-nft (`iptables-save -c` of nat and filter after the agent's full payload).
+//! scrape on iptables-nft and iptables-legacy (`iptables-save -c` of nat and filter after the agent's
+//! full payload).
 //!
 //! ```text
 //! cargo bench -p switchyard-agent --bench traffic_counters          (root; SWITCHYARD_BENCH_SMOKE=1: 100 Services)
@@ -94,30 +95,36 @@ fn main() -> ExitCode {
             took <= Duration::from_secs(1),
         );
 
-        // iptables (iptables-nft, Debian's default): the same plan's full payload restored into a fresh
-        // namespace, then scraped: the counters come from `iptables-save -c` of nat and filter.
-        let spec = common::spec(services, Backend::Iptables);
+        // iptables, both variants: the same plan's full payload restored into a fresh namespace, then
+        // scraped: the counters come from `iptables-save -c` of nat and filter.
+        let spec = std::sync::Arc::new(common::spec(services, Backend::Iptables));
         let (_, payload) = iptables_full_payload(&spec);
         let text = String::from_utf8(payload).map_err(|e| e.to_string())?;
-        let plan = AppliedPlan::default();
-        plan.set(Some(Applied {
-            spec: std::sync::Arc::new(spec),
-            skip: std::sync::Arc::new(HashSet::new()),
-        }));
-        let netns = Netns::new("iptables-scrape")?;
-        let (took, bytes, series) = netns.within(move || {
-            bare_iptables_restore(Variant::Nft, &text)?;
-            scrape(Box::new(IptablesCounters::new(plan, IptablesMode::Nft)))
-        })?;
-        println!(
-            "{services} Services x 5: /metrics scrape of the traffic series on iptables-nft {} ({series} series, {:.1} MiB)",
-            ms(took),
-            bytes as f64 / (1024.0 * 1024.0)
-        );
-        if series < services as usize * 6 {
-            return Err(format!(
-                "iptables: {series} series, wanted one per Service and endpoint"
-            ));
+        for (variant, mode) in [
+            (Variant::Nft, IptablesMode::Nft),
+            (Variant::Legacy, IptablesMode::Legacy),
+        ] {
+            let plan = AppliedPlan::default();
+            plan.set(Some(Applied {
+                spec: spec.clone(),
+                skip: std::sync::Arc::new(HashSet::new()),
+            }));
+            let netns = Netns::new(&format!("iptables-{variant}-scrape"))?;
+            let text = text.clone();
+            let (took, bytes, series) = netns.within(move || {
+                bare_iptables_restore(variant, &text)?;
+                scrape(Box::new(IptablesCounters::new(plan, mode)))
+            })?;
+            println!(
+                "{services} Services x 5: /metrics scrape of the traffic series on iptables-{variant} {} ({series} series, {:.1} MiB)",
+                ms(took),
+                bytes as f64 / (1024.0 * 1024.0)
+            );
+            if series < services as usize * 6 {
+                return Err(format!(
+                    "iptables-{variant}: {series} series, wanted one per Service and endpoint"
+                ));
+            }
         }
         Ok(())
     })
