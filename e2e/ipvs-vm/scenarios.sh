@@ -168,9 +168,17 @@ t=$(tally 10 $NODE:30080)
 check "NodePort: answered on the node address" contains "$t" '"timed_out":0,"errors":0'
 check "NodePort: eTP=Cluster traffic is masqueraded" lacks "$t" "$CLIENT"
 # Traffic counters (issue 23): the real servers' connection counts, read over netlink by `top`.
-top=$(agent top --plan $PLAN --limit 40 2>&1)
-check "counters: a-rr's 20 connections, 10 per real server" sh -c "echo '$top' | grep -Eq '^default/a-rr:http/tcp +20 +0 +2 +clusterIP 20 .*\(10\)'" || diag "$top"
-check "counters: e-nodeport's 10 NodePort connections" sh -c "echo '$top' | grep -Eq '^default/e-nodeport:http/tcp +10 .*nodePort 10'"
+# IPVS hands out what its rate estimator last summed from the per-CPU counters (every 2 s), so the
+# NodePort tally just above shows within 2 s: read until it does (at most 6 s).
+rr_line='^default/a-rr:http/tcp +20 +0 +2 +clusterIP 20 .*\(10\)'
+np_line='^default/e-nodeport:http/tcp +10 .*nodePort 10'
+for _ in 1 2 3 4 5 6; do
+  top=$(agent top --plan $PLAN --limit 40 2>&1)
+  echo "$top" | grep -Eq "$np_line" && break
+  sleep 1
+done
+check "counters: a-rr's 20 connections, 10 per real server" sh -c "echo '$top' | grep -Eq '$rr_line'" || diag "$top"
+check "counters: e-nodeport's 10 NodePort connections" sh -c "echo '$top' | grep -Eq '$np_line'" || diag "$top"
 t=$(tally 10 $NODE:30081)
 check "eTP=Local: only the local endpoint serves the NodePort" contains "$t" '"answered":{"pod-a":10}'
 check "eTP=Local: the client IP is kept" contains "$t" "\"$CLIENT\":10"

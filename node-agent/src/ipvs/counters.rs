@@ -11,6 +11,9 @@
 //! one per node address) and a frontend's is the sum over its real servers. The agent edits real servers
 //! in place (weights), so counts survive every change but the removal of the real server itself.
 //! Refusals are not counted here: IPVS rejects through the iptables glue.
+//!
+//! The kernel hands out its statistics as its rate estimator last summed them from the per-CPU
+//! counters (`kstats`, every 2 s), so a read may lag the traffic by up to 2 s.
 
 use std::collections::HashSet;
 use switchyard_api::NodeForwardingPlanSpec;
