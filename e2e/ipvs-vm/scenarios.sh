@@ -55,6 +55,8 @@ contains() { case "$1" in *"$2"*) return 0 ;; *) echo "expected '$2' in: $1"; re
 lacks() { case "$1" in *"$2"*) echo "did not expect '$2' in: $1"; return 1 ;; *) return 0 ;; esac; }
 not() { if "$@" >/dev/null 2>&1; then echo "unexpectedly true: $*"; return 1; fi; }
 # one_pod TALLY N: all N answers came from a single pod.
+# has_line TEXT REGEX: TEXT has a line matching REGEX (shows TEXT when not).
+has_line() { echo "$1" | grep -Eq "$2" || { echo "no line matching '$2' in:"; echo "$1"; return 1; }; }
 one_pod() { echo "$1" | grep -Eq '"answered":\{"pod-.":'"$2"'\}' || { echo "not all from one pod: $1"; return 1; }; }
 # masq_reals VS WEIGHT: how many masquerading real servers of VS have WEIGHT.
 masq_reals() { ipvsadm -Ln -t "$1" | awk -v w="$2" '$3 == "Masq" && $4 == w' | wc -l; }
@@ -177,8 +179,8 @@ for _ in 1 2 3 4 5 6; do
   echo "$top" | grep -Eq "$np_line" && break
   sleep 1
 done
-check "counters: a-rr's 20 connections, 10 per real server" sh -c "echo '$top' | grep -Eq '$rr_line'" || diag "$top"
-check "counters: e-nodeport's 10 NodePort connections" sh -c "echo '$top' | grep -Eq '$np_line'" || diag "$top"
+check "counters: a-rr's 20 connections, 10 per real server" has_line "$top" "$rr_line"
+check "counters: e-nodeport's 10 NodePort connections" has_line "$top" "$np_line"
 t=$(tally 10 $NODE:30081)
 check "eTP=Local: only the local endpoint serves the NodePort" contains "$t" '"answered":{"pod-a":10}'
 check "eTP=Local: the client IP is kept" contains "$t" "\"$CLIENT\":10"

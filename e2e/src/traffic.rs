@@ -23,7 +23,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{LabError, Result};
 use crate::probe::{ProbeResult, Proto, probe_here, probe_tcp_keeping};
@@ -147,13 +147,24 @@ impl Tally {
 
 struct Shared {
     stop: AtomicBool,
-    phase: Mutex<String>,
+    /// The current phase and when it began.
+    phase: Mutex<(String, Instant)>,
     tally: Mutex<Tally>,
 }
 
 impl Shared {
     fn phase(&self) -> String {
-        self.phase.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.phase
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .clone()
+    }
+
+    /// The current phase and how long it had been running.
+    fn phase_and_age(&self) -> (String, Duration) {
+        let phase = self.phase.lock().unwrap_or_else(PoisonError::into_inner);
+        (phase.0.clone(), phase.1.elapsed())
     }
 
     fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
@@ -172,7 +183,7 @@ impl Traffic {
     pub fn start(lab: &Lab, flows: &[Flow]) -> Result<Traffic> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
-            phase: Mutex::new("before".into()),
+            phase: Mutex::new(("before".into(), Instant::now())),
             tally: Mutex::new(Tally::default()),
         });
         let mut threads = Vec::new();
@@ -185,10 +196,19 @@ impl Traffic {
                         return hold(&flow, &shared);
                     }
                     while !shared.stop.load(Ordering::Relaxed) {
-                        let phase = shared.phase();
-                        let failure = flow
-                            .judge(&probe_here(flow.proto, flow.to, PROBE_TIMEOUT))
-                            .map(|why| format!("{flow}: {why}"));
+                        let (phase, age) = shared.phase_and_age();
+                        let started = Instant::now();
+                        // When it began and how long it took tell a refusal from a timeout, and a
+                        // probe that raced the phase change from one that did not.
+                        let failure =
+                            flow.judge(&probe_here(flow.proto, flow.to, PROBE_TIMEOUT))
+                                .map(|why| {
+                                    format!(
+                                        "{flow}: {why} (began {} ms into the phase, took {} ms)",
+                                        age.as_millis(),
+                                        started.elapsed().as_millis()
+                                    )
+                                });
                         shared.tally().count(&phase, failure);
                         std::thread::sleep(PACE);
                     }
@@ -204,7 +224,8 @@ impl Traffic {
 
     /// Counts what follows under `phase` (e.g. "during", "after").
     pub fn phase(&self, phase: &str) {
-        *self.shared.phase.lock().unwrap_or_else(PoisonError::into_inner) = phase.to_string();
+        *self.shared.phase.lock().unwrap_or_else(PoisonError::into_inner) =
+            (phase.to_string(), Instant::now());
     }
 
     /// Connections counted so far in every phase together.

@@ -48,9 +48,13 @@ fn tag() -> String {
 /// Prints a step's line and returns the elapsed time of `f`.
 fn step<T>(name: &str, f: impl FnOnce() -> T) -> T {
     let started = Instant::now();
-    eprintln!("kube: {name} ...");
+    eprintln!("kube: {name} ... [{}]", traffic::clock());
     let value = f();
-    eprintln!("kube: {name}: done in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "kube: {name}: done in {:.1} s [{}]",
+        started.elapsed().as_secs_f64(),
+        traffic::clock()
+    );
     value
 }
 
@@ -125,12 +129,23 @@ fn assert_no_failures(what: &str, tally: &ProberTally) {
         tally.failures.len()
     );
     assert!(tally.total() > 0, "{what}: no connection was made");
-    assert!(
-        tally.failures.is_empty(),
-        "{what}: failed connections: {:?}",
-        &tally.failures[..tally.failures.len().min(10)]
-    );
+    if tally.failures.is_empty() {
+        return;
+    }
+    // The agents replaced since are gone with their logs: what they last logged was kept.
+    for (pod, log) in REPLACED_AGENT_LOGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+    {
+        eprintln!("kube: {what}: the last log lines of the replaced agent {pod}:\n{log}");
+    }
+    let failures: Vec<String> = tally.failures.iter().take(10).map(ToString::to_string).collect();
+    panic!("{what}: failed connections:\n{}", failures.join("\n"));
 }
+
+/// The last log lines of each agent pod the test deleted, for a failed steady prober to show.
+static REPLACED_AGENT_LOGS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
 
 /// The prober of the Service nothing changes: from a pod on each node (ClusterIP) and from outside
 /// (NodePort on node-a).
@@ -807,6 +822,13 @@ fn agent_image_now(cluster: &KubeCluster) -> String {
 
 fn delete_agent_pod(cluster: &KubeCluster, node: &str) {
     let (pod, _) = agent_pod(cluster, node).expect("an agent pod on the node");
+    let log = cluster
+        .kubectl(&["-n", "switchyard-system", "logs", &pod, "--tail=40"])
+        .unwrap_or_else(|error| format!("(no log: {error})"));
+    REPLACED_AGENT_LOGS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((format!("{pod} on {node}, deleted {}", traffic::clock()), log));
     cluster
         .kubectl(&["-n", "switchyard-system", "delete", "pod", &pod, "--wait=true"])
         .unwrap();

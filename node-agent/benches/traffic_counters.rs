@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 use prometheus_client::registry::Registry;
 use switchyard_agent::backend::HostFacts;
 use switchyard_agent::counters::{Applied, AppliedPlan, CounterSource, CountersConfig, TrafficCollector};
-use switchyard_agent::iptables::counters::IptablesCounters;
-use switchyard_agent::nftables::counters::NftCounters;
 use switchyard_agent::nftables::render_text;
+use switchyard_agent::wiring::counters::HostCounters;
 use switchyard_agent::xtables::mode::{IptablesMode, Variant};
 use switchyard_api::{Backend, IpFamily};
 
@@ -78,8 +77,10 @@ fn main() -> ExitCode {
         plan.set(Some(Applied {
             spec: std::sync::Arc::new(spec),
             skip: std::sync::Arc::new(HashSet::new()),
+            backend: Backend::Nftables,
         }));
-        let (took, bytes, series) = netns.within(move || scrape(Box::new(NftCounters::new(plan))))?;
+        let (took, bytes, series) =
+            netns.within(move || scrape(Box::new(HostCounters::new(plan, IptablesMode::Auto))))?;
         println!(
             "{services} Services x 5: /metrics scrape of the traffic series {} ({series} series, {:.1} MiB)",
             ms(took),
@@ -108,12 +109,13 @@ fn main() -> ExitCode {
             plan.set(Some(Applied {
                 spec: spec.clone(),
                 skip: std::sync::Arc::new(HashSet::new()),
+                backend: Backend::Iptables,
             }));
             let netns = Netns::new(&format!("iptables-{variant}-scrape"))?;
             let text = text.clone();
             let (took, bytes, series) = netns.within(move || {
                 bare_iptables_restore(variant, &text)?;
-                scrape(Box::new(IptablesCounters::new(plan, mode)))
+                scrape(Box::new(HostCounters::new(plan, mode)))
             })?;
             println!(
                 "{services} Services x 5: /metrics scrape of the traffic series on iptables-{variant} {} ({series} series, {:.1} MiB)",

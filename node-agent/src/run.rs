@@ -257,6 +257,7 @@ impl Loop {
                     .set(self.syncer.applied().map(|(spec, skip)| Applied {
                         spec: Arc::clone(spec),
                         skip: Arc::new(skip.clone()),
+                        backend: self.syncer.backend(),
                     }));
                 self.health.synced(revision);
                 // Only a set the kernel now holds exactly (its plan and every one of its slices; not a

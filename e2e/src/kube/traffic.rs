@@ -6,7 +6,9 @@
 //!         ─► /proc/<pid>/ns/net ─► thread setns ─► connect ─► GET /hostname, GET /clientip (one
 //!            connection: the same backend) ─► Answered { pod, seen_source } | Refused | TimedOut
 //! Prober: one thread per source, settled in its namespace, a connection every interval; counts
-//!         answered and failed connections (with when and what) until stopped
+//!         answered and failed connections (with when, at which stage and what) until stopped
+//! clock(): one test-wide clock (seconds since first use, and UTC to match the agents' logs) that
+//!         failures and the test's steps are both stamped with
 //! ```
 
 use std::{
@@ -15,11 +17,11 @@ use std::{
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, LazyLock, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use nix::sched::{CloneFlags, setns};
@@ -81,20 +83,68 @@ fn collect_pids(dir: &Path, pids: &mut Vec<u32>) {
     }
 }
 
+/// The test-wide epoch: an instant and the wall clock at that instant.
+static EPOCH: LazyLock<(Instant, SystemTime)> = LazyLock::new(|| (Instant::now(), SystemTime::now()));
+
+/// Milliseconds on the test-wide clock.
+pub fn clock_ms() -> u128 {
+    EPOCH.0.elapsed().as_millis()
+}
+
+/// `ms` on the test-wide clock as `t+12.345s (19:22:01.123 UTC)`: the first to order a failure among
+/// the test's steps, the second to find it in an agent's log.
+pub fn clock_at(ms: u128) -> String {
+    let wall = EPOCH.1 + Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+    let since_epoch = wall.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let day_ms = since_epoch.as_millis() % 86_400_000;
+    format!(
+        "t+{}.{:03}s ({:02}:{:02}:{:02}.{:03} UTC)",
+        ms / 1000,
+        ms % 1000,
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1000 % 60,
+        day_ms % 1000
+    )
+}
+
+/// Now on the test-wide clock (see [`clock_at`]).
+pub fn clock() -> String {
+    clock_at(clock_ms())
+}
+
+/// Where an HTTP probe ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Connecting (a SYN unanswered, refused).
+    Connect,
+    /// The request on an established connection (an answer that did not come, or came wrong).
+    Request,
+}
+
 /// One HTTP connection to an agnhost `netexec` at `dst`, from the current thread's namespace:
 /// `/hostname` then `/clientip` on the same connection.
 pub fn http_probe_here(dst: SocketAddr, timeout: Duration) -> ProbeResult {
+    http_probe_staged(dst, timeout).0
+}
+
+/// [`http_probe_here`], and the stage it ended in.
+fn http_probe_staged(dst: SocketAddr, timeout: Duration) -> (ProbeResult, Stage) {
     let mut stream = match TcpStream::connect_timeout(&dst, timeout) {
         Ok(stream) => stream,
-        Err(error) => return classify(&error),
+        Err(error) => return (classify(&error), Stage::Connect),
     };
+    (request(&mut stream, timeout), Stage::Request)
+}
+
+fn request(stream: &mut TcpStream, timeout: Duration) -> ProbeResult {
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
-    let pod = match get(&mut stream, "/hostname") {
+    let pod = match get(stream, "/hostname") {
         Ok(body) => body,
         Err(result) => return result,
     };
-    let client = match get(&mut stream, "/clientip") {
+    let client = match get(stream, "/clientip") {
         Ok(body) => body,
         Err(result) => return result,
     };
@@ -199,10 +249,28 @@ fn classify(error: &std::io::Error) -> ProbeResult {
 pub struct Failure {
     /// Which source.
     pub source: String,
-    /// Milliseconds since the prober started.
-    pub at_ms: u128,
+    /// When the connection was begun, on the test-wide clock ([`clock_at`]).
+    pub began_ms: u128,
+    /// How long it took to fail.
+    pub took_ms: u128,
+    /// Where it failed.
+    pub stage: Stage,
     /// What was seen.
     pub result: ProbeResult,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {:?} at the {:?} stage, begun {}, after {} ms",
+            self.source,
+            self.result,
+            self.stage,
+            clock_at(self.began_ms),
+            self.took_ms
+        )
+    }
 }
 
 /// What a [`Prober`] counted.
@@ -235,7 +303,6 @@ impl Prober {
     pub fn start(sources: &[(String, PathBuf, SocketAddr)], interval: Duration) -> Result<Prober> {
         let stop = Arc::new(AtomicBool::new(false));
         let tally = Arc::new(Mutex::new(ProberTally::default()));
-        let started = Instant::now();
         let mut threads = Vec::new();
         for (label, path, dst) in sources {
             let dst = *dst;
@@ -251,14 +318,17 @@ impl Prober {
                 }
                 drop(file);
                 while !stop.load(Ordering::Relaxed) {
-                    let result = http_probe_here(dst, Duration::from_secs(2));
+                    let began_ms = clock_ms();
+                    let (result, stage) = http_probe_staged(dst, Duration::from_secs(2));
                     let mut tally = tally.lock().unwrap_or_else(PoisonError::into_inner);
                     if result.is_answered() {
                         tally.answered += 1;
                     } else {
                         tally.failures.push(Failure {
                             source: label.clone(),
-                            at_ms: started.elapsed().as_millis(),
+                            began_ms,
+                            took_ms: clock_ms().saturating_sub(began_ms),
+                            stage,
                             result,
                         });
                     }

@@ -104,8 +104,7 @@ impl TrafficCollector {
         let read = inner.source.read();
         let read_seconds = started.elapsed().as_secs_f64();
         let all = match read {
-            Ok(Some(samples)) => inner.accumulator.update(samples),
-            Ok(None) => Vec::new(),
+            Ok(samples) => inner.accumulator.update(samples),
             Err(e) => {
                 inner.failures += 1;
                 tracing::warn!(error = %e, "reading the traffic counters failed");
@@ -209,18 +208,21 @@ mod tests {
     use prometheus_client::registry::Registry;
     use switchyard_api::Protocol;
 
-    /// Hands out prepared reads, then fails.
+    /// Hands out prepared reads (`None`: a failed one), then fails.
     struct Reads(Vec<Option<Vec<Sample>>>);
 
     impl CounterSource for Reads {
-        fn read(&mut self) -> Result<Option<Vec<Sample>>, Error> {
+        fn read(&mut self) -> Result<Vec<Sample>, Error> {
             if self.0.is_empty() {
                 return Err(Error::NftNetlink {
                     operation: "reading counters".into(),
                     reason: "gone".into(),
                 });
             }
-            Ok(self.0.remove(0))
+            self.0.remove(0).ok_or_else(|| Error::NftNetlink {
+                operation: "reading counters".into(),
+                reason: "busy".into(),
+            })
         }
     }
 
@@ -306,11 +308,14 @@ mod tests {
             CountersConfig::default(),
         );
         assert_eq!(collector.scrape().series[0].value, 7);
-        // `None`: the backend in use does not count: nothing exported, nothing failed.
-        let quiet = collector.scrape();
-        assert_eq!((quiet.series.len(), quiet.failures), (0, 0));
-        assert_eq!(collector.scrape().series[0].value, 9);
         let failed = collector.scrape();
         assert_eq!((failed.series.len(), failed.failures), (0, 1));
+        assert_eq!(
+            collector.scrape().series[0].value,
+            9,
+            "the series goes on after a failed read"
+        );
+        let failed = collector.scrape();
+        assert_eq!((failed.series.len(), failed.failures), (0, 2));
     }
 }

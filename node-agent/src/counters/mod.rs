@@ -31,7 +31,7 @@ pub use series::{Accumulator, Series};
 use std::collections::HashSet;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use switchyard_api::{NodeForwardingPlanSpec, Protocol};
+use switchyard_api::{Backend, NodeForwardingPlanSpec, Protocol};
 
 use crate::error::Error;
 
@@ -127,8 +127,8 @@ pub struct Sample {
 
 /// Reads the kernel's counters for the plan it was last told about.
 pub trait CounterSource: Send {
-    /// Every counter of the applied plan, or `None` when the backend in use does not count.
-    fn read(&mut self) -> Result<Option<Vec<Sample>>, Error>;
+    /// Every counter of the applied plan (none before a plan is applied).
+    fn read(&mut self) -> Result<Vec<Sample>, Error>;
 }
 
 /// The plan the kernel holds now, as the run loop last applied it: what a [`CounterSource`] maps the
@@ -143,6 +143,8 @@ pub struct AppliedPlan {
 pub struct Applied {
     /// The composed plan.
     pub spec: Arc<NodeForwardingPlanSpec>,
+    /// The backend that applied it: the plan's, or the one the agent fell back to.
+    pub backend: Backend,
     /// Entries left out.
     pub skip: Arc<HashSet<usize>>,
 }

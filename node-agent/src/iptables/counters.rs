@@ -29,10 +29,9 @@ use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};
 
 use super::names;
 use crate::counters::frontends::{Frontends, applied_entries, service_port};
-use crate::counters::{Applied, AppliedPlan, CounterSource, Refusal, Sample, ServicePort, What, element_id};
+use crate::counters::{Refusal, Sample, ServicePort, What, element_id};
 use crate::error::Error;
 use crate::xtables::exec::ExecIptables;
-use crate::xtables::mode::IptablesMode;
 use crate::xtables::payload::Table;
 
 /// One counted rule of a save: its chain, its packets and its arguments after the chain name.
@@ -182,43 +181,20 @@ pub fn samples(
     out
 }
 
-/// The agent's [`CounterSource`] on iptables: both families' nat and filter tables.
-#[derive(Debug)]
-pub struct IptablesCounters {
-    iptables: Option<ExecIptables>,
-    mode: IptablesMode,
-    plan: AppliedPlan,
-}
-
-impl IptablesCounters {
-    /// Reads the counters of the plan `plan` holds with the iptables variant `mode` picks (detected at
-    /// the first read, as the backend detects it).
-    pub fn new(plan: AppliedPlan, mode: IptablesMode) -> Self {
-        Self {
-            iptables: None,
-            mode,
-            plan,
-        }
+/// One read of the nat and filter tables of each family `spec` has, with `iptables-save -c`, named
+/// after `spec` (its entries `skip` left out).
+pub fn read(
+    iptables: &ExecIptables,
+    spec: &NodeForwardingPlanSpec,
+    skip: &HashSet<usize>,
+) -> Result<Vec<Sample>, Error> {
+    let mut out = Vec::new();
+    for family in spec_families(spec) {
+        let nat = iptables.save_counted(family, Table::Nat)?;
+        let filter = iptables.save_counted(family, Table::Filter)?;
+        out.extend(samples(&nat, &filter, spec, skip, family));
     }
-}
-
-impl CounterSource for IptablesCounters {
-    fn read(&mut self) -> Result<Option<Vec<Sample>>, Error> {
-        let Some(Applied { spec, skip }) = self.plan.get() else {
-            return Ok(Some(Vec::new()));
-        };
-        let iptables = match &mut self.iptables {
-            Some(iptables) => iptables,
-            None => self.iptables.insert(ExecIptables::detect(self.mode)?),
-        };
-        let mut out = Vec::new();
-        for family in spec_families(&spec) {
-            let nat = iptables.save_counted(family, Table::Nat)?;
-            let filter = iptables.save_counted(family, Table::Filter)?;
-            out.extend(samples(&nat, &filter, &spec, &skip, family));
-        }
-        Ok(Some(out))
-    }
+    Ok(out)
 }
 
 /// The families the plan has entries of (a save of the other family's tables would find nothing ours).

@@ -21,7 +21,7 @@ use switchyard_api::NodeForwardingPlanSpec;
 use super::kernel::{Destination, Ipvs, VirtualKey};
 use super::netlink::NetlinkIpvs;
 use crate::counters::frontends::Frontends;
-use crate::counters::{Applied, AppliedPlan, CounterSource, Frontend, Sample, ServicePort, What, element_id};
+use crate::counters::{Frontend, Sample, ServicePort, What, element_id};
 use crate::error::Error;
 
 /// The Service port and frontend kind of a virtual server (NodePorts: one per node address).
@@ -79,32 +79,14 @@ pub fn read_table(
     Ok(table)
 }
 
-/// The agent's [`CounterSource`] on IPVS.
-#[derive(Debug)]
-pub struct IpvsCounters {
-    ipvs: Option<NetlinkIpvs>,
-    plan: AppliedPlan,
-}
-
-impl IpvsCounters {
-    /// Reads the counters of the plan `plan` holds (the socket opens at the first read).
-    pub fn new(plan: AppliedPlan) -> Self {
-        Self { ipvs: None, plan }
-    }
-}
-
-impl CounterSource for IpvsCounters {
-    fn read(&mut self) -> Result<Option<Vec<Sample>>, Error> {
-        let Some(Applied { spec, skip }) = self.plan.get() else {
-            return Ok(Some(Vec::new()));
-        };
-        let ipvs = match &mut self.ipvs {
-            Some(ipvs) => ipvs,
-            None => self.ipvs.insert(NetlinkIpvs::connect()?),
-        };
-        let table = read_table(ipvs, &spec, &skip)?;
-        Ok(Some(samples(&table, &spec, &skip)))
-    }
+/// One read of every virtual server `spec` explains over `ipvs` (its entries `skip` left out).
+pub fn read(
+    ipvs: &mut NetlinkIpvs,
+    spec: &NodeForwardingPlanSpec,
+    skip: &HashSet<usize>,
+) -> Result<Vec<Sample>, Error> {
+    let table = read_table(ipvs, spec, skip)?;
+    Ok(samples(&table, spec, skip))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 //! Not counted yet: the per-endpoint split of complex entries (Local policies, affinity), whose
 //! endpoints are picked by an anonymous map inside their chain: their Service series count them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};
@@ -37,7 +37,7 @@ use super::netlink::{
     NftNetlink, attrs, string,
 };
 use crate::counters::frontends::{Frontends, applied_entries, service_port};
-use crate::counters::{Applied, AppliedPlan, CounterSource, Refusal, Sample, ServicePort, What, element_id};
+use crate::counters::{Refusal, Sample, ServicePort, What, element_id};
 use crate::error::Error;
 
 const NFTA_SET_ELEM_EXPR: u16 = 7;
@@ -312,39 +312,18 @@ pub fn samples(
     out
 }
 
-/// The agent's [`CounterSource`] on nftables: both families' tables over one netlink socket.
-#[derive(Debug)]
-pub struct NftCounters {
-    netlink: Option<NftNetlink>,
-    plan: AppliedPlan,
-}
-
-impl NftCounters {
-    /// Reads the counters of the plan `plan` holds (the socket opens at the first read).
-    pub fn new(plan: AppliedPlan) -> Self {
-        Self { netlink: None, plan }
+/// One read of both families' tables over `netlink`, named after `spec` (its entries `skip` left out).
+pub fn read(
+    netlink: &mut NftNetlink,
+    spec: &NodeForwardingPlanSpec,
+    skip: &HashSet<usize>,
+) -> Result<Vec<Sample>, Error> {
+    let mut out = Vec::new();
+    for family in [IpFamily::IPv4, IpFamily::IPv6] {
+        let raw = netlink.counters(family)?;
+        out.extend(samples(&raw, spec, skip, family));
     }
-}
-
-impl CounterSource for NftCounters {
-    fn read(&mut self) -> Result<Option<Vec<Sample>>, Error> {
-        let Some(Applied { spec, skip }) = self.plan.get() else {
-            return Ok(Some(Vec::new()));
-        };
-        if spec.backend != switchyard_api::Backend::Nftables {
-            return Ok(None);
-        }
-        let netlink = match &mut self.netlink {
-            Some(netlink) => netlink,
-            None => self.netlink.insert(NftNetlink::open()?),
-        };
-        let mut out = Vec::new();
-        for family in [IpFamily::IPv4, IpFamily::IPv6] {
-            let raw = netlink.counters(family)?;
-            out.extend(samples(&raw, &spec, &skip, family));
-        }
-        Ok(Some(out))
-    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
 use switchyard_api::validate::{MAX_REVISION, validate};
 use switchyard_api::{
-    EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition,
+    Backend, EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition,
     ServiceFailure, SyncMode,
 };
 
@@ -374,6 +374,11 @@ impl Syncer {
     /// The plan the kernel holds and the entries skipped from it.
     pub fn applied(&self) -> Option<(&Arc<NodeForwardingPlanSpec>, &HashSet<usize>)> {
         self.applied.as_ref().map(|a| (&a.spec, &a.skip))
+    }
+
+    /// The backend in use: the plan's, or the one this agent fell back to.
+    pub fn backend(&self) -> Backend {
+        self.dataplane.backend()
     }
 
     /// Failures found outside the sync (health-check ports that could not be bound); listed in the

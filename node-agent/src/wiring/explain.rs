@@ -117,11 +117,7 @@ fn add_counts(
     else {
         return Ok(());
     };
-    let Some(series) =
-        super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()), iptables_mode)?
-    else {
-        return Ok(());
-    };
+    let series = super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()), iptables_mode)?;
     for candidate in endpoints.iter_mut() {
         candidate.connections = series
             .iter()
