@@ -154,11 +154,7 @@ struct Shared {
 
 impl Shared {
     fn phase(&self) -> String {
-        self.phase
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-            .clone()
+        self.phase_and_age().0
     }
 
     /// The current phase and how long it had been running.

@@ -76,7 +76,7 @@ enum Command {
     /// masquerade, REJECT/DROP. Exit 0 forwarded, 3 rejected/dropped/not a Service, 2 bad input.
     Explain(ExplainArgs),
     /// The busiest Service ports on this node: new connections per Service port as the kernel counted
-    /// them (nftables, IPVS; root), by frontend, with refusals and the busiest endpoint.
+    /// them (every backend; root), by frontend, with refusals and the busiest endpoint.
     Top(TopArgs),
 }
 
@@ -95,14 +95,24 @@ struct PlanArgs {
     /// With --node: kubeconfig file (default: KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, requires = "node")]
     kubeconfig: Option<PathBuf>,
+    /// The backend whose kernel state to read (iptables, nftables or ipvs). Default: the one the plan's
+    /// status says is in use (with --node; a node that fell back reads its fallback), else `spec.backend`.
+    #[arg(long, value_parser = parse_backend)]
+    backend: Option<Backend>,
 }
 
 impl PlanArgs {
-    /// The composed plan, from the file or the API server.
-    fn load(&self, command: &str) -> Result<Arc<NodeForwardingPlanSpec>, ExitCode> {
+    /// The composed plan, from the file or the API server, and the backend whose kernel holds it.
+    fn load(&self, command: &str) -> Result<(Arc<NodeForwardingPlanSpec>, Backend), ExitCode> {
+        let in_use = |spec: Arc<NodeForwardingPlanSpec>, status: Option<Backend>| {
+            let backend = backend_in_use(self.backend, status, spec.backend);
+            (spec, backend)
+        };
         match (&self.plan, &self.node) {
-            (Some(path), _) => load_plan(path).map(|(_, spec)| spec),
-            (None, Some(node)) => plan_from_api(node, self.kubeconfig.as_deref()),
+            (Some(path), _) => load_plan(path).map(|(_, spec)| in_use(spec, None)),
+            (None, Some(node)) => {
+                plan_from_api(node, self.kubeconfig.as_deref()).map(|(spec, status)| in_use(spec, status))
+            }
             (None, None) => Err(fail(
                 EXIT_USAGE,
                 &format!(
@@ -164,8 +174,8 @@ struct RenderArgs {
     #[arg(long)]
     plan: PathBuf,
     /// Backend to render for (iptables, nftables or ipvs); the plan's own `spec.backend` when not given.
-    #[arg(long)]
-    backend: Option<String>,
+    #[arg(long, value_parser = parse_backend)]
+    backend: Option<Backend>,
 }
 
 #[derive(Args, Debug)]
@@ -279,6 +289,16 @@ fn parse_mode(value: &str) -> Result<IptablesMode, String> {
     value.parse()
 }
 
+/// The backend whose kernel `top` and `explain --kernel` read: the flag, else the one the plan's status
+/// says was applied (it differs from the plan's after a fallback), else the plan's.
+fn backend_in_use(flag: Option<Backend>, status: Option<Backend>, planned: Backend) -> Backend {
+    flag.or(status).unwrap_or(planned)
+}
+
+fn parse_backend(value: &str) -> Result<Backend, String> {
+    Backend::parse(value).ok_or_else(|| format!("unknown backend {value:?} (iptables, nftables or ipvs)"))
+}
+
 /// The project's one duration grammar ([`switchyard_api::duration`]), for flags.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     switchyard_api::duration::parse(text)
@@ -338,12 +358,12 @@ fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
 fn plan_from_api(
     node: &str,
     kubeconfig: Option<&std::path::Path>,
-) -> Result<Arc<NodeForwardingPlanSpec>, ExitCode> {
+) -> Result<(Arc<NodeForwardingPlanSpec>, Option<Backend>), ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(EXIT_FAILED, &Error::StartRuntime(e)))?;
-    let (plan, slices) = runtime
+    let (plan, slices, in_use) = runtime
         .block_on(async {
             let client = crate::start::client(kubeconfig).await?;
             crate::start::fetch_plan(client, node).await
@@ -354,7 +374,7 @@ fn plan_from_api(
             for failure in failures {
                 eprintln!("warning: {}: {}", failure.service, failure.reason);
             }
-            Ok(spec)
+            Ok((spec, in_use))
         }
         Composition::Incomplete(why) => Err(fail(
             EXIT_FAILED,
@@ -396,22 +416,12 @@ fn load_plan(
 // === render ===
 
 fn render_command(args: &RenderArgs) -> ExitCode {
-    let asked = match args.backend.as_deref().map(|name| (name, Backend::parse(name))) {
-        None => None,
-        Some((_, Some(backend))) => Some(backend),
-        Some((name, None)) => {
-            return fail(
-                EXIT_USAGE,
-                &format!("unknown backend {name:?} (iptables, ipvs or nftables)"),
-            );
-        }
-    };
     let (_, spec) = match load_plan(&args.plan) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
     // "Exactly what would be programmed": the plan names its backend, so that is the default.
-    let backend = asked.unwrap_or(spec.backend);
+    let backend = args.backend.unwrap_or(spec.backend);
     let report = validate(&spec);
     if !report.plan.is_empty() {
         for problem in &report.plan {
@@ -586,11 +596,11 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
 
 fn top_command(args: &TopArgs) -> ExitCode {
     use crate::counters::top;
-    let spec = match args.plan.load("top") {
-        Ok(spec) => spec,
+    let (spec, backend) = match args.plan.load("top") {
+        Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let series = match crate::wiring::counters::HostCounters::read_once(spec, args.iptables_mode) {
+    let series = match crate::wiring::counters::HostCounters::read_once(spec, backend, args.iptables_mode) {
         Ok(series) => series,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
@@ -618,8 +628,8 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
         Ok(source) => source,
         Err(e) => return fail(EXIT_USAGE, &format!("--from: {e}")),
     };
-    let spec = match args.plan.load("explain") {
-        Ok(spec) => spec,
+    let (spec, backend) = match args.plan.load("explain") {
+        Ok(loaded) => loaded,
         Err(code) => return code,
     };
     let local = if args.kernel {
@@ -642,6 +652,7 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             &packet,
             &plan_trace,
             local,
+            backend,
             args.iptables_mode,
         )
     {
@@ -695,6 +706,36 @@ mod tests {
                 assert!(value.trim_matches('`').parse::<IptablesMode>().is_ok());
             }
         }
+    }
+
+    #[test]
+    fn top_and_explain_read_the_backend_in_use() {
+        use Backend::{Iptables, Ipvs, Nftables};
+        // (--backend, status.backend, spec.backend) -> read
+        for (flag, status, planned, read) in [
+            (None, None, Nftables, Nftables),
+            (None, Some(Iptables), Ipvs, Iptables), // fell back from IPVS: its iptables rules
+            (Some(Nftables), Some(Iptables), Ipvs, Nftables),
+            (Some(Ipvs), None, Iptables, Ipvs),
+        ] {
+            assert_eq!(
+                backend_in_use(flag, status, planned),
+                read,
+                "{flag:?} {status:?} {planned:?}"
+            );
+        }
+        let parsed =
+            Cli::try_parse_from(["switchyard-agent", "top", "--plan", "p.yaml", "--backend", "ipvs"]);
+        match parsed.map(|cli| cli.command) {
+            Ok(Command::Top(args)) => assert_eq!(args.plan.backend, Some(Ipvs)),
+            other => panic!("top --backend ipvs: {other:?}"),
+        }
+        let bad = Cli::try_parse_from(["switchyard-agent", "top", "--plan", "p.yaml", "--backend", "bpf"]);
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("iptables, nftables or ipvs")
+        );
     }
 
     #[test]

@@ -57,8 +57,8 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
         .map_err(Error::KubeConfig)
 }
 
-/// One read of `node`'s plan and its views' slices from the API server (for `explain`): the same
-/// objects the agent watches, fetched once.
+/// One read of `node`'s plan and its views' slices from the API server (for `explain` and `top`): the
+/// same objects the agent watches, fetched once, with the backend its status says is in use.
 pub async fn fetch_plan(
     client: kube::Client,
     node: &str,
@@ -66,6 +66,7 @@ pub async fn fetch_plan(
     (
         switchyard_api::NodeForwardingPlanSpec,
         Vec<crate::sync::SliceObject>,
+        Option<switchyard_api::Backend>,
     ),
     Error,
 > {
@@ -91,7 +92,8 @@ pub async fn fetch_plan(
         }
     }
     plan.spec.open_zero_source_ranges();
-    Ok((plan.spec, slices))
+    let in_use = plan.status.and_then(|status| status.backend);
+    Ok((plan.spec, slices, in_use))
 }
 
 /// Runs the agent until `shutdown`: the loop over the chosen source (and, for the API, the status

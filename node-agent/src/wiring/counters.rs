@@ -44,17 +44,18 @@ impl HostCounters {
         }
     }
 
-    /// One read of `spec`'s counters as series, on the plan's own backend (the CLI's `top` and
-    /// `explain --kernel`: a plan from a file or the API, its bad entries skipped as the agent skips
+    /// One read of `spec`'s counters as series, on `backend` (the one in use: the CLI's `top` and
+    /// `explain --kernel`, a plan from a file or the API, its bad entries skipped as the agent skips
     /// them).
     pub fn read_once(
         spec: Arc<NodeForwardingPlanSpec>,
+        backend: Backend,
         iptables_mode: IptablesMode,
     ) -> Result<Vec<Series>, Error> {
         let skip = switchyard_api::validate::validate(&spec).bad_entries();
         let plan = AppliedPlan::default();
         plan.set(Some(Applied {
-            backend: spec.backend,
+            backend,
             spec,
             skip: Arc::new(skip),
         }));

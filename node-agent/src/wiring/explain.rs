@@ -1,10 +1,10 @@
-//! `explain --kernel` on this host: the kernel of the plan's backend read through its real edge, and
+//! `explain --kernel` on this host: the kernel of the backend in use read through its real edge, and
 //! handed to that backend's comparison.
 //!
 //! ```text
-//! plan.backend ─► nftables: ExecNft::read(family) ───────────────► explain::kernel::nftables
-//!              ├► ipvs: NetlinkIpvs (the frontend's virtual server) ► explain::kernel::ipvs
-//!              └► iptables: ExecIptables iptables-save nat, filter ─► explain::kernel::iptables
+//! backend in use ─► nftables: ExecNft::read(family) ───────────────► explain::kernel::nftables
+//!                ├► ipvs: NetlinkIpvs (the frontend's virtual server) ► explain::kernel::ipvs
+//!                └► iptables: ExecIptables iptables-save nat, filter ─► explain::kernel::iptables
 //! ```
 
 use std::net::IpAddr;
@@ -27,18 +27,20 @@ pub fn local_addrs() -> Result<Vec<IpAddr>, Error> {
     NetlinkAddrs.local_addrs()
 }
 
-/// Reads what the kernel holds for `packet` with the plan's backend and records in `explanation`
-/// where it differs from the plan (and the kernel's outcome, where the backend can say it).
+/// Reads what the kernel holds for `packet` with `backend` (the one in use, which differs from the
+/// plan's after a fallback) and records in `explanation` where it differs from the plan (and the
+/// kernel's outcome, where the backend can say it).
 pub fn compare_with_kernel(
     spec: &NodeForwardingPlanSpec,
     explanation: &mut Explanation,
     packet: &Packet,
     plan_trace: &Trace,
     local: &[IpAddr],
+    backend: Backend,
     iptables_mode: IptablesMode,
 ) -> Result<(), Error> {
     let family = IpFamily::of(&packet.dest);
-    match spec.backend {
+    match backend {
         Backend::Nftables => {
             let facts = HostFacts::default().with_local_addrs(local.to_vec());
             let found = crate::nftables::exec::ExecNft::detect().and_then(|mut nft| nft.read(family))?;
@@ -49,7 +51,7 @@ pub fn compare_with_kernel(
                 &facts,
                 found.as_ref(),
             );
-            add_counts(spec, explanation, iptables_mode)?;
+            add_counts(spec, explanation, backend, iptables_mode)?;
             Ok(())
         }
         Backend::Ipvs => {
@@ -80,7 +82,7 @@ pub fn compare_with_kernel(
                     .as_ref()
                     .map(|(service, reals)| (service, reals.as_slice())),
             );
-            add_counts(spec, explanation, iptables_mode)?;
+            add_counts(spec, explanation, backend, iptables_mode)?;
             Ok(())
         }
         Backend::Iptables => {
@@ -97,7 +99,7 @@ pub fn compare_with_kernel(
                 local,
                 &saves,
             )?;
-            add_counts(spec, explanation, iptables_mode)
+            add_counts(spec, explanation, backend, iptables_mode)
         }
     }
 }
@@ -109,6 +111,7 @@ pub fn compare_with_kernel(
 fn add_counts(
     spec: &NodeForwardingPlanSpec,
     explanation: &mut Explanation,
+    backend: Backend,
     iptables_mode: IptablesMode,
 ) -> Result<(), Error> {
     use crate::counters::What;
@@ -117,7 +120,8 @@ fn add_counts(
     else {
         return Ok(());
     };
-    let series = super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()), iptables_mode)?;
+    let series =
+        super::counters::HostCounters::read_once(std::sync::Arc::new(spec.clone()), backend, iptables_mode)?;
     for candidate in endpoints.iter_mut() {
         candidate.connections = series
             .iter()

@@ -393,16 +393,20 @@ async fn explain_reads_the_plan_and_only_its_views_slices_from_the_api_server() 
     let server = FakeApiServer::new();
     let a = entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80));
     let live = live_plan(NODE, &["all"], vec![]);
-    put_plan(&server, &live);
+    // The status says what the agent applied: a node that fell back reads that backend's kernel.
+    let mut object = crate::live_support::plan_object(NODE, &live, None);
+    object["status"] = serde_json::json!({ "backend": "iptables" });
+    server.put(Kind::Plan, object);
     put_slice(&server, &slice("all", 0, 1, vec![a]));
     put_slice(
         &server,
         &slice("zone-b", 0, 1, vec![entry("ns/b:p", "10.96.0.2", 80)]),
     );
-    let (plan, slices) = switchyard_agent::start::fetch_plan(server.client(), NODE)
+    let (plan, slices, in_use) = switchyard_agent::start::fetch_plan(server.client(), NODE)
         .await
         .unwrap();
     assert_eq!(plan, live);
+    assert_eq!(in_use, Some(switchyard_api::Backend::Iptables));
     let names: Vec<&str> = slices.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names.len(), 1, "only the view's slice: {names:?}");
     use switchyard_agent::sync::{Composition, LastGood, compose_plan};
