@@ -8,7 +8,7 @@ IMAGE_REGISTRY ?= ghcr.io/switchyard
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-.PHONY: help build install test unit lint fmt generate verify-generated demo demo-cluster plan bench fuzz e2e e2e-cluster e2e-kube kube-up image image-docker clean
+.PHONY: help build install test disk-check unit bench-all lint fmt generate verify-generated demo demo-cluster plan bench fuzz e2e e2e-cluster e2e-kube kube-up image image-docker clean clean-labs clean-caches
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -21,11 +21,14 @@ install: ## cargo install switchyard-controller, switchyard-agent and switchyard
 	$(CARGO) install --locked --target-dir target/install --path node-agent $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 	$(CARGO) install --locked --target-dir target/install --path e2e --bin switchyard-lab $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 
-test: verify-generated lint unit ## Everything CI checks: generated files, fmt, clippy, all tests (installs missing apt packages and a Debian kernel for the IPVS VM: README)
+test: disk-check verify-generated lint unit ## Everything CI checks: free disk first, generated files, fmt, clippy, all tests (installs missing apt packages and a Debian kernel for the IPVS VM: README)
 
-unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the cluster suites, against a bare API server it starts, and the real-cluster suite)
+disk-check: ## Stop at once, saying what frees space, when the filesystems a run writes to have under 15 GB free (SWITCHYARD_MIN_FREE_GB)
+	@./scripts/disk-check.sh "make $(or $(firstword $(MAKECMDGOALS)),test)"
+
+unit: ## All tests (the lab suites need root; with SWITCHYARD_K8S_BIN also the cluster suites, against a bare API server it starts, and the real-cluster suite); leaves no labs or temporary files behind, also on failure or Ctrl-C (scripts/scoped-run.sh)
 	@echo "unit: the IPVS suite installs missing apt packages and downloads a Debian kernel into ~/.cache/switchyard (README; SWITCHYARD_SKIP_VM=1 skips it)"
-	./scripts/with-control-plane.sh $(CARGO) test --workspace --all-targets --locked
+	./scripts/scoped-run.sh ./scripts/with-control-plane.sh $(CARGO) test --workspace --all-targets --locked
 
 lint: ## rustfmt, clippy (warnings are errors) and no module cycles inside any crate (scripts/module-cycles.py)
 	$(CARGO) fmt --all --check
@@ -57,7 +60,10 @@ plan: ## Plan the example cluster offline: per node its backend, zone, Services,
 	$(CARGO) build -q --bins
 	./target/debug/switchyard-controller plan -f $(CLUSTER) --config $(CONFIG) -o table
 
-bench: ## All benchmarks (release build) and one summary table against the targets (agent, latency: root; SWITCHYARD_BENCH_SMOKE=1: tiny)
+bench: disk-check ## All benchmarks (release build) and one summary table against the targets (agent, latency: root; SWITCHYARD_BENCH_SMOKE=1: tiny); run scoped like make unit
+	@./scripts/scoped-run.sh $(MAKE) --no-print-directory bench-all
+
+bench-all:
 	@summary=$$(mktemp); trap 'rm -f "$$summary"' EXIT; \
 	export SWITCHYARD_BENCH_SUMMARY="$$summary"; status=0; \
 	bench() { \
@@ -89,16 +95,16 @@ fuzz: ## Fuzz the parsers for a bounded time (FUZZ_SECONDS=60 each): plan files,
 	SWITCHYARD_FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60) $(CARGO) test --locked -p switchyard-agent --test fuzz -- --nocapture --test-threads=1
 	SWITCHYARD_FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60) $(CARGO) test --locked -p switchyard-controller --test fuzz -- --nocapture --test-threads=1
 
-e2e: ## The network-namespace lab suites (root)
-	$(CARGO) test -p switchyard-e2e --tests
+e2e: disk-check ## The network-namespace lab suites (root)
+	./scripts/scoped-run.sh $(CARGO) test -p switchyard-e2e --tests
 
-e2e-cluster: ## The cluster suites against the API server KUBECONFIG names, or a bare API server started from SWITCHYARD_K8S_BIN (root)
+e2e-cluster: disk-check ## The cluster suites against the API server KUBECONFIG names, or a bare API server started from SWITCHYARD_K8S_BIN (root)
 	@test -n "$$KUBECONFIG$$SWITCHYARD_K8S_BIN" || { echo "e2e-cluster: set KUBECONFIG to a real API server, or SWITCHYARD_K8S_BIN to a folder of Kubernetes binaries (../shared/k8s/unpack.sh)"; exit 2; }
-	./scripts/with-control-plane.sh $(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent --test cluster_demo
+	./scripts/scoped-run.sh ./scripts/with-control-plane.sh $(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent --test cluster_demo
 
-e2e-kube: ## The real-cluster suite: images, two kubelet nodes with containerd, install with kubectl apply -k, traffic, life cycle, bad input, back to kube-proxy (root; SWITCHYARD_K8S_BIN; ~15 min)
+e2e-kube: disk-check ## The real-cluster suite: images, two kubelet nodes with containerd, install with kubectl apply -k, traffic, life cycle, bad input, back to kube-proxy (root; SWITCHYARD_K8S_BIN; ~15 min)
 	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "e2e-kube: set SWITCHYARD_K8S_BIN to a folder of Kubernetes v1.36 binaries (../shared/k8s/unpack.sh prints one)"; exit 2; }
-	$(CARGO) test -p switchyard-e2e --test kube_cluster -- --nocapture
+	./scripts/scoped-run.sh $(CARGO) test -p switchyard-e2e --test kube_cluster -- --nocapture
 
 kube-up: ## A real two-node cluster in the lab, left up (no proxy; the images of `make image IMAGE_COMPONENTS="agent controller pause agnhost"` imported); `switchyard-lab kube down ID` removes it (root; SWITCHYARD_K8S_BIN)
 	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "kube-up: set SWITCHYARD_K8S_BIN (../shared/k8s/unpack.sh prints one)"; exit 2; }
@@ -123,5 +129,19 @@ image-docker: ## The same images with Docker/BuildKit or podman (CONTAINER_ENGIN
 	    -t $(IMAGE_REGISTRY)/switchyard-$$component:$(IMAGE_TAG) . ; \
 	done
 
-clean: ## Remove build output
-	$(CARGO) clean
+clean: ## Remove every build output: target/ (debug, release, the install and image builds, the image archives)
+	@before=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	$(CARGO) clean; \
+	after=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	echo "clean: freed $$(( (after - before) / 1024 )) MiB"
+
+clean-labs: ## Remove what killed runs left: labs and clusters whose run is gone (never one whose processes still run), old logs of failed labs, scratch folders (switchyard-lab gc)
+	$(CARGO) build -q --locked -p switchyard-e2e --bin switchyard-lab
+	./target/debug/switchyard-lab gc
+
+clean-caches: clean-labs ## clean-labs, then clean, then the caches too: the IPVS VM's kernel and the image bases (~/.cache/switchyard), the unpacked Kubernetes binaries (/var/cache/switchyard-k8s); says how much it freed
+	@before=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	$(CARGO) clean; \
+	rm -rf --one-file-system "$${XDG_CACHE_HOME:-$$HOME/.cache}/switchyard" /var/cache/switchyard-k8s; \
+	after=$$(df -Pk . | awk 'NR==2 {print $$4}'); \
+	echo "clean-caches: freed $$(( (after - before) / 1024 )) MiB (build output, VM kernel, image bases, Kubernetes binaries)"

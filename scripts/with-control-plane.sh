@@ -29,10 +29,12 @@ fi
 
 ${CARGO:-cargo} build -q --locked -p switchyard-e2e --bin switchyard-lab
 lab=${CARGO_TARGET_DIR:-target}/debug/switchyard-lab
-up=$("$lab" kube up --nodes 0 --keep)
+# Bound to this script: should it be killed before its trap runs, the next `switchyard-lab gc` (every
+# lab start runs one) removes the control plane.
+up=$("$lab" kube up --nodes 0 --keep --bound-to $$)
 id=$(sed -n 's/^kept cluster \([^;]*\);.*/\1/p' <<<"$up")
 # Removed however this script ends, as soon as its id is known.
-[[ -n $id ]] && trap '"$lab" kube down "$id" >/dev/null || echo "with-control-plane: removing $id failed; switchyard-lab cleanup --all removes it" >&2' EXIT
+[[ -n $id ]] && trap '"$lab" kube down "$id" >/dev/null || echo "with-control-plane: removing $id failed; switchyard-lab gc --all removes it" >&2' EXIT
 echo "$up"
 kubeconfig=$(sed -n 's/^  export KUBECONFIG=//p' <<<"$up")
 if [[ -z $id || -z $kubeconfig ]]; then

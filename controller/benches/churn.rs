@@ -290,9 +290,8 @@ fn controller_process_rss(shape: Shape) -> Result<(f64, Duration), String> {
     runtime.block_on(async move {
         let server = seeded(&shape);
         let (addr, _serving) = server.serve_http().await.map_err(|e| format!("serving: {e}"))?;
-        let dir = std::env::temp_dir().join(format!("swyd-churn-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let kubeconfig = dir.join("kubeconfig");
+        let dir = switchyard_test_support::scratch::dir("bench-churn").map_err(|e| e.to_string())?;
+        let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(
             &kubeconfig,
             format!(
@@ -326,7 +325,6 @@ fn controller_process_rss(shape: Shape) -> Result<(f64, Duration), String> {
         let last = drain(&server, Duration::from_secs(5)).await;
         let peak = peak_rss_mib_of(&pid);
         let _ = child.kill().await;
-        let _ = std::fs::remove_dir_all(&dir);
         if last.is_none_or(|at| at < joined) {
             return Err("a Node joining led to no write (its plan)".into());
         }

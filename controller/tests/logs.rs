@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn logs_to_a_pipe_carry_no_colour_codes() {
-    let kubeconfig = std::env::temp_dir().join(format!("switchyard-logs-test-{}.yaml", std::process::id()));
+    let dir = switchyard_test_support::scratch::dir("logs-test").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig.yaml");
     // An API server nobody answers: the controller logs and retries until it is stopped.
     std::fs::write(
         &kubeconfig,
@@ -31,7 +32,6 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
     child.wait().unwrap();
     let mut logs = String::new();
     child.stderr.take().unwrap().read_to_string(&mut logs).unwrap();
-    let _ = std::fs::remove_file(&kubeconfig);
     assert!(logs.contains("INFO"), "no log lines:\n{logs}");
     assert!(!logs.contains('\u{1b}'), "colour codes in piped logs:\n{logs:?}");
 }

@@ -150,8 +150,8 @@ fn json_is_a_v1_list() {
 
 #[test]
 fn bad_files_exit_2_with_nothing_on_stdout() {
-    let dir = std::env::temp_dir().join(format!("switchyard-plan-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = switchyard_test_support::scratch::dir("plan-test").unwrap();
+    let dir = scratch.path();
     let broken = dir.join("broken.yaml");
     std::fs::write(&broken, "kind: List\nitems:\n  - {unclosed\n").unwrap();
     let bad_config = dir.join("config.yaml");
@@ -185,13 +185,12 @@ fn bad_files_exit_2_with_nothing_on_stdout() {
         assert!(stdout.is_empty(), "{args:?} printed {stdout}");
         assert!(stderr.contains(mention), "{args:?}: {stderr}");
     }
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn warnings_go_to_stderr_and_planning_continues() {
-    let dir = std::env::temp_dir().join(format!("switchyard-plan-warn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = switchyard_test_support::scratch::dir("plan-warn").unwrap();
+    let dir = scratch.path();
     let file = dir.join("cluster.yaml");
     std::fs::write(
         &file,
@@ -208,13 +207,12 @@ fn warnings_go_to_stderr_and_planning_continues() {
     );
     assert!(stdout.contains("name: ns/ok"));
     assert!(!stdout.contains("ns/bad"));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn services_not_forwarded_by_design_are_noted_with_why() {
-    let dir = std::env::temp_dir().join(format!("switchyard-plan-skip-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = switchyard_test_support::scratch::dir("plan-skip").unwrap();
+    let dir = scratch.path();
     let file = dir.join("cluster.yaml");
     std::fs::write(
         &file,
@@ -235,7 +233,6 @@ fn services_not_forwarded_by_design_are_noted_with_why() {
     assert!(!stderr.contains("warning: Service ns/quiet"), "{stderr}");
     assert!(stdout.contains("name: ns/ok"));
     assert!(!stdout.contains("ns/quiet"));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 fn run_with_stdin(args: &[&str], stdin: &str) -> (i32, String, String) {

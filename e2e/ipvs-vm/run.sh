@@ -37,7 +37,10 @@ say() { echo "ipvs-vm: $*" >&2; }
 setup_failed() { say "setup failed: $*"; exit 2; }
 
 started=$(date +%s)
-work=$(mktemp -d "${TMPDIR:-/tmp}/switchyard-ipvs-vm.XXXXXX")
+# Named after this process (pid and start time, as test-support's scratch folders are), so that
+# `switchyard-lab gc` removes it if this run is killed before its trap runs.
+stat=$(</proc/$$/stat); fields=(${stat##*) })
+work=$(mktemp -d "${TMPDIR:-/tmp}/switchyard-scratch.$$.${fields[19]}.ipvs-vm.XXXXXX")
 cleanup() { if ((keep)); then say "kept $work"; else rm -rf "$work"; fi; }
 trap cleanup EXIT
 
@@ -111,6 +114,10 @@ if [[ ! -f $unpacked/.ready ]]; then
   touch "$unpacked/.ready"
 fi
 kv=$(ls "$unpacked/lib/modules")
+# Only the kernel in use stays cached: older ones (Debian moved on) are removed, deb and unpacked.
+for old in "$cache"/linux-image-*; do
+  [[ $old == "$deb" || $old == "$unpacked" ]] || rm -rf "$old"
+done
 vmlinuz=$unpacked/boot/vmlinuz-$kv
 [[ -f $vmlinuz ]] || setup_failed "no $vmlinuz in $(basename "$deb")"
 

@@ -72,6 +72,7 @@ impl Lab {
     /// On any error, what was created so far is removed before the error is returned.
     pub fn up_with(description: ClusterDescription, options: LabOptions) -> Result<Lab> {
         preflight::check()?;
+        teardown::gc_before_up(&options.state_dir);
         // NB: allocate and register under the registry lock: a signal teardown sees the directory.
         let state = {
             let mut live = registry::lock();
@@ -403,6 +404,8 @@ impl Lab {
     pub fn keep(mut self) -> Result<String> {
         let mut manifest = self.state.read_manifest()?.unwrap_or_default();
         manifest.kept = true;
+        // NB: no owner: gc leaves it alone while its processes run (see teardown::gc_decision).
+        manifest.owner = None;
         self.state.write_manifest(&manifest)?;
         self.supervisor.detach_all();
         registry::lock().remove(self.id());

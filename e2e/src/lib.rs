@@ -10,7 +10,7 @@
 //!                                          │
 //! tests ─► Lab::probe / probe_many (setns thread) ─► ProbeResult { Answered | Refused | TimedOut | Error }
 //!       ─► Lab::spawn_in (agents) / exec_in (iptables-save …) / write_plans (planner hook)
-//! drop / SIGINT / SIGTERM / `switchyard-lab cleanup` ─► manifest ─► kill, delete namespaces
+//! drop / SIGINT / SIGTERM / `switchyard-lab gc` ─► manifest ─► kill, delete namespaces
 //! ```
 //!
 //! The lab only ever creates and deletes named namespaces in the host namespace; every link, address,

@@ -4,7 +4,8 @@
 //! up --cluster FILE [--keep]   build a lab, print its topology; stay up until Ctrl-C/SIGTERM (then tear
 //!                              down), or with --keep leave it up and print its id
 //! down ID                      tear down a kept lab
-//! cleanup [--all]              remove leftovers of crashed runs (--all: every lab, live or kept)
+//! gc [--all]                   remove what killed runs left: labs, clusters, scratch folders (--all: every
+//!                              lab, live or kept)
 //! serve …                      the backend run inside each pod namespace
 //! probe …                      one or more probes, JSON on stdout (exit 0 when every probe was answered)
 //! demo [--cluster F] [--keep]  Switchyard on the example cluster: plans, agents, their status, traffic
@@ -56,9 +57,12 @@ enum Cmd {
         /// The lab id (e.g. sy1a2b).
         id: String,
     },
-    /// Remove leftovers of crashed runs.
-    Cleanup {
-        /// Also remove live and kept labs, and any namespace named like a lab's.
+    /// Remove what killed runs left: labs and clusters whose owning process is gone (or, kept by hand,
+    /// with nothing running), logs of failed labs older than a day, and scratch folders of processes
+    /// that are gone. Never a lab whose owner or processes still run.
+    #[command(alias = "cleanup")]
+    Gc {
+        /// Also remove live and kept labs, all kept logs, and any namespace named like a lab's.
         #[arg(long)]
         all: bool,
     },
@@ -157,6 +161,10 @@ enum KubeCmd {
         /// Leave the cluster up and print its id (remove it with `kube down ID`).
         #[arg(long)]
         keep: bool,
+        /// With --keep: the process (pid) the cluster is kept for; `gc` removes it once that process is
+        /// gone, however it ended (a script that starts a scratch API server passes its own `$$`).
+        #[arg(long, requires = "keep")]
+        bound_to: Option<u32>,
     },
     /// Tear down a cluster left up with `kube up --keep` (everything it made).
     Down {
@@ -292,19 +300,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("lab {id} removed");
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Cleanup { all } => {
-            let report = teardown::cleanup(&cli.state_dir, all);
+        Cmd::Gc { all } => {
+            let report = teardown::gc(&cli.state_dir, all);
             for id in &report.removed {
                 println!("removed lab {id}");
             }
-            for id in &report.skipped {
-                println!("left lab {id} alone (still owned or kept; use --all)");
+            for (id, why) in &report.skipped {
+                println!("left lab {id} alone: {why}");
             }
             for name in &report.strays {
                 println!("removed stray namespace {name}");
             }
             for dir in &report.retired_dirs {
-                println!("removed old state {}", dir.display());
+                println!("removed the logs of a finished lab: {}", dir.display());
+            }
+            for dir in &report.scratch {
+                println!("removed scratch folder {}", dir.display());
             }
             for problem in &report.problems {
                 eprintln!("problem: {problem}");
@@ -355,6 +366,7 @@ fn run_kube(command: KubeCmd, state_dir: PathBuf) -> anyhow::Result<ExitCode> {
             k8s_bin,
             images,
             keep,
+            bound_to,
         } => {
             install_teardown_on_signal()?;
             let options = KubeOptions {
@@ -385,7 +397,7 @@ fn run_kube(command: KubeCmd, state_dir: PathBuf) -> anyhow::Result<ExitCode> {
             );
             println!("  logs: {}", cluster.logs_dir().display());
             if keep {
-                let id = cluster.keep()?;
+                let id = cluster.keep(bound_to)?;
                 println!("kept cluster {id}; remove it with: switchyard-lab kube down {id}");
                 return Ok(ExitCode::SUCCESS);
             }

@@ -6,7 +6,7 @@
 //! links    fabric: br0, nd<i> (node i), cl (client)   node: eth0, pv<j> (pod j)   pod/client: eth0
 //! ```
 //!
-//! Every namespace name starts with the lab id and a dash, which is how `cleanup --all` recognises
+//! Every namespace name starts with the lab id and a dash, which is how `gc --all` recognises
 //! leftovers; interface names stay within the kernel's 15 characters.
 
 use std::collections::BTreeSet;

@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! /tmp/switchyard-lab/sy1a2b/manifest   owner <pid> <start time>, kept?, netns <name> … (written before
-//!                                        any namespace exists, so teardown and cleanup are exact)
+//!                                        any namespace exists, so teardown and gc are exact)
 //! /tmp/switchyard-lab/sy1a2b/logs/      stdout/stderr of every process the lab started
 //! /tmp/switchyard-lab/sy1a2b/plans/     where the planner hook writes plans
 //! ```
 //!
-//! Creating the directory claims the id; an id whose directory or namespaces exist is never reused.
+//! Creating the directory claims the id, and a manifest naming this process as the owner is written at
+//! once, so a `gc` running beside it never takes the new directory for a finished lab's. An id whose
+//! directory or namespaces exist is never reused. A lab torn down after a failure keeps only `logs/`
+//! (the manifest and the rest, such as a cluster's node folders and containerd roots, are removed).
 
 use std::{
     fmt::Write as _,
@@ -69,7 +72,11 @@ impl LabState {
             }
             let dir = state_dir.join(&id);
             match std::fs::create_dir(&dir) {
-                Ok(()) => return Ok(LabState { id, dir }),
+                Ok(()) => {
+                    let state = LabState { id, dir };
+                    state.write_manifest(&Manifest::owned_by_me(Vec::new()))?;
+                    return Ok(state);
+                }
                 Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(source) => {
                     return Err(LabError::File {
@@ -173,22 +180,47 @@ impl LabState {
         }
     }
 
-    /// Removes the manifest (the lab is gone) and, unless `keep_logs`, the whole directory.
+    /// Removes the manifest (the lab is gone) and everything else in the directory but, with
+    /// `keep_logs`, its `logs/`. Never across a mount: while something is mounted below the directory
+    /// nothing is removed and the error names it.
     pub fn retire(&self, keep_logs: bool) -> Result<()> {
-        let result = if keep_logs {
-            std::fs::remove_file(self.dir.join(MANIFEST))
-        } else {
-            std::fs::remove_dir_all(&self.dir)
+        let refused = |problem: String| LabError::Teardown {
+            lab: self.id.clone(),
+            problems: problem,
         };
-        match result {
-            Ok(()) => Ok(()),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(LabError::File {
-                action: "removing",
-                path: self.dir.clone(),
-                source,
-            }),
+        if !keep_logs {
+            return switchyard_test_support::scratch::remove_tree(&self.dir).map_err(refused);
         }
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(LabError::File {
+                    action: "reading",
+                    path: self.dir.clone(),
+                    source,
+                });
+            }
+        };
+        // NB: the manifest goes last, so a retire cut short is still a lab that gc tears down.
+        let mut manifest = None;
+        for entry in entries.filter_map(std::result::Result::ok) {
+            let path = entry.path();
+            match entry.file_name().to_str() {
+                Some("logs") => continue,
+                Some(MANIFEST) => manifest = Some(path),
+                _ if path.is_dir() && !path.is_symlink() => {
+                    switchyard_test_support::scratch::remove_tree(&path).map_err(refused)?
+                }
+                _ => remove_file(&path)?,
+            }
+        }
+        manifest.map_or(Ok(()), |path| remove_file(&path))
+    }
+
+    /// When the directory last changed (a finished lab's logs are kept for a while after it).
+    pub fn modified(&self) -> Option<std::time::SystemTime> {
+        std::fs::metadata(&self.dir).and_then(|meta| meta.modified()).ok()
     }
 }
 
@@ -203,10 +235,19 @@ impl Manifest {
         }
     }
 
+    /// A manifest bound to `pid`: gc removes the lab once that process is gone, kept or not.
+    pub fn bind_to(&mut self, pid: u32) -> Result<()> {
+        let start = process_start_time(pid).ok_or_else(|| {
+            LabError::Preflight(format!("no process {pid} to bind the lab to (--bound-to)"))
+        })?;
+        self.owner = Some((pid, start));
+        Ok(())
+    }
+
     /// True while the owning process is still the one that wrote the manifest.
     pub fn owner_alive(&self) -> bool {
         self.owner
-            .is_some_and(|(pid, start)| process_start_time(pid).is_some_and(|now| now == start))
+            .is_some_and(|(pid, start)| switchyard_test_support::scratch::process_alive(pid, start))
     }
 
     fn to_text(&self) -> String {
@@ -278,11 +319,18 @@ fn own_start_time() -> Option<u64> {
     process_start_time(std::process::id())
 }
 
-/// Field 22 of `/proc/<pid>/stat`: the start time, which tells a live process from a reused pid.
-pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, after_comm) = stat.rsplit_once(')')?;
-    after_comm.split_whitespace().nth(19)?.parse().ok()
+pub use switchyard_test_support::scratch::process_start_time;
+
+fn remove_file(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(LabError::File {
+            action: "removing",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -314,16 +362,53 @@ mod tests {
     }
 
     #[test]
-    fn allocates_distinct_ids() {
-        let root = std::env::temp_dir().join(format!("switchyard-lab-test-{}", std::process::id()));
-        let a = LabState::allocate(&root).unwrap();
-        let b = LabState::allocate(&root).unwrap();
+    fn allocates_distinct_ids_each_owned_at_once() {
+        let root = switchyard_test_support::scratch::dir("lab-state").unwrap();
+        let a = LabState::allocate(root.path()).unwrap();
+        let b = LabState::allocate(root.path()).unwrap();
         assert_ne!(a.id(), b.id());
-        a.write_manifest(&Manifest::owned_by_me(vec!["x".into()]))
-            .unwrap();
-        assert!(LabState::open(&root, a.id()).is_ok());
-        assert!(LabState::open(&root, b.id()).is_err(), "no manifest yet");
-        assert_eq!(LabState::all(&root).len(), 2);
-        std::fs::remove_dir_all(root).unwrap();
+        for state in [&a, &b] {
+            let manifest = state.read_manifest().unwrap().expect("a manifest from the start");
+            assert!(manifest.owner_alive() && manifest.netns.is_empty());
+            assert!(LabState::open(root.path(), state.id()).is_ok());
+        }
+        assert_eq!(LabState::all(root.path()).len(), 2);
+    }
+
+    #[test]
+    fn a_failed_lab_keeps_only_its_logs() {
+        let root = switchyard_test_support::scratch::dir("lab-retire").unwrap();
+        let state = LabState::allocate(root.path()).unwrap();
+        let logs = state.logs_dir().unwrap();
+        std::fs::write(logs.join("agent.log"), "what happened").unwrap();
+        let node = state.dir().join("nodes/node-a/containerd");
+        std::fs::create_dir_all(&node).unwrap();
+        std::fs::write(node.join("layer"), "big").unwrap();
+        std::fs::write(state.dir().join("kubeconfig"), "x").unwrap();
+
+        state.retire(true).unwrap();
+        let left: Vec<String> = std::fs::read_dir(state.dir())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, vec!["logs".to_string()]);
+        assert_eq!(
+            std::fs::read_to_string(logs.join("agent.log")).unwrap(),
+            "what happened"
+        );
+        assert!(state.read_manifest().unwrap().is_none(), "torn down");
+
+        state.retire(false).unwrap();
+        assert!(!state.dir().exists());
+        state.retire(false).unwrap();
+    }
+
+    #[test]
+    fn a_lab_can_be_bound_to_a_live_process_only() {
+        let mut manifest = Manifest::default();
+        manifest.bind_to(std::process::id()).unwrap();
+        assert!(manifest.owner_alive());
+        // Pid 0 has no /proc entry.
+        assert!(manifest.bind_to(0).is_err());
     }
 }

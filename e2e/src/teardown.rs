@@ -1,12 +1,16 @@
 //! Removing labs: manifest ─► kill every process inside its namespaces, its cgroups and its listed
 //! pids ─► remove the cgroups ─► delete the namespaces ─► put host sysctls back ─► remove the mount
-//! points it made ─► retire the state directory.
+//! points it made ─► unmount anything left mounted below its directory ─► retire the directory
+//! (never removed across a mount).
 //!
 //! ```text
 //! Lab::drop / Lab::down ─┐
 //! signal handler ────────┼─► teardown(state) ── exact: only names listed in the manifest
 //! `down ID` ─────────────┤
-//! `cleanup [--all]` ─────┘   + with --all: any namespace named like `sy????-…` that no manifest lists
+//! `gc [--all]` ──────────┘   which labs: gc_decision(manifest) — its owner gone, or kept by hand with
+//!                            nothing running any more; with --all every lab and any namespace named
+//!                            like a lab's; then the scratch folders of processes that are gone
+//! Lab::up, KubeCluster::up ─► gc first, so a run finds and removes what a killed run left
 //! ```
 //!
 //! The signal handler finds the labs of this process in the `registry`.
@@ -60,6 +64,7 @@ pub fn teardown(state: &LabState, keep_logs: bool) -> Result<()> {
     problems.extend(netns::delete_all(&manifest.netns));
     problems.extend(restore_sysctls(&manifest.sysctls));
     problems.extend(remove_mount_points(state, &manifest.mount_points));
+    problems.extend(unmount_below(state.dir()));
     if !problems.is_empty() {
         return Err(LabError::Teardown {
             lab: state.id().to_owned(),
@@ -170,42 +175,114 @@ fn remove_mount_points(state: &LabState, paths: &[PathBuf]) -> Vec<String> {
     problems
 }
 
+/// Detaches whatever is mounted at or below `dir` in this mount namespace (deepest first): a node's
+/// binds live in its own mount namespace, which dies with its processes, so anything here is a
+/// leftover that a recursive removal must never cross.
+fn unmount_below(dir: &Path) -> Vec<String> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    switchyard_test_support::scratch::mounts_below(&dir)
+        .into_iter()
+        .filter_map(|point| {
+            nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH)
+                .err()
+                .map(|error| format!("unmounting {}: {error}", point.display()))
+        })
+        .collect()
+}
+
 /// `switchyard-lab down ID`.
 pub fn down(state_dir: &Path, id: &str) -> Result<()> {
     teardown(&LabState::open(state_dir, id)?, false)
 }
 
-/// What `cleanup` removed.
+/// How long the logs of a lab torn down after a failure are kept for a look (a later gc removes them).
+pub const KEEP_FAILED_LOGS: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// What `gc` did.
 #[derive(Debug, Default)]
-pub struct CleanupReport {
+pub struct GcReport {
     /// Labs torn down (from their manifests).
     pub removed: Vec<String>,
-    /// Labs left alone because their owner still runs or they were kept (without `--all`).
-    pub skipped: Vec<String>,
+    /// Labs left alone, with why (in use by a live process, or kept and still running).
+    pub skipped: Vec<(String, String)>,
     /// Lab-looking namespaces no manifest listed (removed with `--all`).
     pub strays: Vec<String>,
     /// State directories of finished labs (logs only) that were removed.
     pub retired_dirs: Vec<PathBuf>,
+    /// Scratch folders of processes that are gone, removed.
+    pub scratch: Vec<PathBuf>,
     /// What could not be removed.
     pub problems: Vec<String>,
 }
 
-/// Removes leftovers of crashed runs: labs whose owner is gone and that were not kept. With `all`,
-/// also live and kept labs and any namespace named like a lab's.
-pub fn cleanup(state_dir: &Path, all: bool) -> CleanupReport {
-    let mut report = CleanupReport::default();
+/// What gc does with one lab, from its manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GcDecision {
+    /// Tear it down.
+    Remove,
+    /// Leave it, for this reason.
+    Keep(String),
+}
+
+/// A lab is in use while its owner runs; a lab kept by hand (`--keep`, no owner) while any of its
+/// processes still runs. Anything else was left by a run that is gone.
+pub fn gc_decision(manifest: &crate::state::Manifest, processes_running: bool) -> GcDecision {
+    match manifest.owner {
+        Some((pid, _)) if manifest.owner_alive() => GcDecision::Keep(format!("in use by process {pid}")),
+        None if manifest.kept && processes_running => {
+            GcDecision::Keep("kept, and its processes still run (down ID, or gc --all)".into())
+        }
+        _ => GcDecision::Remove,
+    }
+}
+
+/// True while any process of the lab runs: in its namespaces, its cgroups, or its listed pids.
+fn processes_running(manifest: &crate::state::Manifest) -> bool {
+    netns::pids_in(&manifest.netns)
+        .values()
+        .any(|pids| !pids.is_empty())
+        || manifest
+            .cgroups
+            .iter()
+            .any(|name| !cgroups::pids(name).is_empty())
+        || manifest
+            .pids
+            .iter()
+            .any(|(pid, start)| crate::state::process_start_time(*pid) == Some(*start))
+}
+
+/// Removes what runs that are gone left behind: labs and clusters (see [`gc_decision`]), the logs of
+/// failed labs older than [`KEEP_FAILED_LOGS`], and scratch folders of processes that are gone (in
+/// `$TMPDIR` and `/tmp`). With `all`, every lab, kept or live, every retired directory, and any
+/// namespace named like a lab's.
+pub fn gc(state_dir: &Path, all: bool) -> GcReport {
+    let mut report = GcReport::default();
     let mut listed: Vec<String> = Vec::new();
     for state in LabState::all(state_dir) {
         match state.read_manifest() {
             Ok(None) => {
-                if state.retire(false).is_ok() {
-                    report.retired_dirs.push(state.dir().to_path_buf());
+                let old = state
+                    .modified()
+                    .and_then(|at| at.elapsed().ok())
+                    .is_some_and(|age| age > KEEP_FAILED_LOGS);
+                if all || old {
+                    match state.retire(false) {
+                        Ok(()) => report.retired_dirs.push(state.dir().to_path_buf()),
+                        Err(error) => report.problems.push(error.to_string()),
+                    }
                 }
             }
             Ok(Some(manifest)) => {
-                if !all && (manifest.kept || manifest.owner_alive()) {
+                let decision = if all {
+                    GcDecision::Remove
+                } else {
+                    gc_decision(&manifest, processes_running(&manifest))
+                };
+                if let GcDecision::Keep(why) = decision {
                     listed.extend(manifest.netns);
-                    report.skipped.push(state.id().to_owned());
+                    report.skipped.push((state.id().to_owned(), why));
                     continue;
                 }
                 match teardown(&state, false) {
@@ -230,5 +307,64 @@ pub fn cleanup(state_dir: &Path, all: bool) -> CleanupReport {
             Err(error) => report.problems.push(error.to_string()),
         }
     }
+    let mut roots = vec![std::env::temp_dir(), PathBuf::from("/tmp")];
+    roots.dedup();
+    for root in roots {
+        let swept = switchyard_test_support::scratch::sweep(&root);
+        report.scratch.extend(swept.removed);
+        report.problems.extend(swept.problems);
+    }
     report
+}
+
+/// The gc a lab runs before it comes up: what killed runs left is removed, and said on stderr.
+pub(crate) fn gc_before_up(state_dir: &Path) {
+    let report = gc(state_dir, false);
+    for id in &report.removed {
+        eprintln!("switchyard-lab: removed lab {id}, left by a run that is gone");
+    }
+    for problem in &report.problems {
+        eprintln!("switchyard-lab: gc: {problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::Manifest;
+
+    #[test]
+    fn gc_removes_only_what_no_live_run_holds() {
+        let mine = Manifest::owned_by_me(vec!["sy0001-node-a".into()]);
+        let gone = Manifest {
+            owner: Some((std::process::id(), 1)),
+            ..Manifest::default()
+        };
+        let kept = Manifest {
+            kept: true,
+            ..Manifest::default()
+        };
+        let kept_bound_to_gone = Manifest {
+            kept: true,
+            ..gone.clone()
+        };
+        let in_use = |d: &GcDecision| matches!(d, GcDecision::Keep(_));
+        // (manifest, its processes still run, kept?)
+        for (what, manifest, running, keep) in [
+            ("owner alive", &mine, false, true),
+            ("owner alive, running", &mine, true, true),
+            ("owner gone, processes left", &gone, true, false),
+            ("owner gone", &gone, false, false),
+            ("kept by hand, running", &kept, true, true),
+            ("kept by hand, nothing runs", &kept, false, false),
+            (
+                "kept for a process that is gone",
+                &kept_bound_to_gone,
+                true,
+                false,
+            ),
+        ] {
+            assert_eq!(in_use(&gc_decision(manifest, running)), keep, "{what}");
+        }
+    }
 }

@@ -30,7 +30,7 @@ mod cluster;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -267,7 +267,7 @@ struct NetnsAgent {
     name: String,
     relay: Option<Relay>,
     agent: Option<Child>,
-    dir: PathBuf,
+    dir: switchyard_test_support::scratch::TempDir,
 }
 
 impl NetnsAgent {
@@ -298,7 +298,7 @@ impl NetnsAgent {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default()
     }
 }
 
@@ -321,15 +321,14 @@ impl Drop for NetnsAgent {
         if !problems.is_empty() {
             eprintln!("cleanup: {problems:?}");
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 /// Starts the agent for `node` in a new namespace, reaching the API server through a relay.
 async fn start_agent(id: &str, node: &str) -> NetnsAgent {
     let name = format!("swyd-e2e-{id}");
-    let dir = std::env::temp_dir().join(&name);
-    std::fs::create_dir_all(dir.join("state")).unwrap();
+    let dir = switchyard_test_support::scratch::dir(&name).unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
     switchyard_e2e::netns::add_all(std::slice::from_ref(&name)).unwrap();
     let mut netns = NetnsAgent {
         name,
@@ -358,9 +357,9 @@ async fn start_agent(id: &str, node: &str) -> NetnsAgent {
     }
     netns.relay = Some(Relay::start(&netns.name, &targets).unwrap());
 
-    let kubeconfig = netns.dir.join("kubeconfig");
+    let kubeconfig = netns.dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, agent_kubeconfig(node)).unwrap();
-    let log = std::fs::File::create(netns.dir.join("agent.log")).unwrap();
+    let log = std::fs::File::create(netns.dir.path().join("agent.log")).unwrap();
     let agent = Command::new("ip")
         .args([
             "netns",
@@ -374,7 +373,7 @@ async fn start_agent(id: &str, node: &str) -> NetnsAgent {
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .arg("--state-dir")
-        .arg(netns.dir.join("state"))
+        .arg(netns.dir.path().join("state"))
         .args(["--metrics-bind", "127.0.0.1:10263"])
         .args(["--resync-period", "5s", "--min-sync-interval", "0s"])
         // The suite reads progress from the status; the default writes it at most once a minute.
@@ -426,7 +425,11 @@ async fn agent_reports_status_with_least_privilege_in_a_real_cluster() {
     if outcome.is_err()
         && let Some(netns) = cleanup.netns.lock().unwrap().as_ref()
     {
-        eprintln!("--- agent log ({}) ---\n{}", path_of(&netns.dir), netns.log());
+        eprintln!(
+            "--- agent log ({}) ---\n{}",
+            path_of(netns.dir.path()),
+            netns.log()
+        );
     }
     cleanup.run().await;
     if let Err(panic) = outcome {

@@ -30,8 +30,8 @@ fn the_cluster_demo_runs_through_an_api_server_and_removes_what_it_created() {
         serde_json::json!({"metadata": {"name": "theirs", "namespace": "default"}, "spec": {"clusterIP": "10.96.9.9"}}),
     );
     let (addr, _task) = rt.block_on(server.serve_http()).unwrap();
-    let dir = tempdir();
-    let kubeconfig = dir.join("kubeconfig");
+    let dir = switchyard_test_support::scratch::dir("cluster-demo").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
         format!(
@@ -84,7 +84,6 @@ fn the_cluster_demo_runs_through_an_api_server_and_removes_what_it_created() {
         assert_eq!(server.keys(kind), Vec::<String>::new(), "{kind:?} left behind");
     }
     assert_eq!(server.keys(Kind::Service), vec!["default/theirs".to_string()]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -107,10 +106,4 @@ fn the_cluster_demo_runs_on_a_real_api_server() {
     };
     let failed = run(&options, common::options()).unwrap();
     assert_eq!(failed, 0, "checks failed through the real API server");
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("swyd-cluster-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

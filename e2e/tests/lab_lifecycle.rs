@@ -112,10 +112,10 @@ fn a_kept_lab_survives_until_down() {
     let state_dir = options().state_dir;
     let id = lab.keep().unwrap();
     assert!(!namespaces_of(&id).is_empty());
-    let report = teardown::cleanup(&state_dir, false);
+    let report = teardown::gc(&state_dir, false);
     assert!(
-        report.skipped.contains(&id),
-        "cleanup without --all must leave kept labs alone"
+        report.skipped.iter().any(|(skipped, _)| skipped == &id),
+        "gc without --all must leave a kept lab whose processes run alone: {report:?}"
     );
     let netns = format!("{id}-client");
     let answered = switchyard_e2e::probe(&netns, Proto::Tcp, sa("192.168.10.12:9000"), TIMEOUT);
@@ -190,4 +190,68 @@ fn supervised_and_one_shot_commands_run_inside_the_namespace() {
         lab.netns(&Place::node("node-z")),
         Err(LabError::UnknownPlace { .. })
     ));
+}
+
+#[test]
+fn a_lab_left_by_a_killed_run_is_removed_by_the_next_gc_and_a_live_one_never() {
+    use std::io::BufRead;
+    if !lab_allowed("a_lab_left_by_a_killed_run_is_removed_by_the_next_gc_and_a_live_one_never") {
+        return;
+    }
+    let state_dir = switchyard_test_support::scratch::dir("lab-gc").unwrap();
+    let cluster = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/cluster.yaml");
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-lab"))
+        .arg("--state-dir")
+        .arg(state_dir.path())
+        .arg("up")
+        .arg("--cluster")
+        .arg(&cluster)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(run.stdout.take().unwrap());
+    let id = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| Some(line.strip_prefix("lab ")?.split_once(" is up")?.0.to_owned()))
+        .expect("the run says its lab is up");
+    let serving: Vec<i32> = switchyard_e2e::netns::pids_in(&namespaces_of(&id))
+        .into_values()
+        .flatten()
+        .collect();
+    assert!(!serving.is_empty(), "the lab's backends run");
+
+    let report = teardown::gc(state_dir.path(), false);
+    assert!(report.removed.is_empty(), "{report:?}");
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|(skipped, why)| skipped == &id && why.contains("in use")),
+        "a lab whose run is alive stays: {report:?}"
+    );
+
+    // SIGKILL: no destructor, no signal handler; the namespaces and their processes stay behind.
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(!namespaces_of(&id).is_empty());
+
+    let report = teardown::gc(state_dir.path(), false);
+    assert_eq!(report.removed, vec![id.clone()], "{report:?}");
+    assert!(report.problems.is_empty(), "{report:?}");
+    assert_eq!(namespaces_of(&id), Vec::<String>::new());
+    // Their parent was killed: whoever adopted them reaps them when it likes, so a zombie counts as gone.
+    let running = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('Z')))
+            .is_some_and(|zombie| !zombie)
+    };
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while serving.iter().any(running) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survivors: Vec<&i32> = serving.iter().filter(|pid| running(pid)).collect();
+    assert!(survivors.is_empty(), "processes survived: {survivors:?}");
+    assert!(!state_dir.path().join(&id).exists());
 }

@@ -67,9 +67,8 @@ fn decoys(n: usize) -> Vec<EndpointFlows> {
 /// one filter is `delete_matching`; more is `clear_removed`, which lists the table first.
 fn one(count: usize, filters: usize) -> Result<(Duration, u64), String> {
     let netns = Netns::new("ct")?;
-    let dir = std::env::temp_dir().join(format!("swyd-bench-ct-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let file = dir.join("flows");
+    let dir = switchyard_test_support::scratch::dir("bench-ct").map_err(|e| e.to_string())?;
+    let file = dir.path().join("flows");
     let others = count / 10;
     let text = flows(count, "10.244.2.5", 256) + &flows(others, "10.244.2.6", 512);
     std::fs::write(&file, text).map_err(|e| e.to_string())?;
@@ -77,7 +76,7 @@ fn one(count: usize, filters: usize) -> Result<(Duration, u64), String> {
         "conntrack -R {} >/dev/null 2>&1; conntrack -C",
         file.display()
     ));
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let loaded: usize = loaded?.trim().parse().map_err(|e| format!("conntrack -C: {e}"))?;
     if loaded != count + others {
         return Err(format!(

@@ -103,10 +103,9 @@ fn floors(
     runs: usize,
 ) -> Result<(Duration, Option<Duration>), String> {
     let netns = Netns::new("floor")?;
-    let dir = std::env::temp_dir().join(format!("swyd-bench-floor-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = switchyard_test_support::scratch::dir("bench-floor").map_err(|e| e.to_string())?;
     let spec = spec.clone();
-    let work_dir = dir.clone();
+    let work_dir = dir.path().to_path_buf();
     let result = netns.within(move || {
         let full = bare_nft(&work_dir, "full.nft", &text)?;
         drop(text);
@@ -130,7 +129,7 @@ fn floors(
         }
         Ok((full, (!changes.is_empty()).then(|| median(changes))))
     });
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     result
 }
 

@@ -34,12 +34,14 @@ const RUNS: usize = 3;
 /// Loads `text` with `nft -f` into a fresh namespace; returns the time and the namespace.
 fn load(text: &str, tag: &str) -> Result<(Duration, Netns), String> {
     let netns = Netns::new(tag)?;
-    let path = std::env::temp_dir().join(format!("swyd-bench-counters-{}-{tag}.nft", std::process::id()));
+    let dir =
+        switchyard_test_support::scratch::dir(&format!("bench-counters-{tag}")).map_err(|e| e.to_string())?;
+    let path = dir.path().join("table.nft");
     std::fs::write(&path, text).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let result = netns.exec(&format!("nft -f {}", path.display()));
     let took = started.elapsed();
-    let _ = std::fs::remove_file(&path);
+    drop(dir);
     result?;
     Ok((took, netns))
 }

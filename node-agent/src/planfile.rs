@@ -1127,8 +1127,8 @@ mod tests {
 
     #[test]
     fn status_files_are_replaced_whole() {
-        let dir = std::env::temp_dir().join(format!("switchyard-status-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = switchyard_test_support::scratch::dir("status").unwrap();
+        let dir = scratch.path();
         let path = dir.join("status.yaml");
         let status = NodeForwardingPlanStatus {
             observed_revision: Some("abc".into()),
@@ -1140,6 +1140,5 @@ mod tests {
             serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(back, status);
         assert!(!dir.join(".status.yaml.tmp").exists());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

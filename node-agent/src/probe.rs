@@ -145,15 +145,14 @@ mod tests {
 
     #[test]
     fn the_sysctl_is_read_leniently() {
-        let dir = std::env::temp_dir().join(format!("switchyard-host-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = switchyard_test_support::scratch::dir("host").unwrap();
+        let dir = scratch.path();
         let file = dir.join("liberal");
         std::fs::write(&file, "1\n").unwrap();
         assert!(read_tcp_be_liberal(&file));
         std::fs::write(&file, "0\n").unwrap();
         assert!(!read_tcp_be_liberal(&file));
         assert!(!read_tcp_be_liberal(&dir.join("missing")));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

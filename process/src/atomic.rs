@@ -63,30 +63,13 @@ mod tests {
     use super::*;
 
     /// A directory of its own under the system's temporary directory, removed when dropped.
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(tag: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("switchyard-atomic-{}-{tag}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn scratch(tag: &str) -> switchyard_test_support::scratch::TempDir {
+        switchyard_test_support::scratch::dir(&format!("atomic-{tag}")).unwrap()
     }
 
     #[test]
     fn the_file_holds_what_was_written_and_no_temporary_is_left() {
-        let dir = Scratch::new("written");
+        let dir = scratch("written");
         let path = dir.path().join("status.yaml");
         write_atomic_bytes(&path, b"old\n").unwrap();
         write_atomic(&path, |w| w.write_all(b"new\n")).unwrap();
@@ -100,7 +83,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {
-        let dir = Scratch::new("failed");
+        let dir = scratch("failed");
         let path = dir.path().join("plan.yaml");
         write_atomic_bytes(&path, b"good\n").unwrap();
         let error = write_atomic(&path, |w| {
@@ -115,7 +98,7 @@ mod tests {
 
     #[test]
     fn a_missing_directory_is_an_error_not_a_panic() {
-        let dir = Scratch::new("missing");
+        let dir = scratch("missing");
         let path = dir.path().join("absent").join("plan.yaml");
         assert_eq!(
             write_atomic_bytes(&path, b"x").unwrap_err().kind(),

@@ -76,15 +76,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_kubeconfig_that_is_not_one_says_so() {
-        let dir = std::env::temp_dir().join(format!("swyd-process-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("kubeconfig");
+        let dir = switchyard_test_support::scratch::dir("process-kubeconfig").unwrap();
+        let file = dir.path().join("kubeconfig");
         std::fs::write(&file, "this: [is not a kubeconfig").unwrap();
         let Err(error) = client(Some(&file)).await else {
             panic!("a client from a file that is not a kubeconfig");
         };
         let text = error.to_string();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(
             text.starts_with(&format!("the kubeconfig {} could not be used", file.display())),
             "{text}"

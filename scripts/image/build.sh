@@ -62,15 +62,18 @@ layer_tar() { # DIR OUT
     -cf "$2" .
 }
 
-# The base root filesystem, cached by the script that makes it and the Debian day.
+# The base root filesystem, cached by the script that makes it and the Debian day, with the other
+# caches (`make clean` keeps it; `make clean-caches` removes it). One per component: a new day's
+# replaces the last.
+base_cache=${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/image-base
 base_tar() { # COMPONENT
   local key
   key=$(cat scripts/image/rootfs.sh | sha256sum | cut -c1-12)
-  local cached="$out/base/$1-$key-$(date -u +%Y%m%d).tar"
+  local cached="$base_cache/$1-$key-$(date -u +%Y%m%d).tar"
   if [[ ! -s "$cached" ]]; then
     echo "build.sh: $1 base: mmdebstrap (Debian packages; about a minute)" >&2
-    mkdir -p "$out/base"
-    find "$out/base" -name "$1-*.tar" -delete
+    mkdir -p "$base_cache"
+    find "$base_cache" -name "$1-*.tar" -delete
     # NB: `|| return`: this runs in a command substitution, where bash does not apply `set -e`.
     scripts/image/rootfs.sh "$1" "$cached" || return 1
   fi

@@ -7,10 +7,13 @@
 //!                                        with bookmarks and 410 relists, injected faults)
 //!   used by: controller tests and benches · agent tests · e2e (fault suite, demo-cluster test)
 //! announce::announce ─► a result line on stderr that `cargo test` does not swallow (fault suites)
+//! scratch::dir ─► a scratch folder named after its process, removed on drop; scratch::sweep ─► those of
+//!                 processes that are gone (switchyard-lab gc)
 //! synthetic::Shape ─► synthetic::cluster ─► Services, EndpointSlices, Nodes (benchmarks, scale and
 //!                                            fault suites; never semantics tests)
 //! ```
 
 pub mod announce;
 pub mod fake_apiserver;
+pub mod scratch;
 pub mod synthetic;

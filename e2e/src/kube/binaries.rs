@@ -125,15 +125,13 @@ mod tests {
 
     #[test]
     fn a_folder_without_the_binaries_says_which_are_missing_and_where_to_get_them() {
-        let dir = std::env::temp_dir().join(format!("k8s-bin-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("kubectl"), "").unwrap();
-        let error = K8sBinaries::at(&dir).unwrap_err().to_string();
+        let dir = switchyard_test_support::scratch::dir("k8s-bin").unwrap();
+        std::fs::write(dir.path().join("kubectl"), "").unwrap();
+        let error = K8sBinaries::at(dir.path()).unwrap_err().to_string();
         assert!(error.contains("lacks etcd, kube-apiserver"), "{error}");
         assert!(
             error.contains("kubectl") && error.contains("unpack.sh"),
             "{error}"
         );
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

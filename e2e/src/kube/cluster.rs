@@ -100,6 +100,7 @@ impl KubeCluster {
                 missing.join(", ")
             )));
         }
+        teardown::gc_before_up(&options.state_dir);
         let state = {
             let mut live = registry::lock();
             let state = LabState::allocate(&options.state_dir)?;
@@ -594,11 +595,16 @@ impl KubeCluster {
         self.state.dir().join("logs")
     }
 
-    /// Leaves the cluster up (and its relay running); returns its id for `kube down`.
-    pub fn keep(mut self) -> Result<String> {
+    /// Leaves the cluster up (and its relay running); returns its id for `kube down`. Bound to
+    /// `bound_to` (a process id), gc removes it once that process is gone; otherwise it stays while its
+    /// processes run.
+    pub fn keep(mut self, bound_to: Option<u32>) -> Result<String> {
         let mut manifest = self.state.read_manifest()?.unwrap_or_default();
         manifest.kept = true;
         manifest.owner = None;
+        if let Some(pid) = bound_to {
+            manifest.bind_to(pid)?;
+        }
         // The relay outlives this process; teardown kills it by the pid recorded when it started.
         self.state.write_manifest(&manifest)?;
         self.supervisor.detach_all();

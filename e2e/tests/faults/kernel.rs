@@ -322,7 +322,8 @@ fn an_nftables_table_deleted_by_another_program_is_repaired_within_a_resync_peri
 /// (5 s, as kube-proxy's), fails visibly, retries, and applies once the lock is free.
 #[test]
 fn a_held_xtables_lock_is_waited_for_and_the_change_lands_after() {
-    let lock = std::env::temp_dir().join(format!("swyd-fault-xtables-{}.lock", std::process::id()));
+    let scratch = switchyard_test_support::scratch::dir("fault-xtables-lock").unwrap();
+    let lock = scratch.path().join("xtables.lock");
     let env = format!("XTABLES_LOCKFILE={}", lock.display());
     let Some(api) = ApiLab::up(
         "xtables_lock",
@@ -378,7 +379,6 @@ fn a_held_xtables_lock_is_waited_for_and_the_change_lands_after() {
         Duration::from_secs(10),
         |api| checkout_pod(api).as_deref() == Some("checkout-new-1"),
     );
-    let _ = std::fs::remove_file(&lock);
     let report = traffic.stop();
     println!(
         "{node}: xtables lock held 30 s; the change landed {:.1} s after the lock was taken; {failures} \

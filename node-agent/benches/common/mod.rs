@@ -272,9 +272,9 @@ pub fn apply_rss(
     sliced_plan: bool,
 ) -> Result<(u64, Duration), String> {
     let netns = Netns::new(&format!("rss-{}-{}-{sliced_plan}", size.services, size.endpoints))?;
-    let dir = std::env::temp_dir().join(format!("swyd-bench-rss-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let file: PathBuf = dir.join("plan.json");
+    // The generated plan (up to 100,000 Services: hundreds of MB) goes with `dir`, also on an error.
+    let dir = switchyard_test_support::scratch::dir("bench-rss").map_err(|e| e.to_string())?;
+    let file: PathBuf = dir.path().join("plan.json");
     let spec = spec_sized(size, backend);
     let body = if sliced_plan {
         let (live, slices) = sliced(&spec);
@@ -322,7 +322,7 @@ pub fn apply_rss(
         std::thread::sleep(Duration::from_millis(5));
     };
     let elapsed = start.elapsed();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     if !status.success() {
         return Err(format!("switchyard-agent apply exited with {status}"));
     }

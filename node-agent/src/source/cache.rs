@@ -206,10 +206,8 @@ mod tests {
     use std::sync::Arc;
     use switchyard_api::testing::{EntryExt, entry, ep, live_plan, plan, slice};
 
-    fn dir(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("switchyard-cache-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    fn dir(tag: &str) -> switchyard_test_support::scratch::TempDir {
+        switchyard_test_support::scratch::dir(&format!("cache-{tag}")).unwrap()
     }
 
     fn meta(name: &str) -> ObjectMeta {
@@ -255,7 +253,7 @@ mod tests {
     #[test]
     fn a_written_cache_reads_back_and_is_a_plan_file_too() {
         let dir = dir("roundtrip");
-        let path = cache_path(&dir.join("state"));
+        let path = cache_path(&dir.path().join("state"));
         assert_eq!(read(&path, "node-a").unwrap(), None);
         for written in [set("node-a"), set_with_slices("node-a")] {
             write(&path, &written).unwrap();
@@ -273,13 +271,12 @@ mod tests {
         remove(&path).unwrap();
         remove(&path).unwrap();
         assert_eq!(read(&path, "node-a").unwrap(), None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_cache_for_another_node_an_incomplete_one_or_garbage_is_refused() {
         let dir = dir("refused");
-        let path = cache_path(&dir);
+        let path = cache_path(dir.path());
         write(&path, &set("node-b")).unwrap();
         let err = read(&path, "node-a").unwrap_err().to_string();
         assert!(err.contains("no plan named node-a"), "{err}");
@@ -291,6 +288,5 @@ mod tests {
         assert!(err.contains("not a complete plan"), "{err}");
         std::fs::write(&path, "{\"items\": [").unwrap();
         assert!(read(&path, "node-a").is_err());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -138,8 +138,8 @@ mod tests {
 
     #[test]
     fn changes_are_reported_once_and_errors_once() {
-        let dir = std::env::temp_dir().join(format!("switchyard-filesource-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = switchyard_test_support::scratch::dir("filesource").unwrap();
+        let dir = scratch.path();
         let path = dir.join("plan.yaml");
         let mut poller = PlanFilePoller::default();
         assert!(
@@ -164,13 +164,12 @@ mod tests {
         assert_eq!(poller.poll(&path), None, "unchanged");
         std::fs::write(&path, "spec: [").unwrap();
         assert!(matches!(poller.poll(&path), Some(PlanUpdate::Invalid(_))));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_file_over_the_limit_is_refused_by_its_size_and_the_good_plan_comes_back() {
-        let dir = std::env::temp_dir().join(format!("switchyard-filesource-big-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = switchyard_test_support::scratch::dir("filesource-big").unwrap();
+        let dir = scratch.path();
         let path = dir.join("plan.yaml");
         let spec = plan(
             "node-a",
@@ -200,6 +199,5 @@ mod tests {
             matches!(poller.poll(&path), Some(PlanUpdate::Objects(_))),
             "the same good content as before is applied again"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -40,7 +40,8 @@ async fn the_plan_is_applied_and_status_is_server_side_applied_to_the_status_sub
     // Another node's plan: never read, never written.
     put_plan(&server, &plan("node-b", vec![]));
     let iptables = FakeIptables::new(&local_addrs());
-    let dir = scratch("ssa");
+    let tmp = scratch("ssa");
+    let dir = tmp.path().to_path_buf();
     let agent = Agent::start(
         server.client(),
         &iptables,
@@ -262,7 +263,8 @@ async fn a_deleted_plan_keeps_its_rules_for_the_grace_period_then_they_go() {
     let spec = base();
     put_plan(&server, &spec);
     let iptables = FakeIptables::new(&local_addrs());
-    let dir = scratch("grace");
+    let tmp = scratch("grace");
+    let dir = tmp.path().to_path_buf();
     let agent = Agent::start(
         server.client(),
         &iptables,
@@ -440,7 +442,8 @@ async fn a_restart_inside_the_grace_period_resumes_it_instead_of_starting_again(
     let spec = base();
     put_plan(&server, &spec);
     let iptables = FakeIptables::new(&local_addrs());
-    let dir = scratch("grace-restart");
+    let tmp = scratch("grace-restart");
+    let dir = tmp.path().to_path_buf();
     let grace = GracePeriod::For(Duration::from_secs(900));
     let first = Agent::start(server.client(), &iptables, config(Some(&dir), grace), writer()).await;
     wait("the first sync", || observed(&server, &spec.revision)).await;

@@ -48,7 +48,8 @@ fn unreachable_client() -> kube::Client {
 async fn a_restart_without_the_api_server_applies_the_cached_plan_and_keeps_forwarding() {
     let spec = base();
     let iptables = FakeIptables::new(&local_addrs());
-    let dir = scratch("restart");
+    let tmp = scratch("restart");
+    let dir = tmp.path().to_path_buf();
 
     // First life: the plan comes from the API server and is cached.
     let server = FakeApiServer::new();
@@ -152,7 +153,8 @@ async fn a_restart_without_the_api_server_composes_the_cached_plan_and_slices() 
         vec![entry("ns/b:p", "10.96.0.2", 80).with(ep("10.244.2.2", 80))],
     );
     let iptables = FakeIptables::new(&local_addrs());
-    let dir = scratch("restart-slices");
+    let tmp = scratch("restart-slices");
+    let dir = tmp.path().to_path_buf();
     let server = FakeApiServer::new();
     put_plan(&server, &live);
     put_slice(&server, &all);
@@ -200,7 +202,8 @@ async fn a_restart_without_the_api_server_composes_the_cached_plan_and_slices() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cache_goes_in_before_the_first_request() {
     let spec = base();
-    let dir = scratch("first");
+    let tmp = scratch("first");
+    let dir = tmp.path().to_path_buf();
     let mut set = switchyard_agent::source::PlanSet::from_file(Arc::new(spec.clone()), vec![]);
     set.origin = switchyard_agent::source::Origin::Api;
     set.plan_meta.name = Some(NODE.into());
@@ -458,7 +461,8 @@ async fn healthz_is_kube_proxy_like_and_metrics_name_everything() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plan_file_source_feeds_the_same_loop() {
-    let dir = scratch("file");
+    let tmp = scratch("file");
+    let dir = tmp.path().to_path_buf();
     let spec = base();
     let path = dir.join("plan.yaml");
     std::fs::write(

@@ -2,7 +2,6 @@
 //! loop over the fake kernel) against the fake API server, and a tiny HTTP client for its endpoints.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,12 +89,9 @@ pub fn syncer(iptables: &FakeIptables) -> Syncer {
     )
 }
 
-/// A scratch directory, removed first.
-pub fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("switchyard-live-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory, removed when dropped (also when the test fails).
+pub fn scratch(tag: &str) -> switchyard_test_support::scratch::TempDir {
+    switchyard_test_support::scratch::dir(&format!("live-{tag}")).unwrap()
 }
 
 /// Settings for a test agent: fast timers, HTTP on an ephemeral port.

@@ -5,7 +5,7 @@
 //! ```text
 //! Netns::new("apply") ─► ip netns add swyd-agent-<pid>-<n>-apply, lo up
 //!   .sh("iptables-save -t nat") / .agent(["apply", …]) / .spawn_agent(["run", …])   (ip netns exec …)
-//! drop ─► ip netns del   (every rule in it goes with it)
+//! drop ─► ip netns del   (every rule in it goes with it), its scratch directory removed
 //! ```
 //!
 //! Shared by the test binaries through `#[path]`; each uses part of it.
@@ -52,6 +52,8 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 pub struct Netns {
     pub name: String,
     pub dir: PathBuf,
+    /// Holds `dir`: removed after the namespace, also when the test fails.
+    _scratch: switchyard_test_support::scratch::TempDir,
 }
 
 impl Netns {
@@ -60,11 +62,12 @@ impl Netns {
         let name = format!("swyd-agent-{}-{n}-{tag}", std::process::id());
         let status = Command::new("ip").args(["netns", "add", &name]).status().unwrap();
         assert!(status.success(), "ip netns add {name}");
+        let scratch = switchyard_test_support::scratch::dir(&name).unwrap();
         let netns = Self {
-            dir: std::env::temp_dir().join(&name),
+            dir: scratch.path().to_path_buf(),
             name,
+            _scratch: scratch,
         };
-        std::fs::create_dir_all(&netns.dir).unwrap();
         netns.sh("ip link set lo up");
         netns
     }
@@ -122,7 +125,6 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

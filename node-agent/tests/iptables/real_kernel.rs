@@ -7,7 +7,6 @@
 //! model holds.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 
 use switchyard_agent::iptables::{jump_rules, names};
@@ -68,8 +67,8 @@ fn real_iptables_restore_accepts_full_and_partial_payloads() {
     );
     let v6 = render_all(&everything(), &facts(), IpFamily::IPv6);
 
-    let dir: PathBuf = std::env::temp_dir().join(format!("switchyard-iptables-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = switchyard_test_support::scratch::dir("iptables").unwrap();
+    let dir = scratch.path();
     std::fs::write(dir.join("old"), old.full_payload()).unwrap();
     std::fs::write(dir.join("partial"), &partial).unwrap();
     std::fs::write(dir.join("v6"), v6.full_payload()).unwrap();
@@ -92,7 +91,6 @@ fn real_iptables_restore_accepts_full_and_partial_payloads() {
         .args(["--net", "sh", "-c", &script])
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
