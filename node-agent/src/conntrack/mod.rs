@@ -32,12 +32,14 @@ pub mod cli;
 pub mod fake;
 pub mod removed;
 pub mod select;
+pub mod settings;
 
 pub use cli::CliConntrack;
 #[cfg(any(test, feature = "testing"))]
 pub use fake::FakeConntrack;
 pub use removed::{EndpointFlows, LIST_FIRST_ABOVE, matched, removed_endpoints};
 pub use select::{Targets, stale_filters, udp_fingerprints, udp_targets};
+pub use settings::ConntrackSettings;
 
 use std::net::IpAddr;
 

@@ -381,7 +381,8 @@ mod tests {
             udp_fingerprints(&before, &none),
             udp_fingerprints(&tcp_changed, &none)
         );
-        let edits: [(&str, fn(&mut ServicePlan)); 3] = [
+        type Edit = fn(&mut ServicePlan);
+        let edits: [(&str, Edit); 3] = [
             ("an endpoint removed", |e| {
                 e.endpoints.pop();
             }),

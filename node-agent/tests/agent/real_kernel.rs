@@ -344,6 +344,59 @@ fn stale_udp_conntrack_entries_are_deleted_after_an_endpoint_change() {
 }
 
 #[test]
+fn apply_and_set_sysctls_raise_conntracks_timeouts_in_the_nodes_namespace_only() {
+    if !lab_allowed("apply_and_set_sysctls_raise_conntracks_timeouts_in_the_nodes_namespace_only") {
+        return;
+    }
+    const CLOSE_WAIT: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait";
+    const ESTABLISHED: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established";
+    let host = |file: &str| std::fs::read_to_string(file).unwrap().trim().to_string();
+    let host_before = (host(CLOSE_WAIT), host(ESTABLISHED));
+    let netns = Netns::new("sysctls");
+    let read = |file: &str| netns.sh(&format!("cat {file}")).trim().to_string();
+    // A new namespace starts from the kernel's defaults, whatever the host set.
+    assert_eq!(
+        (read(CLOSE_WAIT), read(ESTABLISHED)),
+        ("60".into(), "432000".into())
+    );
+
+    let plan = write_plan(&netns, &spec());
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(
+        log.contains("nf_conntrack_tcp_timeout_close_wait: raised from 60 to 3600"),
+        "{log}"
+    );
+    assert!(log.contains("432000 kept (higher than 86400"), "{log}");
+    assert_eq!(read(CLOSE_WAIT), "3600");
+    assert_eq!(read(ESTABLISHED), "432000", "never lowered unless asked");
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(!status.contains("ConntrackSysctlFailed"), "{status}");
+
+    // The init container's command: lowering asked for, the close-wait timeout left alone.
+    let out = netns.agent(&[
+        "set-sysctls",
+        "--conntrack-lower-host-values",
+        "--conntrack-tcp-timeout-close-wait=0",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "net.netfilter.nf_conntrack_tcp_timeout_established: lowered from 432000 to 86400\n"
+    );
+    assert_eq!(
+        (read(CLOSE_WAIT), read(ESTABLISHED)),
+        ("3600".into(), "86400".into())
+    );
+    assert_eq!(
+        (host(CLOSE_WAIT), host(ESTABLISHED)),
+        host_before,
+        "the host's own namespace is untouched"
+    );
+}
+
+#[test]
 fn render_prints_what_apply_programs() {
     if !lab_allowed("render_prints_what_apply_programs") {
         return;

@@ -72,6 +72,55 @@ fn a_failing_plan_cache_shows_as_degraded_until_a_write_works_again() {
 }
 
 #[test]
+fn conntrack_sysctls_are_raised_after_full_syncs_and_one_that_cannot_be_set_shows_as_degraded() {
+    use switchyard_agent::conntrack::settings::{TCP_TIMEOUT_CLOSE_WAIT, TCP_TIMEOUT_ESTABLISHED};
+    let mut h = Harness::new();
+    // /proc/sys read-only, as in an unprivileged container.
+    h.sysctls.set_read_only(true);
+    assert!(matches!(h.sync(&base()), SyncResult::Applied { .. }));
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::SYNCED));
+    assert_eq!(
+        condition(&s, DEGRADED),
+        (status::TRUE, reasons::CONNTRACK_SYSCTL_FAILED)
+    );
+    let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+    assert!(
+        degraded
+            .message
+            .contains("nf_conntrack_tcp_timeout_close_wait: cannot set 3600 (found 60)"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(h.syncer.metrics().conntrack_sysctl_failures.get(), 1);
+
+    // A partial sync does not touch them; the next full sync (the full-sync period) sets them.
+    h.sysctls.set_read_only(false);
+    let changed = edit(&base(), "ns1/api:https", |e| e.port = 444);
+    assert_eq!(mode(&h.sync(&changed)), SyncMode::Partial);
+    assert_eq!(h.sysctls.values()[TCP_TIMEOUT_CLOSE_WAIT], "60");
+    h.clock.advance(Duration::from_secs(3600));
+    assert_eq!(mode(&h.syncer.resync_if_due().unwrap()), SyncMode::Full);
+    assert_eq!(
+        condition(&h.syncer.status(), DEGRADED),
+        (status::FALSE, reasons::HEALTHY)
+    );
+    let values = h.sysctls.values();
+    assert_eq!(values[TCP_TIMEOUT_CLOSE_WAIT], "3600");
+    assert_eq!(
+        values[TCP_TIMEOUT_ESTABLISHED], "432000",
+        "the host's higher value stays"
+    );
+
+    // Someone lowers one: the next full sync puts it back.
+    h.sysctls.put(TCP_TIMEOUT_CLOSE_WAIT, "60");
+    h.clock.advance(Duration::from_secs(3600));
+    h.syncer.resync_if_due().unwrap();
+    assert_eq!(h.sysctls.values()[TCP_TIMEOUT_CLOSE_WAIT], "3600");
+    assert_eq!(h.syncer.metrics().conntrack_sysctl_failures.get(), 1);
+}
+
+#[test]
 fn the_first_sync_is_full_and_programs_chains_jump_rules_and_status() {
     let mut h = Harness::new();
     let spec = base();
