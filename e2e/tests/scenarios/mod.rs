@@ -244,6 +244,18 @@ pub fn example_cluster_forwards_like_kube_proxy(suite: Suite) {
         assert_eq!(status.backend, Some(suite.backend), "{node}: {status:?}");
         assert_eq!(status.backend_reason, None, "{node}: {status:?}");
         suite.assert_programmed(&deployed, node);
+        // Conntrack's timeouts in the node's namespace, as kube-proxy sets them: CLOSE_WAIT raised to
+        // 1 h; ESTABLISHED keeps the kernel's 5 days (higher than 24 h: never lowered unless asked).
+        let sysctl = |name: &str| {
+            let file = format!("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_{name}");
+            let out = deployed.exec_in_node(node, &["cat", &file]).unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(
+            (sysctl("close_wait"), sysctl("established")),
+            ("3600".to_string(), "432000".to_string()),
+            "{node}"
+        );
     }
 }
 

@@ -10,7 +10,8 @@
 //!     full? = start | after a failure | drift | full-sync period due      (else partial)
 //!                      ▼
 //!               Dataplane::sync ─► Ok ─► Applied; queued to the conntrack worker: stale UDP entries if UDP
-//!                                       endpoints changed, flows of endpoints that left their Service
+//!                                       endpoints changed, flows of endpoints that left their Service;
+//!                                       after a full sync: conntrack's sysctls (ConntrackSysctls)
 //!                               └► Err ─► ApplyFailed (rules stay), retry full after 1 s, 2 s, … 30 s
 //! check_drift ─► Dataplane::check_drift ─► drift ─► full sync of the applied plan, driftRepairs += 1
 //! resync_if_due ─► full-sync period over ─► full sync of the applied plan
