@@ -13,7 +13,7 @@
 //! someone lowered and retries a write that failed. Never fatal: forwarding does not depend on these.
 
 use super::metrics::SyncMetrics;
-use crate::conntrack::settings::{self, ConntrackSettings, Decision};
+use crate::conntrack::settings::{self, ConntrackSettings};
 use crate::sysctl::Sysctls;
 
 /// The sysctl edge and what to keep there.
@@ -42,6 +42,7 @@ impl ConntrackSysctls {
         for outcome in &outcomes {
             let sysctl = crate::sysctl::dotted(outcome.sysctl);
             match &outcome.done {
+                // A value as asked is worth a line once; a write every time.
                 Ok(decision) if decision.writes() || first => tracing::info!(
                     %sysctl,
                     found = outcome.found,
@@ -49,7 +50,7 @@ impl ConntrackSysctls {
                     set = decision.writes().then_some(outcome.wanted),
                     "{outcome}"
                 ),
-                Ok(Decision::Unchanged | Decision::KeptHigher | Decision::Raise | Decision::Lower) => {}
+                Ok(_) => {}
                 Err(_) => {
                     tracing::warn!(%sysctl, found = outcome.found, wanted = outcome.wanted, "{outcome}");
                     metrics.conntrack_sysctl_failures.inc();
