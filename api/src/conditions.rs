@@ -40,4 +40,8 @@ pub mod reasons {
     /// The applied plan could not be written to the node's cache (disk full, read-only state
     /// directory): forwarding is unaffected, but a restart without the API server starts empty.
     pub const CACHE_WRITE_FAILED: &str = "CacheWriteFailed";
+    /// A conntrack sysctl (a TCP timeout, the table size) could not be read or set as the agent's
+    /// settings ask: forwarding is unaffected, long-idle connections may expire as the kernel's
+    /// defaults say.
+    pub const CONNTRACK_SYSCTL_FAILED: &str = "ConntrackSysctlFailed";
 }

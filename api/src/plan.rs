@@ -465,7 +465,8 @@ pub struct ServicePlan {
     /// Addresses the Service's EndpointSlices still list for this port but that take no new
     /// connection (neither ready nor serving: starting, failing readiness, or terminating past
     /// serving), sorted. Nothing forwards to them; the agent's connection hygiene leaves their
-    /// established connections alone, where an address absent from both lists has left the Service.
+    /// established TCP and SCTP connections alone (their UDP flows are stale: nothing serves there),
+    /// where an address absent from both lists has left the Service.
     #[serde(default, rename = "unreadyIPs", skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10000))]
     pub unready_ips: Vec<String>,

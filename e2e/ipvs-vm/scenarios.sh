@@ -191,6 +191,28 @@ check "eTP=Local without local endpoints: NodePort DROPs" \
 check "filter: the node's own port 81 answers on its address" contains "$(probe tcp $NODE:81 --netns client)" answered
 check "filter: other ports of a service IP are REJECTed" contains "$(probe tcp 10.96.0.10:81 --netns client)" refused
 check "UDP: answered through IPVS" contains "$(probe udp 10.96.0.18:53 --netns client)" pod-a
+
+# --- 2a. a held UDP flow whose endpoint's port changes (issue 51) -----------------------------------------
+# i-udp's endpoint 10.244.0.2 moves from 5353 to 5354, same address: the real server changes, and the
+# flow's next datagrams must reach the new port within 1 s (expire_nodest_conn, and the agent's cleanup of
+# UDP conntrack entries whose endpoint address and port no longer serve). One socket, a datagram every
+# 0.1 s for 20 s; each answer is stamped when it arrives.
+/usr/sbin/ip netns exec pod-a /mnt/host/switchyard-lab serve --name pod-a-new --bind 10.244.0.2 --udp 5354 \
+  >/tmp/pod-a-new.log 2>&1 &
+( i=0; while [ $i -lt 200 ]; do echo x; sleep 0.1; i=$((i + 1)); done ) |
+  /usr/sbin/ip netns exec client /usr/bin/socat -T 5 - UDP:10.96.0.18:53,sourceport=40053 2>/dev/null |
+  while read -r name _; do echo "$(now_ms) $name"; done >/tmp/udp-hold.out &
+check "udp port change: the held flow is answered by pod-a" eventually 10 grep -q " pod-a\$" /tmp/udp-hold.out
+services_r1 | sed 's/{ip: 10.244.0.2, port: 5353,/{ip: 10.244.0.2, port: 5354,/' | write_plan r1u ipvs
+eventually 20 applied r1u || diag "r1u not applied: $(tail -n 5 /tmp/agent.log)"
+t0=$(now_ms)
+check "udp port change: the held flow reaches the new port" eventually 5 grep -q " pod-a-new\$" /tmp/udp-hold.out
+moved=$(awk '$2 == "pod-a-new" {print $1; exit}' /tmp/udp-hold.out)
+moved=${moved:-$((t0 + 99999))}
+diag "udp port change: the new port answered $((moved - t0)) ms after the plan was seen applied"
+check "udp port change: within 1 s of the plan being applied" test $((moved - t0)) -le 1000
+check "conntrack: the CLOSE_WAIT timeout is raised to 1 h" \
+  grep -qx 3600 /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait
 t=$(tally 10 10.96.0.10:80 pod-a)
 check "hairpin: a pod reaches itself through its service" contains "$t" '"timed_out":0,"errors":0'
 for s in lc:20 dh:21 sed:22 nq:23; do

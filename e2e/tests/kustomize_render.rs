@@ -985,6 +985,33 @@ fn agent_daemonset_has_what_the_data_plane_needs_and_no_more() {
     );
     let host_paths: Vec<_> = volumes.iter().filter_map(|v| v.host_path.as_ref()).collect();
     assert_eq!(host_paths.len(), 3, "no other host paths: {host_paths:?}");
+
+    // Conntrack's sysctls: a one-shot privileged init container (/proc/sys is read-only to the agent).
+    let init = pod.init_containers.clone().unwrap_or_default();
+    assert_eq!(init.len(), 1, "{init:?}");
+    let sysctls = &init[0];
+    assert_eq!(sysctls.name, "conntrack-sysctls");
+    assert_eq!(sysctls.image.as_deref(), Some(AGENT));
+    assert_eq!(
+        sysctls.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let script = sysctls.command.clone().unwrap_or_default().join(" ");
+    assert!(
+        script.contains("modprobe nf_conntrack") && script.contains("switchyard-agent set-sysctls"),
+        "{script}"
+    );
+    assert!(
+        script.trim_end().ends_with("exit 0"),
+        "the setup never blocks the agent"
+    );
+    let mounts = sysctls.volume_mounts.clone().unwrap_or_default();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.mount_path == "/lib/modules" && m.read_only == Some(true)),
+        "it can modprobe from /lib/modules: {mounts:?}"
+    );
 }
 
 #[test]
@@ -1538,8 +1565,16 @@ fn kubectl_kustomize_renders_config_overlays_ipvs() {
     let (add, _) = capabilities(container(&ipvs_pod, "agent"));
     assert_eq!(add, set(&["NET_ADMIN", "NET_RAW", "SYS_MODULE"]));
     let init = ipvs_pod.init_containers.clone().unwrap_or_default();
-    assert_eq!(init.len(), 1);
-    assert_eq!(init[0].image.as_deref(), Some(ipvs_image.as_str()));
+    let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["ipvs-setup", "conntrack-sysctls"],
+        "the patch's comes first"
+    );
+    assert!(
+        init.iter()
+            .all(|c| c.image.as_deref() == Some(ipvs_image.as_str()))
+    );
 
     // Neither DaemonSet's selector matches the other's pods.
     let labels = |spec: &k8s_openapi::api::apps::v1::DaemonSetSpec| {

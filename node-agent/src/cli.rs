@@ -6,8 +6,10 @@
 //!                          ├─ run     ─► --node-name: own plan from the API server (cache first, status
 //!                          │              written back) | --plan-file: a plan file ─► run::run loop until
 //!                          │              SIGTERM/SIGINT (rules stay); /healthz /readyz /metrics on :10263
-//!                          └─ cleanup ─► every SWYD-* chain and jump rule removed (both families), IPVS
-//!                                         objects, the nftables tables ip/ip6 switchyard
+//!                          ├─ cleanup ─► every SWYD-* chain and jump rule removed (both families), IPVS
+//!                          │              objects, the nftables tables ip/ip6 switchyard
+//!                          └─ set-sysctls ─► conntrack's timeouts as run/apply keep them (conntrack::settings),
+//!                                            what was found and done on stdout (an init container's job)
 //! exit: 0 ok · 1 the kernel refused / runtime failure · 2 bad flags, unreadable or invalid plan
 //! ```
 //!
@@ -27,7 +29,7 @@ use switchyard_api::{Backend, NodeForwardingPlanSpec};
 use switchyard_process::http::parse_bind;
 use switchyard_process::{LogFormat, init_logging};
 
-use crate::conntrack::CliConntrack;
+use crate::conntrack::{CliConntrack, ConntrackSettings};
 use crate::error::Error;
 use crate::planfile::{read_plan_file, status_yaml};
 use crate::probe::{LocalAddrs, NetlinkAddrs};
@@ -38,6 +40,7 @@ use crate::start::{PlanFrom, run_agent};
 use crate::sync::{
     Composition, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
 };
+use crate::sysctl::ProcSysctls;
 use crate::xtables::exec::ExecIptables;
 use crate::xtables::mode::IptablesMode;
 
@@ -78,6 +81,10 @@ enum Command {
     /// The busiest Service ports on this node: new connections per Service port as the kernel counted
     /// them (every backend; root), by frontend, with refusals and the busiest endpoint.
     Top(TopArgs),
+    /// Set conntrack's sysctls as `run` and `apply` keep them (the same flags), print what was found and
+    /// done, and exit (1 when one could not be set). For a privileged init container: /proc/sys is
+    /// read-only in the agent's own.
+    SetSysctls(ConntrackArgs),
 }
 
 /// Where `explain` and `top` read the node's plan.
@@ -197,6 +204,48 @@ struct IpvsArgs {
     ipvs_graceful_period: Duration,
 }
 
+/// Conntrack's sysctls, as kube-proxy sets them (every backend; the node's network namespace). A value
+/// is only raised unless --conntrack-lower-host-values; 0 leaves it as the host has it.
+#[derive(Args, Debug)]
+struct ConntrackArgs {
+    /// Idle timeout of established TCP connections (net.netfilter.nf_conntrack_tcp_timeout_established;
+    /// the kernel's is 5 days, so by default a stock kernel keeps its own).
+    #[arg(long, default_value = "24h", value_parser = parse_seconds)]
+    conntrack_tcp_timeout_established: u64,
+    /// Timeout of TCP connections in CLOSE_WAIT (net.netfilter.nf_conntrack_tcp_timeout_close_wait; the
+    /// kernel's is 60 s).
+    #[arg(long, default_value = "1h", value_parser = parse_seconds)]
+    conntrack_tcp_timeout_close_wait: u64,
+    /// The conntrack table's size (net.netfilter.nf_conntrack_max; settable only in the host's initial
+    /// network namespace). 0 leaves the kernel's, which it sizes from the node's memory; kube-proxy's
+    /// per-core sizing is not copied (docs/design.md §4).
+    #[arg(long, default_value_t = 0)]
+    conntrack_max: u64,
+    /// Set each value exactly, lowering one the host has set higher (kube-proxy's behaviour).
+    #[arg(long)]
+    conntrack_lower_host_values: bool,
+}
+
+impl ConntrackArgs {
+    fn settings(&self) -> ConntrackSettings {
+        ConntrackSettings {
+            tcp_timeout_established: self.conntrack_tcp_timeout_established,
+            tcp_timeout_close_wait: self.conntrack_tcp_timeout_close_wait,
+            max: self.conntrack_max,
+            lower: self.conntrack_lower_host_values,
+        }
+    }
+}
+
+/// A duration flag in whole seconds (the kernel's unit for conntrack timeouts).
+fn parse_seconds(text: &str) -> Result<u64, String> {
+    let duration = parse_duration(text)?;
+    if duration.subsec_nanos() != 0 {
+        return Err(format!("{text:?} is not a whole number of seconds"));
+    }
+    Ok(duration.as_secs())
+}
+
 #[derive(Args, Debug)]
 struct ApplyArgs {
     /// Plan file (see `render --plan`).
@@ -207,6 +256,8 @@ struct ApplyArgs {
     status_file: Option<PathBuf>,
     #[command(flatten)]
     iptables: IptablesArgs,
+    #[command(flatten)]
+    conntrack: ConntrackArgs,
 }
 
 #[derive(Args, Debug)]
@@ -275,6 +326,8 @@ struct RunArgs {
     traffic_max_series: usize,
     #[command(flatten)]
     iptables: IptablesArgs,
+    #[command(flatten)]
+    conntrack: ConntrackArgs,
 }
 
 #[derive(Args, Debug)]
@@ -329,6 +382,7 @@ where
         Command::Cleanup(args) => cleanup_command(&args),
         Command::Explain(args) => explain_command(&args),
         Command::Top(args) => top_command(&args),
+        Command::SetSysctls(args) => set_sysctls_command(&args),
     }
 }
 
@@ -453,7 +507,7 @@ fn render_command(args: &RenderArgs) -> ExitCode {
 
 // === apply / run / cleanup ===
 
-fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error> {
+fn real_syncer(args: &IptablesArgs, conntrack: &ConntrackArgs, config: SyncConfig) -> Result<Syncer, Error> {
     let iptables = ExecIptables::detect(args.iptables_mode)?;
     let facts = crate::wiring::dataplane::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
@@ -465,7 +519,21 @@ fn real_syncer(args: &IptablesArgs, config: SyncConfig) -> Result<Syncer, Error>
         config,
         SyncMetrics::default(),
     )
-    .with_conntrack(Box::new(CliConntrack::default())))
+    .with_conntrack(Box::new(CliConntrack::default()))
+    .with_conntrack_sysctls(Box::new(ProcSysctls), conntrack.settings()))
+}
+
+fn set_sysctls_command(args: &ConntrackArgs) -> ExitCode {
+    let outcomes = crate::conntrack::settings::apply(&mut ProcSysctls, &args.settings());
+    let text: String = outcomes.iter().map(|o| format!("{o}\n")).collect();
+    if let Err(code) = print_stdout(&text) {
+        return code;
+    }
+    if outcomes.iter().any(|o| o.failed()) {
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn apply_command(args: &ApplyArgs) -> ExitCode {
@@ -474,7 +542,7 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
         Err(code) => return code,
     };
     drop(composed);
-    let mut syncer = match real_syncer(&args.iptables, SyncConfig::default()) {
+    let mut syncer = match real_syncer(&args.iptables, &args.conntrack, SyncConfig::default()) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
@@ -547,7 +615,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         missing_capabilities,
         ..SyncConfig::default()
     };
-    let syncer = match real_syncer(&args.iptables, config) {
+    let syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
@@ -736,6 +804,42 @@ mod tests {
                 .to_string()
                 .contains("iptables, nftables or ipvs")
         );
+    }
+
+    #[test]
+    fn conntrack_flags_default_to_kube_proxys_timeouts_in_seconds() {
+        let settings = |extra: &[&str]| {
+            let argv = ["switchyard-agent", "run", "--plan-file", "p.yaml"]
+                .iter()
+                .chain(extra);
+            match Cli::try_parse_from(argv).map(|cli| cli.command) {
+                Ok(Command::Run(args)) => Ok(args.conntrack.settings()),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(settings(&[]), Ok(ConntrackSettings::default()));
+        assert_eq!(
+            settings(&[
+                "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=90m",
+                "--conntrack-max=1048576",
+                "--conntrack-lower-host-values",
+            ]),
+            Ok(ConntrackSettings {
+                tcp_timeout_established: 0,
+                tcp_timeout_close_wait: 5400,
+                max: 1_048_576,
+                lower: true,
+            })
+        );
+        let half = settings(&["--conntrack-tcp-timeout-close-wait=1.5s"]).unwrap_err();
+        assert!(half.contains("not a whole number of seconds"), "{half}");
+        let sysctls = Cli::try_parse_from(["switchyard-agent", "set-sysctls", "--conntrack-max=131072"]);
+        match sysctls.map(|cli| cli.command) {
+            Ok(Command::SetSysctls(args)) => assert_eq!(args.settings().max, 131_072),
+            other => panic!("set-sysctls: {other:?}"),
+        }
     }
 
     #[test]

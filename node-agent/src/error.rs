@@ -152,6 +152,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A sysctl holds something that is not the number it should be.
+    #[error("sysctl {sysctl} holds {value:?}, not a number")]
+    SysctlValue {
+        /// The sysctl (`net.netfilter.nf_conntrack_max`).
+        sysctl: String,
+        /// What it holds.
+        value: String,
+    },
     /// The dummy interface holding the service IPs could not be read or changed over rtnetlink.
     #[error("service address interface {interface}: {reason}")]
     ServiceInterface {
@@ -290,7 +298,7 @@ impl Error {
             Self::IpvsRequest { .. } => "ipvs_request",
             Self::ParseIpset { .. } => "parse_ipset",
             Self::ServiceInterface { .. } => "service_interface",
-            Self::Sysctl { .. } => "sysctl",
+            Self::Sysctl { .. } | Self::SysctlValue { .. } => "sysctl",
             Self::WriteCache { .. } => "write_cache",
             Self::ReadCache { .. } => "read_cache",
             Self::WriteStatusToApi { .. } => "write_status_to_api",

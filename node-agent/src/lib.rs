@@ -28,8 +28,8 @@
 //! [`healthcheck::desired`]) is separate from the edges, each a small trait with an in-memory fake
 //! (built only for tests: `cfg(test)` or the `testing` feature, which this crate's own tests turn on;
 //! the shipped binary has none): [`xtables::kernel::Iptables`] ([`xtables::exec`], `xtables::fake`),
-//! [`conntrack::Conntrack`], [`probe::LocalAddrs`], [`sync::Clock`]; the API server is faked at the
-//! HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the long-running loop and
+//! [`conntrack::Conntrack`], [`sysctl::Sysctls`], [`probe::LocalAddrs`], [`sync::Clock`]; the API
+//! server is faked at the HTTP level in the tests. [`cli::run_cli`] is the whole program; [`run`] is the long-running loop and
 //! [`start`] starts it on its plan source; [`explain`] answers, for one connection,
 //! what the plan (and with `--kernel` the installed rules) make the node do.
 
@@ -54,6 +54,7 @@ pub mod source;
 pub mod start;
 pub mod status_writer;
 pub mod sync;
+pub mod sysctl;
 pub mod wiring;
 pub mod xtables;
 

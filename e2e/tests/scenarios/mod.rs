@@ -6,6 +6,7 @@
 //! `common::lab_allowed`).
 
 pub mod traffic;
+pub mod udp;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -60,6 +61,12 @@ macro_rules! scenario_suite {
         #[test]
         fn stale_udp_conntrack_entries_are_removed_after_an_endpoint_change() {
             scenarios::stale_udp_conntrack_entries_are_removed_after_an_endpoint_change(SUITE);
+        }
+        #[test]
+        fn a_held_udp_flow_reaches_its_endpoints_new_port_keeps_a_terminating_one_and_ends_when_all_are_unready() {
+            scenarios::udp::a_held_udp_flow_reaches_its_endpoints_new_port_keeps_a_terminating_one_and_ends_when_all_are_unready(
+                SUITE,
+            );
         }
         #[test]
         fn a_connection_to_a_removed_endpoint_is_reset_and_one_to_a_terminating_endpoint_drains() {
@@ -187,10 +194,16 @@ impl Suite {
 
     /// The example cluster deployed, or `None` when lab tests are skipped.
     pub fn deployed(&self, test: &str) -> Option<Deployed> {
+        self.deployed_with(test, example())
+    }
+
+    /// `description` (the example cluster with more objects) deployed, or `None` when lab tests are
+    /// skipped.
+    pub fn deployed_with(&self, test: &str, description: ClusterDescription) -> Option<Deployed> {
         if !crate::common::lab_allowed(test) {
             return None;
         }
-        let deployed = Deployed::up(example(), self.config(), crate::common::options()).unwrap();
+        let deployed = Deployed::up(description, self.config(), crate::common::options()).unwrap();
         for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
             deployed
                 .lab
@@ -231,6 +244,18 @@ pub fn example_cluster_forwards_like_kube_proxy(suite: Suite) {
         assert_eq!(status.backend, Some(suite.backend), "{node}: {status:?}");
         assert_eq!(status.backend_reason, None, "{node}: {status:?}");
         suite.assert_programmed(&deployed, node);
+        // Conntrack's timeouts in the node's namespace, as kube-proxy sets them: CLOSE_WAIT raised to
+        // 1 h; ESTABLISHED keeps the kernel's 5 days (higher than 24 h: never lowered unless asked).
+        let sysctl = |name: &str| {
+            let file = format!("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_{name}");
+            let out = deployed.exec_in_node(node, &["cat", &file]).unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(
+            (sysctl("close_wait"), sysctl("established")),
+            ("3600".to_string(), "432000".to_string()),
+            "{node}"
+        );
     }
 }
 

@@ -1,8 +1,7 @@
 //! The real [`Conntrack`]: the `conntrack` command of conntrack-tools.
 //!
 //! ```text
-//! list_udp(family)        ─► conntrack -L -p udp -f ipv4|ipv6 ─► parse_line() per line ─► [Flow]
-//! delete(flow)            ─► conntrack -D -p udp -f … --orig-src … --reply-port-dst …  (the exact tuple)
+//! list(protocol, family)  ─► conntrack -L -p tcp|udp|sctp -f ipv4|ipv6 ─► parse_line() per line ─► [Flow]
 //! delete_matching(flows)  ─► conntrack -D -p tcp|udp|sctp -f … [--orig-dst] --orig-port-dst
 //!                            --reply-src [--reply-port-src]   (every entry of one endpoint, one exec)
 //! ```
@@ -10,12 +9,12 @@
 //! Why the CLI rather than ctnetlink: no maintained Rust crate speaks the conntrack netlink family
 //! (rtnetlink covers links, addresses and routes only), and hand-writing its codec (nested tuple
 //! attributes, per-protocol layouts) is a lot of unsafe-adjacent parsing for an operation that runs only
-//! after a UDP endpoint change and usually deletes a handful of entries. conntrack-tools is on every node
-//! kube-proxy ever ran on (its images ship it), one exec per deleted flow is cheap at that rate, and the
-//! exact-tuple delete cannot remove a flow other than the one selected. An endpoint that left its
-//! Service may have many flows: one `conntrack -D` with filters deletes them all in one exec (the tool
-//! dumps the table once and deletes each match over ctnetlink; 100,000 flows in ~0.8 s here, see
-//! docs/benchmarks.md), and its per-entry listing on stdout goes to /dev/null.
+//! after an endpoint change. conntrack-tools is on every node kube-proxy ever ran on (its images ship
+//! it). An endpoint may have many flows: one `conntrack -D` with filters deletes them all in one exec
+//! (the tool dumps the table once and deletes each match over ctnetlink; 100,000 flows in ~0.8 s here,
+//! see docs/benchmarks.md), and its per-entry listing on stdout goes to /dev/null. A filter names the
+//! original destination and port and the reply's source and port, which is all a stale UDP flow is
+//! judged by, so it deletes no flow that is not stale.
 
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
@@ -113,37 +112,6 @@ pub fn parse_line(line: &str) -> Result<Option<Flow>, Error> {
     }
 }
 
-/// The `conntrack -D` arguments selecting exactly `flow`.
-pub fn delete_args(flow: &Flow) -> Vec<String> {
-    let (o, r) = (flow.original, flow.reply);
-    [
-        "-D",
-        "-p",
-        "udp",
-        "-f",
-        family_flag(flow.family()),
-        "--orig-src",
-        &o.src.to_string(),
-        "--orig-dst",
-        &o.dst.to_string(),
-        "--orig-port-src",
-        &o.sport.to_string(),
-        "--orig-port-dst",
-        &o.dport.to_string(),
-        "--reply-src",
-        &r.src.to_string(),
-        "--reply-dst",
-        &r.dst.to_string(),
-        "--reply-port-src",
-        &r.sport.to_string(),
-        "--reply-port-dst",
-        &r.dport.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
 /// The `conntrack -D` arguments selecting every entry of `flows`.
 pub fn delete_matching_args(flows: &EndpointFlows) -> Vec<String> {
     let protocol = protocol_name(flows.protocol);
@@ -190,20 +158,6 @@ impl Conntrack for CliConntrack {
             }
         }
         Ok(flows)
-    }
-
-    fn delete(&mut self, flow: &Flow) -> Result<bool, Error> {
-        let mut delete = Command::new(&self.binary);
-        delete.args(delete_args(flow));
-        let out = command::output(&mut delete)?;
-        if out.status.success() {
-            return Ok(true);
-        }
-        // Exit 1 with "0 flow entries have been deleted": it expired or was deleted meanwhile.
-        if String::from_utf8_lossy(&out.stderr).contains("0 flow entries") {
-            return Ok(false);
-        }
-        Err(command::failed(&delete, &out))
     }
 
     fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error> {
@@ -286,19 +240,6 @@ mod tests {
         assert_eq!(
             deleted_count("conntrack v1.4.7 (conntrack-tools): Operation not permitted"),
             None
-        );
-    }
-
-    #[test]
-    fn deletes_name_the_whole_tuple() {
-        let line = "udp 17 99 src=10.0.0.1 dst=10.96.0.10 sport=4000 dport=53 src=10.244.2.53 \
-                    dst=10.0.0.1 sport=53 dport=4000 mark=0 use=1";
-        let flow = parse_line(line).unwrap().unwrap();
-        assert_eq!(
-            delete_args(&flow).join(" "),
-            "-D -p udp -f ipv4 --orig-src 10.0.0.1 --orig-dst 10.96.0.10 --orig-port-src 4000 \
-             --orig-port-dst 53 --reply-src 10.244.2.53 --reply-dst 10.0.0.1 --reply-port-src 53 \
-             --reply-port-dst 4000"
         );
     }
 }

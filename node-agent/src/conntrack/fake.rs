@@ -1,10 +1,10 @@
 //! An in-memory conntrack table for tests: flows are added by the test, listed and deleted by the code
-//! under test, and the deletions are recorded.
+//! under test, and the filters it ran are recorded.
 //!
 //! ```text
-//! test ─► add(flow) / add_tracked(protocol, flow) ─► FakeConntrack (shared) ◄─ list / delete /
-//!                                                     delete_matching ─ code under test
-//!                                                  └─► flows(), tracked(), deleted(), cleared() for assertions
+//! test ─► add(flow) / add_tracked(protocol, flow) ─► FakeConntrack (shared) ◄─ list / delete_matching
+//!                                                                               ─ code under test
+//!                                                  └─► flows(), tracked(), cleared(), lists() for assertions
 //! ```
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,7 +18,6 @@ use crate::error::Error;
 struct State {
     flows: Vec<Flow>,
     tracked: Vec<(Protocol, Flow)>,
-    deleted: Vec<Flow>,
     cleared: Vec<EndpointFlows>,
     lists: usize,
     fail: bool,
@@ -35,12 +34,12 @@ impl FakeConntrack {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a flow to the table.
+    /// Adds a UDP flow to the table.
     pub fn add(&self, flow: Flow) {
         self.lock().flows.push(flow);
     }
 
-    /// Adds a flow of another protocol than UDP (listed by its protocol; `delete` never takes it).
+    /// Adds a flow of another protocol than UDP.
     pub fn add_tracked(&self, protocol: Protocol, flow: Flow) {
         self.lock().tracked.push((protocol, flow));
     }
@@ -58,11 +57,6 @@ impl FakeConntrack {
     /// The filters `delete_matching` was called with, in order.
     pub fn cleared(&self) -> Vec<EndpointFlows> {
         self.lock().cleared.clone()
-    }
-
-    /// The flows deleted so far, in order.
-    pub fn deleted(&self) -> Vec<Flow> {
-        self.lock().deleted.clone()
     }
 
     /// How many times the table was listed.
@@ -103,21 +97,6 @@ impl Conntrack for FakeConntrack {
             .collect())
     }
 
-    fn delete(&mut self, flow: &Flow) -> Result<bool, Error> {
-        let mut state = self.lock();
-        if state.fail {
-            return Err(unavailable());
-        }
-        match state.flows.iter().position(|f| f == flow) {
-            Some(index) => {
-                state.flows.remove(index);
-                state.deleted.push(*flow);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
     fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error> {
         let mut state = self.lock();
         if state.fail {
@@ -155,19 +134,18 @@ mod tests {
     }
 
     #[test]
-    fn lists_by_family_and_deletes_exact_flows() {
+    fn lists_by_protocol_and_family() {
         let mut fake = FakeConntrack::default();
         let (v4, v6) = (flow("10.0.0.1", "10.96.0.10"), flow("fd00::1", "fd00::10"));
         fake.add(v4);
         fake.add(v6);
+        fake.add_tracked(Protocol::TCP, v4);
         assert_eq!(fake.list(Protocol::UDP, IpFamily::IPv4).unwrap(), vec![v4]);
-        assert!(fake.delete(&v4).unwrap());
-        assert!(!fake.delete(&v4).unwrap());
-        assert_eq!(fake.flows(), vec![v6]);
-        assert_eq!(fake.deleted(), vec![v4]);
+        assert_eq!(fake.list(Protocol::UDP, IpFamily::IPv6).unwrap(), vec![v6]);
+        assert_eq!(fake.list(Protocol::SCTP, IpFamily::IPv4).unwrap(), vec![]);
         fake.set_failing(true);
         assert!(fake.list(Protocol::UDP, IpFamily::IPv6).is_err());
-        assert_eq!(fake.lists(), 1);
+        assert_eq!(fake.lists(), 3);
     }
 
     #[test]

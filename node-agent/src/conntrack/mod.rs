@@ -1,10 +1,12 @@
-//! Conntrack hygiene after syncs: kube-proxy's stale UDP cleanup (`CleanStaleEntries`), and the flows of
-//! endpoints that left their Service, on every protocol.
+//! Conntrack hygiene after syncs: kube-proxy's stale UDP cleanup (its conntrack reconciler), and the
+//! flows of endpoints that left their Service, on every protocol.
 //!
 //! ```text
 //! sync applied, some UDP entry's endpoints changed
-//!   └─► udp_targets(spec, family) ─► Targets { (service IP, port) → endpoint IPs, nodePort → endpoint IPs }
-//!       Conntrack::list_udp(family) ─► [Flow] ─► stale_flows(targets, flows) ─► Conntrack::delete(flow)
+//!   └─► udp_targets(spec, family) ─► Targets { (service IP, port) → serving endpoints (address, port),
+//!                                              nodePort → serving endpoints }
+//!       Conntrack::list(UDP, family) ─► [Flow] ─► stale_filters(targets, flows) ─► Conntrack::delete_matching
+//!       each (one per frontend × stale endpoint address and port, however many clients)
 //! sync applied over an earlier plan
 //!   └─► removed_endpoints(previous, current) ─► [EndpointFlows] ─► clear_removed():
 //!       ≤ 16 filters: Conntrack::delete_matching each; more: Conntrack::list per protocol and family
@@ -12,12 +14,14 @@
 //! ```
 //!
 //! UDP has no connection teardown: a client that keeps sending to a ClusterIP keeps its conntrack entry,
-//! and with it the DNAT to an endpoint that may be gone, for as long as it sends (kubernetes#19029,
-//! #125467). After a sync in which any UDP entry's endpoints changed, every UDP flow whose original
-//! destination is one of an entry's frontends (ClusterIP, LoadBalancer IP or externalIP with the port, or
-//! any address with the NodePort) and whose reply source is not one of that entry's endpoints is
-//! deleted, so the next packet is DNATed afresh. Traffic policy and topology are ignored; entries with
-//! no endpoints are skipped (their traffic is rejected anyway).
+//! and with it the DNAT to an endpoint that may be gone, or serve on another port now, for as long as it
+//! sends (kubernetes#19029, #125467). After a sync in which any UDP entry's endpoints changed, every UDP
+//! flow whose original destination is one of an entry's frontends (ClusterIP, LoadBalancer IP or
+//! externalIP with the port, or any address with the NodePort) and whose reply source, address and port,
+//! is not one of that entry's serving endpoints is deleted, so the next packet is DNATed afresh
+//! ([`select`]). Traffic policy and topology are ignored; terminating endpoints still serve, so their
+//! flows drain; an entry whose endpoints are all gone or unready loses every flow (kubernetes#139628:
+//! its REJECT answers the next packet).
 //!
 //! TCP, SCTP (and UDP) connections to an endpoint that *left* its Service — listed nowhere in the new
 //! plan's entry, neither as an endpoint nor as an unready address — are cleared too ([`removed`]):
@@ -28,12 +32,14 @@ pub mod cli;
 pub mod fake;
 pub mod removed;
 pub mod select;
+pub mod settings;
 
 pub use cli::CliConntrack;
 #[cfg(any(test, feature = "testing"))]
 pub use fake::FakeConntrack;
 pub use removed::{EndpointFlows, LIST_FIRST_ABOVE, matched, removed_endpoints};
-pub use select::{Targets, stale_flows, udp_fingerprints, udp_targets};
+pub use select::{Targets, stale_filters, udp_fingerprints, udp_targets};
+pub use settings::ConntrackSettings;
 
 use std::net::IpAddr;
 
@@ -54,7 +60,7 @@ pub struct Tuple {
     pub dport: u16,
 }
 
-/// A UDP conntrack entry: the original direction and the expected reply.
+/// A conntrack entry: the original direction and the expected reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Flow {
     /// As the client sent it (destination = the service frontend).
@@ -74,8 +80,6 @@ impl Flow {
 pub trait Conntrack: Send {
     /// Every entry of `protocol` and `family`.
     fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error>;
-    /// Deletes exactly this UDP entry; false when it was already gone.
-    fn delete(&mut self, flow: &Flow) -> Result<bool, Error>;
     /// Deletes every entry of `flows` (one filter, however many entries match); returns how many.
     fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error>;
 }

@@ -10,7 +10,7 @@
 //!        ├─► ipset::Ipsets (ipset restore batches)        ExecIpsets │ FakeIpsets
 //!        ├─► dummy::ServiceAddrs (swyd-ipvs0, rtnetlink)   NetlinkDummy │ FakeDummy
 //!        ├─► xtables::kernel::Iptables (the glue)          ExecIptables │ xtables::fake::FakeIptables
-//!        └─► sysctl::Sysctls                               ProcSysctls │ FakeSysctls
+//!        └─► crate::sysctl::Sysctls (sysctl::wanted)       ProcSysctls │ FakeSysctls
 //! Chosen per plan by crate::backend::Selector (iptables where the kernel has no IPVS); the real edges
 //! are wired in crate::wiring::dataplane.
 //! ```

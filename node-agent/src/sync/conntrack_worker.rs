@@ -5,7 +5,8 @@
 //! Syncer::apply ─► Ok ─► udp_targets / removed_endpoints (pure) ─► Job::{Stale, Removed} ─► channel
 //!                                                                                              │
 //!   worker thread (owns Box<dyn Conntrack>) ◄───────────────────────────────────────────────────┘
-//!     Stale: list UDP per family ─► stale_flows ─► delete each
+//!     Stale: list UDP per family once ─► stale_filters ─► delete_matching each (one per frontend and
+//!            stale endpoint address:port, however many clients hold a flow there)
 //!     Removed: clear_removed (one filter each, or list first past 16) ─► counts
 //!     ─► SyncMetrics (cleared by reason, failures) and the shared total that status reports
 //! ```
@@ -24,7 +25,7 @@ use std::time::Instant;
 use switchyard_api::{IpFamily, Protocol};
 
 use super::metrics::{CLEARED_ENDPOINT_REMOVED, CLEARED_UDP_STALE, ReasonLabel, SyncMetrics};
-use crate::conntrack::{Conntrack, EndpointFlows, Targets, clear_removed, stale_flows};
+use crate::conntrack::{Conntrack, EndpointFlows, Targets, clear_removed, stale_filters};
 
 /// One piece of hygiene after an applied sync.
 #[derive(Debug)]
@@ -129,7 +130,8 @@ impl Worker {
     }
 
     fn clear_stale(&mut self, targets: &[(IpFamily, Targets)]) {
-        let mut deleted = 0u64;
+        let started = Instant::now();
+        let (mut deleted, mut run) = (0u64, 0usize);
         for (family, targets) in targets {
             let flows = match self.conntrack.list(Protocol::UDP, *family) {
                 Ok(flows) => flows,
@@ -139,12 +141,14 @@ impl Worker {
                     continue;
                 }
             };
-            for flow in stale_flows(targets, &flows) {
-                match self.conntrack.delete(&flow) {
-                    Ok(true) => deleted += 1,
-                    Ok(false) => {}
+            for filter in stale_filters(targets, *family, &flows) {
+                match self.conntrack.delete_matching(&filter) {
+                    Ok(count) => {
+                        deleted += count;
+                        run += 1;
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, ?flow, "deleting a stale conntrack entry failed");
+                        tracing::warn!(error = %e, ?filter, "deleting stale UDP conntrack entries failed");
                         self.metrics.conntrack_failures.inc();
                         break;
                     }
@@ -152,7 +156,12 @@ impl Worker {
             }
         }
         if deleted > 0 {
-            tracing::info!(deleted, "deleted stale UDP conntrack entries");
+            tracing::info!(
+                deleted,
+                filters = run,
+                took_ms = started.elapsed().as_millis() as u64,
+                "deleted stale UDP conntrack entries"
+            );
             self.metrics.conntrack_deleted.inc_by(deleted);
             self.count(CLEARED_UDP_STALE, deleted);
         }
@@ -224,7 +233,7 @@ mod tests {
         let mut targets = Targets::default();
         targets.by_address.insert(
             ("10.96.0.10".parse().unwrap(), 53),
-            ["10.244.2.53".parse().unwrap()].into(),
+            [("10.244.2.53".parse().unwrap(), 53)].into(),
         );
         worker.submit(Job::Stale(vec![(IpFamily::IPv4, targets)]));
         worker.settle();

@@ -91,6 +91,8 @@ pub struct SyncMetrics {
     pub conntrack_cleared: Family<ReasonLabel, Counter>,
     /// Conntrack cleanups that failed.
     pub conntrack_failures: Counter,
+    /// Conntrack sysctls that could not be read or set (`crate::conntrack::settings`).
+    pub conntrack_sysctl_failures: Counter,
 }
 
 impl Default for SyncMetrics {
@@ -131,6 +133,7 @@ impl Default for SyncMetrics {
                 family
             },
             conntrack_failures: Counter::default(),
+            conntrack_sysctl_failures: Counter::default(),
         }
     }
 }
@@ -188,6 +191,11 @@ impl SyncMetrics {
             "conntrack_cleanup_failures",
             "Conntrack cleanups that failed",
             self.conntrack_failures.clone(),
+        );
+        registry.register(
+            "conntrack_sysctl_failures",
+            "Conntrack sysctls (timeouts, table size) that could not be read or set",
+            self.conntrack_sysctl_failures.clone(),
         );
     }
 }

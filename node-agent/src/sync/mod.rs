@@ -6,8 +6,9 @@
 //!   Clock (now, wall) ───────────────────►│◄──── SyncOutcome / Drift ┘
 //!                                         ├─► status (conditions, counts, failures)
 //!                                         ├─► SyncMetrics
-//!                                         └─► conntrack_worker (its own thread): stale UDP entries,
-//!                                             flows of removed endpoints
+//!                                         ├─► conntrack_worker (its own thread): stale UDP entries,
+//!                                         │   flows of removed endpoints
+//!                                         └─► conntrack_sysctls (after full syncs): conntrack's timeouts
 //! ```
 //!
 //! Pure pieces (composition, backoff, status_fields: the status' conditions and failures) are separate
@@ -17,6 +18,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod composition;
+pub mod conntrack_sysctls;
 pub mod conntrack_worker;
 pub mod dataplane;
 pub mod metrics;

@@ -10,7 +10,8 @@
 //!     full? = start | after a failure | drift | full-sync period due      (else partial)
 //!                      ▼
 //!               Dataplane::sync ─► Ok ─► Applied; queued to the conntrack worker: stale UDP entries if UDP
-//!                                       endpoints changed, flows of endpoints that left their Service
+//!                                       endpoints changed, flows of endpoints that left their Service;
+//!                                       after a full sync: conntrack's sysctls (ConntrackSysctls)
 //!                               └► Err ─► ApplyFailed (rules stay), retry full after 1 s, 2 s, … 30 s
 //! check_drift ─► Dataplane::check_drift ─► drift ─► full sync of the applied plan, driftRepairs += 1
 //! resync_if_due ─► full-sync period over ─► full sync of the applied plan
@@ -34,11 +35,12 @@ use switchyard_api::{
 use super::backoff::Backoff;
 use super::clock::{Clock, rfc3339};
 use super::composition::{Composition, LastGood, SliceObject, compose_plan};
+use super::conntrack_sysctls::ConntrackSysctls;
 use super::conntrack_worker::{ConntrackWorker, Job};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
 use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
-use crate::conntrack::{Conntrack, removed_endpoints, udp_fingerprints, udp_targets};
+use crate::conntrack::{Conntrack, ConntrackSettings, removed_endpoints, udp_fingerprints, udp_targets};
 use crate::error::Error;
 
 /// Timing of the sync loop.
@@ -143,6 +145,7 @@ struct Applied {
 pub struct Syncer {
     dataplane: Box<dyn Dataplane>,
     conntrack: Option<ConntrackWorker>,
+    conntrack_sysctls: Option<ConntrackSysctls>,
     clock: Arc<dyn Clock>,
     config: SyncConfig,
     metrics: SyncMetrics,
@@ -157,6 +160,8 @@ pub struct Syncer {
     extra_failures: Vec<ServiceFailure>,
     /// Why the last write of the plan cache failed, while it does.
     cache_problem: Option<String>,
+    /// Which conntrack sysctls the last full sync could not set, while it could not.
+    sysctl_problem: Option<String>,
     /// A full sync of the applied plan (drift repair or periodic) failed: it is retried with the
     /// backoff, carrying the drift it was repairing.
     failed_reapply: Option<PendingReapply>,
@@ -187,6 +192,7 @@ impl Syncer {
         Self {
             dataplane,
             conntrack: None,
+            conntrack_sysctls: None,
             clock,
             config,
             metrics,
@@ -200,6 +206,7 @@ impl Syncer {
             drift_repairs: 0,
             extra_failures: Vec::new(),
             cache_problem: None,
+            sysctl_problem: None,
             failed_reapply: None,
             last_good: LastGood::default(),
         }
@@ -209,6 +216,17 @@ impl Syncer {
     /// endpoints), on a worker thread of its own ([`ConntrackWorker`]).
     pub fn with_conntrack(mut self, conntrack: Box<dyn Conntrack>) -> Self {
         self.conntrack = Some(ConntrackWorker::start(conntrack, self.metrics.clone()));
+        self
+    }
+
+    /// Keeps conntrack's sysctls as `settings` ask through `sysctls`, after every full sync
+    /// ([`ConntrackSysctls`]); a failure shows as Degraded (ConntrackSysctlFailed) while nothing worse is.
+    pub fn with_conntrack_sysctls(
+        mut self,
+        sysctls: Box<dyn crate::sysctl::Sysctls>,
+        settings: ConntrackSettings,
+    ) -> Self {
+        self.conntrack_sysctls = Some(ConntrackSysctls::new(sysctls, settings));
         self
     }
 
@@ -568,6 +586,9 @@ impl Syncer {
                 self.backoff.reset();
                 if mode == SyncMode::Full {
                     self.last_full = Some(now);
+                    if let Some(sysctls) = &mut self.conntrack_sysctls {
+                        self.sysctl_problem = sysctls.reconcile(&self.metrics);
+                    }
                 }
                 self.last = Last::Applied;
                 self.update_conditions();
@@ -697,6 +718,15 @@ impl Syncer {
                                 "cannot write the plan cache ({problem}); forwarding is unaffected, but a \
                                  restart without the API server would start without rules"
                             ),
+                        ),
+                    )
+                } else if let (0, Some(problem)) = (failures, &self.sysctl_problem) {
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (
+                            cond::TRUE,
+                            reasons::CONNTRACK_SYSCTL_FAILED,
+                            format!("{problem}; forwarding is unaffected (retried at the next full sync)"),
                         ),
                     )
                 } else if failures == 0 {

@@ -28,7 +28,7 @@ use crate::ipvs::dummy::{INTERFACE, NetlinkDummy, ServiceAddrs};
 use crate::ipvs::ipset::ExecIpsets;
 use crate::ipvs::kernel::{Absent, Ipvs};
 use crate::ipvs::netlink::NetlinkIpvs;
-use crate::ipvs::sysctl::{OSRELEASE, ProcSysctls};
+use crate::ipvs::sysctl::OSRELEASE;
 use crate::nftables::dataplane::NftablesDataplane;
 use crate::nftables::exec::ExecNft;
 use crate::probe::{
@@ -37,6 +37,7 @@ use crate::probe::{
 };
 use crate::sync::dataplane::{Cleanup, Dataplane};
 use crate::sync::{Clock, SystemClock};
+use crate::sysctl::ProcSysctls;
 use crate::xtables::exec::ExecIptables;
 use crate::xtables::mode::{IptablesMode, Variant};
 

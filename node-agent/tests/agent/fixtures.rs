@@ -7,10 +7,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use switchyard_agent::backend::HostFacts;
-use switchyard_agent::conntrack::FakeConntrack;
+use switchyard_agent::conntrack::settings::{TCP_TIMEOUT_CLOSE_WAIT, TCP_TIMEOUT_ESTABLISHED};
+use switchyard_agent::conntrack::{ConntrackSettings, FakeConntrack};
 use switchyard_agent::iptables::dataplane::IptablesDataplane;
 use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::{FakeClock, SyncConfig, SyncMetrics, Syncer};
+use switchyard_agent::sysctl::FakeSysctls;
 use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::testing::{EntryExt, entry, ep, plan};
 use switchyard_api::{NodeForwardingPlanSpec, Protocol};
@@ -23,11 +25,13 @@ pub fn local_addrs() -> Vec<IpAddr> {
     vec![ip("192.168.10.11"), ip("127.0.0.1")]
 }
 
-/// A syncer over a fake kernel, a fake conntrack table and a fake clock.
+/// A syncer over a fake kernel, a fake conntrack table, fake sysctls (a stock kernel's conntrack
+/// timeouts) and a fake clock.
 pub struct Harness {
     pub syncer: Syncer,
     pub iptables: FakeIptables,
     pub conntrack: FakeConntrack,
+    pub sysctls: FakeSysctls,
     pub clock: Arc<FakeClock>,
 }
 
@@ -41,6 +45,9 @@ impl Harness {
     pub fn on(iptables: FakeIptables) -> Self {
         let clock = Arc::new(FakeClock::at_2026());
         let conntrack = FakeConntrack::default();
+        let sysctls = FakeSysctls::new();
+        sysctls.put(TCP_TIMEOUT_ESTABLISHED, "432000");
+        sysctls.put(TCP_TIMEOUT_CLOSE_WAIT, "60");
         let dataplane = IptablesDataplane::new(
             iptables.clone(),
             FixedAddrs(local_addrs()),
@@ -55,11 +62,13 @@ impl Harness {
             SyncConfig::default(),
             SyncMetrics::default(),
         )
-        .with_conntrack(Box::new(conntrack.clone()));
+        .with_conntrack(Box::new(conntrack.clone()))
+        .with_conntrack_sysctls(Box::new(sysctls.clone()), ConntrackSettings::default());
         Self {
             syncer,
             iptables,
             conntrack,
+            sysctls,
             clock,
         }
     }

@@ -294,14 +294,14 @@ fn stale_udp_conntrack_entries_are_deleted_after_an_endpoint_change() {
     let plan = write_plan(&netns, &spec());
     let out = netns.agent(&["apply", "--plan", &plan]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let insert = |reply: &str, sport: u16| {
+    let insert = |reply: &str, reply_port: u16, sport: u16| {
         netns.sh(&format!(
             "conntrack -I -p udp -s 10.244.1.9 -d 10.96.0.10 --sport {sport} --dport 53 -r {reply} -q 10.244.1.9 \
-             --reply-port-src 53 --reply-port-dst {sport} -t 120 2>/dev/null"
+             --reply-port-src {reply_port} --reply-port-dst {sport} -t 120 2>/dev/null"
         ));
     };
-    insert("10.244.3.53", 41000); // answered by an endpoint that is about to go
-    insert("10.244.2.53", 41001); // answered by the endpoint that stays
+    insert("10.244.3.53", 53, 41000); // answered by an endpoint that is about to go
+    insert("10.244.2.53", 53, 41001); // answered by the endpoint that stays
 
     let mut b = spec();
     std::sync::Arc::make_mut(
@@ -319,6 +319,81 @@ fn stale_udp_conntrack_entries_are_deleted_after_an_endpoint_change() {
     let left = netns.sh("conntrack -L -p udp 2>/dev/null");
     assert!(!left.contains("sport=41000"), "the stale flow survived:\n{left}");
     assert!(left.contains("sport=41001"), "the good flow was deleted:\n{left}");
+
+    // 10.244.2.53 now serves on 5353 (same address, new port): its flows on 53 go, one on 5353 stays.
+    insert("10.244.2.53", 5353, 41002);
+    let dns = b
+        .services
+        .iter_mut()
+        .find(|e| e.name == "kube-system/dns:dns")
+        .unwrap();
+    std::sync::Arc::make_mut(dns).endpoints[0].port = 5353;
+    finish(&mut b);
+    write_plan(&netns, &b);
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let left = netns.sh("conntrack -L -p udp 2>/dev/null");
+    assert!(
+        !left.contains("sport=41001"),
+        "the flow to the old port survived:\n{left}"
+    );
+    assert!(
+        left.contains("sport=41002"),
+        "the flow to the new port was deleted:\n{left}"
+    );
+}
+
+#[test]
+fn apply_and_set_sysctls_raise_conntracks_timeouts_in_the_nodes_namespace_only() {
+    if !lab_allowed("apply_and_set_sysctls_raise_conntracks_timeouts_in_the_nodes_namespace_only") {
+        return;
+    }
+    const CLOSE_WAIT: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait";
+    const ESTABLISHED: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established";
+    let host = |file: &str| std::fs::read_to_string(file).unwrap().trim().to_string();
+    let host_before = (host(CLOSE_WAIT), host(ESTABLISHED));
+    let netns = Netns::new("sysctls");
+    let read = |file: &str| netns.sh(&format!("cat {file}")).trim().to_string();
+    // A new namespace starts from the kernel's defaults, whatever the host set.
+    assert_eq!(
+        (read(CLOSE_WAIT), read(ESTABLISHED)),
+        ("60".into(), "432000".into())
+    );
+
+    let plan = write_plan(&netns, &spec());
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert!(
+        log.contains("nf_conntrack_tcp_timeout_close_wait: raised from 60 to 3600"),
+        "{log}"
+    );
+    assert!(log.contains("432000 kept (higher than 86400"), "{log}");
+    assert_eq!(read(CLOSE_WAIT), "3600");
+    assert_eq!(read(ESTABLISHED), "432000", "never lowered unless asked");
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(!status.contains("ConntrackSysctlFailed"), "{status}");
+
+    // The init container's command: lowering asked for, the close-wait timeout left alone.
+    let out = netns.agent(&[
+        "set-sysctls",
+        "--conntrack-lower-host-values",
+        "--conntrack-tcp-timeout-close-wait=0",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "net.netfilter.nf_conntrack_tcp_timeout_established: lowered from 432000 to 86400\n"
+    );
+    assert_eq!(
+        (read(CLOSE_WAIT), read(ESTABLISHED)),
+        ("3600".into(), "86400".into())
+    );
+    assert_eq!(
+        (host(CLOSE_WAIT), host(ESTABLISHED)),
+        host_before,
+        "the host's own namespace is untouched"
+    );
 }
 
 #[test]

@@ -72,6 +72,55 @@ fn a_failing_plan_cache_shows_as_degraded_until_a_write_works_again() {
 }
 
 #[test]
+fn conntrack_sysctls_are_raised_after_full_syncs_and_one_that_cannot_be_set_shows_as_degraded() {
+    use switchyard_agent::conntrack::settings::{TCP_TIMEOUT_CLOSE_WAIT, TCP_TIMEOUT_ESTABLISHED};
+    let mut h = Harness::new();
+    // /proc/sys read-only, as in an unprivileged container.
+    h.sysctls.set_read_only(true);
+    assert!(matches!(h.sync(&base()), SyncResult::Applied { .. }));
+    let s = h.syncer.status();
+    assert_eq!(condition(&s, APPLIED), (status::TRUE, reasons::SYNCED));
+    assert_eq!(
+        condition(&s, DEGRADED),
+        (status::TRUE, reasons::CONNTRACK_SYSCTL_FAILED)
+    );
+    let degraded = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();
+    assert!(
+        degraded
+            .message
+            .contains("nf_conntrack_tcp_timeout_close_wait: cannot set 3600 (found 60)"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(h.syncer.metrics().conntrack_sysctl_failures.get(), 1);
+
+    // A partial sync does not touch them; the next full sync (the full-sync period) sets them.
+    h.sysctls.set_read_only(false);
+    let changed = edit(&base(), "ns1/api:https", |e| e.port = 444);
+    assert_eq!(mode(&h.sync(&changed)), SyncMode::Partial);
+    assert_eq!(h.sysctls.values()[TCP_TIMEOUT_CLOSE_WAIT], "60");
+    h.clock.advance(Duration::from_secs(3600));
+    assert_eq!(mode(&h.syncer.resync_if_due().unwrap()), SyncMode::Full);
+    assert_eq!(
+        condition(&h.syncer.status(), DEGRADED),
+        (status::FALSE, reasons::HEALTHY)
+    );
+    let values = h.sysctls.values();
+    assert_eq!(values[TCP_TIMEOUT_CLOSE_WAIT], "3600");
+    assert_eq!(
+        values[TCP_TIMEOUT_ESTABLISHED], "432000",
+        "the host's higher value stays"
+    );
+
+    // Someone lowers one: the next full sync puts it back.
+    h.sysctls.put(TCP_TIMEOUT_CLOSE_WAIT, "60");
+    h.clock.advance(Duration::from_secs(3600));
+    h.syncer.resync_if_due().unwrap();
+    assert_eq!(h.sysctls.values()[TCP_TIMEOUT_CLOSE_WAIT], "3600");
+    assert_eq!(h.syncer.metrics().conntrack_sysctl_failures.get(), 1);
+}
+
+#[test]
 fn the_first_sync_is_full_and_programs_chains_jump_rules_and_status() {
     let mut h = Harness::new();
     let spec = base();
@@ -785,6 +834,16 @@ fn udp_flow(client: &str, dst: &str, dport: u16, endpoint: &str) -> Flow {
     }
 }
 
+fn cleared(h: &Harness, reason: &str) -> u64 {
+    h.syncer
+        .metrics()
+        .conntrack_cleared
+        .get_or_create(&switchyard_agent::sync::metrics::ReasonLabel {
+            reason: reason.into(),
+        })
+        .get()
+}
+
 #[test]
 fn udp_endpoint_changes_clean_stale_conntrack_entries() {
     let mut h = Harness::new();
@@ -809,14 +868,79 @@ fn udp_endpoint_changes_clean_stale_conntrack_entries() {
         e.endpoints.retain(|ep| ep.ip != "10.244.3.53");
     });
     h.sync(&udp);
-    assert_eq!(h.conntrack.deleted(), vec![to_gone]);
     assert_eq!(h.conntrack.flows(), vec![to_kept, elsewhere]);
+    assert_eq!(cleared(&h, "udp-stale"), 1);
+    assert_eq!(h.syncer.status().conntrack_flows_cleared, 1);
 
     // A failing conntrack is logged and counted, never fatal.
     h.conntrack.set_failing(true);
     let again = edit(&udp, "kube-system/dns:dns", |e| e.endpoints[0].port = 5353);
     assert!(matches!(h.sync(&again), SyncResult::Applied { .. }));
     assert_eq!(h.syncer.metrics().conntrack_failures.get(), 1);
+}
+
+#[test]
+fn udp_flows_to_an_endpoint_now_serving_on_another_port_go_in_one_batch_and_terminating_ones_stay() {
+    let mut h = Harness::new();
+    h.sync(&base());
+    // 40 clients hold a flow to 10.244.2.53:53, one to 10.244.3.53:53.
+    let old_port: Vec<Flow> = (0..40u16)
+        .map(|i| {
+            let mut flow = udp_flow(&format!("10.244.1.{}", 10 + i), "10.96.0.10", 53, "10.244.2.53");
+            flow.original.sport += i;
+            flow.reply.dport = flow.original.sport;
+            flow
+        })
+        .collect();
+    let to_terminating = udp_flow("10.244.1.9", "10.96.0.10", 53, "10.244.3.53");
+    for flow in old_port.iter().chain([&to_terminating]) {
+        h.conntrack.add(*flow);
+    }
+    let lists = h.conntrack.lists();
+
+    // The same address now serves on 5353 (a changed targetPort); the other endpoint terminates.
+    let moved = edit(&base(), "kube-system/dns:dns", |e| {
+        e.endpoints[0].port = 5353;
+        e.endpoints[1].terminating = true;
+    });
+    assert!(matches!(h.sync(&moved), SyncResult::Applied { .. }));
+    assert_eq!(
+        h.conntrack.flows(),
+        vec![to_terminating],
+        "the terminating endpoint drains"
+    );
+    assert_eq!(h.conntrack.lists(), lists + 1, "the UDP table listed once");
+    let filters = h.conntrack.cleared();
+    assert_eq!(filters.len(), 1, "one filter for every client: {filters:?}");
+    assert_eq!(
+        (filters[0].endpoint, filters[0].endpoint_port),
+        (ip("10.244.2.53"), Some(53))
+    );
+    assert_eq!(cleared(&h, "udp-stale"), 40);
+    assert_eq!(cleared(&h, "endpoint-removed"), 0);
+    assert_eq!(h.syncer.status().conntrack_flows_cleared, 40);
+}
+
+#[test]
+fn udp_flows_of_an_entry_whose_endpoints_all_turned_unready_are_cleared() {
+    // kubernetes#139628: still listed (unreadyIPs), so nothing "left"; no endpoint serves either.
+    let mut h = Harness::new();
+    h.sync(&base());
+    let to_a = udp_flow("10.244.1.9", "10.96.0.10", 53, "10.244.2.53");
+    let to_b = udp_flow("10.244.1.8", "10.96.0.10", 53, "10.244.3.53");
+    let tcp = tcp_flow("10.244.1.7", "10.96.0.1", 80, "10.244.2.5", 8080);
+    h.conntrack.add(to_a);
+    h.conntrack.add(to_b);
+    h.conntrack.add_tracked(Protocol::TCP, tcp);
+    let unready = edit(&base(), "kube-system/dns:dns", |e| {
+        e.unready_ips = e.endpoints.drain(..).map(|ep| ep.ip).collect();
+        e.has_endpoints = false;
+    });
+    assert!(matches!(h.sync(&unready), SyncResult::Applied { .. }));
+    assert_eq!(h.conntrack.flows(), vec![]);
+    assert_eq!(h.conntrack.tracked(), vec![(Protocol::TCP, tcp)]);
+    assert_eq!(cleared(&h, "udp-stale"), 2);
+    assert_eq!(h.syncer.status().conntrack_flows_cleared, 2);
 }
 
 fn tcp_flow(client: &str, dst: &str, dport: u16, endpoint: &str, endpoint_port: u16) -> Flow {
@@ -860,17 +984,8 @@ fn connections_of_an_endpoint_that_left_are_cleared_and_draining_ones_are_not() 
         vec![to_other, direct_to_5]
     );
     assert_eq!(h.syncer.status().conntrack_flows_cleared, 2);
-    let cleared = |reason: &str| {
-        h.syncer
-            .metrics()
-            .conntrack_cleared
-            .get_or_create(&switchyard_agent::sync::metrics::ReasonLabel {
-                reason: reason.into(),
-            })
-            .get()
-    };
-    assert_eq!(cleared("endpoint-removed"), 2);
-    assert_eq!(cleared("udp-stale"), 0);
+    assert_eq!(cleared(&h, "endpoint-removed"), 2);
+    assert_eq!(cleared(&h, "udp-stale"), 0);
 
     // Opted out: an endpoint that leaves keeps its connections.
     let kept = edit(&gone, "ns1/web:http", |e| e.keep_connections = true);

@@ -10,11 +10,11 @@ use switchyard_agent::ipvs::dummy::FakeDummy;
 use switchyard_agent::ipvs::fake::FakeIpvs;
 use switchyard_agent::ipvs::ipset::FakeIpsets;
 use switchyard_agent::ipvs::kernel::{RealKey, VirtualKey};
-use switchyard_agent::ipvs::sysctl::FakeSysctls;
 use switchyard_agent::ipvs::{IpvsConfig, IpvsDataplane, IpvsEdges};
 use switchyard_agent::probe::FixedAddrs;
 use switchyard_agent::sync::FakeClock;
 use switchyard_agent::sync::dataplane::{Dataplane, SyncOutcome, SyncRequest};
+use switchyard_agent::sysctl::FakeSysctls;
 use switchyard_agent::xtables::fake::FakeIptables;
 use switchyard_api::{NodeForwardingPlanSpec, Protocol};
 
