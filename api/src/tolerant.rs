@@ -399,7 +399,12 @@ mod tests {
         assert_eq!(tolerant.meta().uid.as_deref(), Some("u1"));
         assert!(tolerant.meta().deletion_timestamp.is_some());
         assert_eq!(
-            tolerant.meta().labels.as_ref().and_then(|l| l.get("app")).map(String::as_str),
+            tolerant
+                .meta()
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .map(String::as_str),
             Some("web")
         );
         let undecodable = tolerant.undecodable().unwrap();
@@ -423,6 +428,11 @@ mod tests {
     #[test]
     fn only_invalid_json_fails() {
         assert!(serde_json::from_str::<Tolerant<Service>>("{\"metadata\": ").is_err());
-        assert!(serde_json::from_str::<Tolerant<Service>>("[1, 2]").unwrap().undecodable().is_some());
+        assert!(
+            serde_json::from_str::<Tolerant<Service>>("[1, 2]")
+                .unwrap()
+                .undecodable()
+                .is_some()
+        );
     }
 }
