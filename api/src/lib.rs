@@ -30,6 +30,7 @@ pub mod slice;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tolerant;
 pub mod validate;
 #[cfg(feature = "runtime")]
 pub mod watch;

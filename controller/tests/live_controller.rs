@@ -947,3 +947,99 @@ fn thread_cpu_ticks() -> u64 {
     // After the command: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
+
+/// Whether node-0000 forwards Service `s`: its stored plan composed with the stored slices (false while
+/// a view is incomplete).
+fn forwarded(server: &FakeApiServer, s: usize) -> bool {
+    let Some(plan) = server.get(Kind::Plan, "node-0000") else {
+        return false;
+    };
+    let Ok(plan) = serde_json::from_value::<switchyard_api::NodeForwardingPlanSpec>(plan["spec"].clone())
+    else {
+        return false;
+    };
+    let stored: Vec<(String, switchyard_api::ForwardingSliceSpec)> = server
+        .keys(Kind::ForwardingSlice)
+        .into_iter()
+        .filter_map(|name| {
+            let spec = server.get(Kind::ForwardingSlice, &name)?["spec"].clone();
+            Some((name, serde_json::from_value(spec).ok()?))
+        })
+        .collect();
+    let refs: Vec<switchyard_api::compose::SliceRef<'_>> = stored
+        .iter()
+        .map(|(name, spec)| switchyard_api::compose::SliceRef { name, spec })
+        .collect();
+    let prefix = format!("bench/svc-{s:05}:");
+    switchyard_api::compose::compose(&plan, &refs)
+        .is_ok_and(|composed| composed.spec.services.iter().any(|e| e.name.starts_with(&prefix)))
+}
+
+/// The upstream conformance suite writes a Service status condition with `lastTransitionTime: null`
+/// (the API server accepts it; k8s-openapi refuses it). Rewritten again and again, it never fails the
+/// Service watch, and a Service created meanwhile is planned. A Service whose port does not decode
+/// (the fake server stores anything) keeps its last good version, with a count and a Warning Event on
+/// it; deleted, it goes.
+#[tokio::test]
+async fn a_null_status_condition_never_breaks_the_service_watch() {
+    let server = FakeApiServer::new();
+    let shape = shape();
+    seed(&server, &shape);
+    let ctl = Controller::start(&server, Options::new(config(48 * 1024))).await;
+    assert!(eventually(Duration::from_secs(20), || server.keys(Kind::Plan).len() == 3).await);
+    assert!(forwarded(&server, 5));
+
+    for round in 0..5 {
+        let mut conformance = serde_json::to_value(service(3, &shape)).unwrap();
+        conformance["status"] = json!({
+            "loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]},
+            "conditions": [{"type": "StatusUpdate", "status": "True", "reason": "E2E",
+                            "message": format!("Set from e2e test, round {round}"),
+                            "lastTransitionTime": null}],
+        });
+        server.put(Kind::Service, conformance);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut broken = serde_json::to_value(service(5, &shape)).unwrap();
+    broken["spec"]["ports"][0]["port"] = json!("eighty");
+    server.put(Kind::Service, broken.clone());
+    server.put(Kind::Service, service(20, &shape));
+    server.put(Kind::EndpointSlice, slice(20, &shape, 0));
+    assert!(
+        eventually(Duration::from_secs(10), || forwarded(&server, 20)).await,
+        "the Service created meanwhile was never planned"
+    );
+    assert!(
+        forwarded(&server, 5),
+        "the last good version of the broken Service stays planned"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            server.keys(Kind::Event).iter().any(|key| {
+                server
+                    .get(Kind::Event, key)
+                    .is_some_and(|e| e["reason"] == "Undecodable" && e["regarding"]["name"] == "svc-00005")
+            })
+        })
+        .await,
+        "a Warning Event on the Service that does not decode: {:?}",
+        server.keys(Kind::Event)
+    );
+    let text = ctl.running.metrics.render();
+    assert!(
+        !text.contains("switchyard_controller_watch_errors_total{"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switchyard_controller_undecodable_objects_total{kind=\"Service\"} 1"),
+        "{text}"
+    );
+
+    // Deleted while it does not decode: its entries go.
+    server.remove(Kind::Service, "bench/svc-00005");
+    assert!(
+        eventually(Duration::from_secs(10), || !forwarded(&server, 5)).await,
+        "the deleted Service is still planned"
+    );
+    ctl.stop().await;
+}

@@ -11,6 +11,8 @@
 //!   with a kubeconfig impersonating the agent's service account and its node name
 //! checks: status appears and follows spec changes; agent identity: no spec writes (403), no status of
 //!   another node (the admission policy), none without a node name; controller identity: no status
+//! then, the controller stopped: a slice the agent cannot decode (issue 50) ─► last good copy stays
+//!   programmed, status Degraded=True InvalidSlice naming the field, no watch failure in its log
 //! cleanup: agent, relay, netns, controller, every object the test created
 //! ```
 //!
@@ -47,8 +49,9 @@ use kube::api::{DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch
 use kube::discovery::Scope;
 use kube::{Api, Client};
 use serde_json::{Value, json};
-use switchyard_api::conditions::{APPLIED, status as cond};
+use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
 use switchyard_api::names::AGENT_FIELD_MANAGER;
+use switchyard_api::tolerant::Tolerant;
 use switchyard_api::{ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanStatus};
 use switchyard_controller::Config;
 use switchyard_controller::live::run::{Options, run};
@@ -516,10 +519,19 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
         },
         None,
     ));
-    cleanup.later("stop the controller", async move {
-        let _ = stop_tx.send(());
-        let _ = controller.await;
-    });
+    // Stopped by the cleanup, or earlier by the scenario (a hand edit it must not restore at once).
+    let controller = std::sync::Arc::new(Mutex::new(Some((stop_tx, controller))));
+    let stop_controller = {
+        let controller = std::sync::Arc::clone(&controller);
+        move || async move {
+            let running = controller.lock().unwrap().take();
+            if let Some((stop, task)) = running {
+                let _ = stop.send(());
+                let _ = task.await;
+            }
+        }
+    };
+    cleanup.later("stop the controller", stop_controller.clone()());
     for node in [&names.node_a, &names.node_b] {
         let ns = names.ns.clone();
         wait_for(WAIT, "the plans and their views' slices", || {
@@ -692,4 +704,62 @@ async fn scenario(client: &Client, names: &Names, cleanup: &Cleanup) {
             .any(|s| s.name.starts_with(&format!("{}/", names.ns)) && s.endpoints.len() == 2),
         "the new endpoint is in what the agent applied"
     );
+
+    // A slice the agent cannot decode (issue 50): `spec.index` past u32 (the CRD bounds it below only,
+    // so the API server accepts it) and an unknown field (pruned by the server). The controller is
+    // stopped first: it would restore the slice at once. The agent keeps the last good copy
+    // programmed, its status says why, and its slice watch never fails.
+    stop_controller().await;
+    let before = plans.get(&names.node_a).await.unwrap().status.unwrap();
+    // Its answer is read tolerantly: the plain type cannot read it either.
+    let fws: Api<Tolerant<ForwardingSlice>> = Api::all(client.clone());
+    let edit = json!({"spec": {"index": 4_294_967_296_u64, "someFutureField": true}});
+    fws.patch("all-0000", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    let status = wait_for(WAIT, "InvalidSlice in the agent's status", || {
+        let plans = plans.clone();
+        let node = names.node_a.clone();
+        async move {
+            let status = plans.get(&node).await.ok()?.status?;
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == DEGRADED && c.reason == reasons::INVALID_SLICE)
+                .then_some(status)
+        }
+    })
+    .await;
+    let failure = status
+        .failures
+        .iter()
+        .find(|f| f.service == "ForwardingSlice all-0000")
+        .unwrap_or_else(|| panic!("{:?}", status.failures));
+    assert!(
+        failure
+            .reason
+            .contains("cannot be read: spec.index: 4294967296 is out of range")
+            && failure.reason.contains("last good revision"),
+        "{failure:?}"
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == APPLIED && c.status == cond::TRUE),
+        "{status:?}"
+    );
+    assert_eq!(
+        status.observed_slices, before.observed_slices,
+        "the last good copy stays what is programmed"
+    );
+    let log = cleanup
+        .netns
+        .lock()
+        .unwrap()
+        .as_ref()
+        .map(NetnsAgent::log)
+        .unwrap_or_default();
+    assert!(!log.contains("watch failed"), "a watch failed:\n{log}");
+    eprintln!("agent status after an undecodable slice: {failure:?}");
 }

@@ -240,7 +240,8 @@ impl Loop {
             return;
         };
         self.last_sync = Some(Instant::now());
-        let result = tokio::task::block_in_place(|| self.syncer.sync(&set.plan, &set.slices));
+        let result =
+            tokio::task::block_in_place(|| self.syncer.sync_with(&set.plan, &set.slices, &set.unreadable));
         self.retry_current = matches!(result, SyncResult::Failed { .. });
         self.after(result);
     }

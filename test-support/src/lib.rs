@@ -11,9 +11,12 @@
 //!                 processes that are gone (switchyard-lab gc)
 //! synthetic::Shape ─► synthetic::cluster ─► Services, EndpointSlices, Nodes (benchmarks, scale and
 //!                                            fault suites; never semantics tests)
+//! odd_values::{service, endpoint_slice, node} ─► odd_values ─► one odd value per field (tolerant
+//!                                            decoding: unit tests, the real API server's cluster suite)
 //! ```
 
 pub mod announce;
 pub mod fake_apiserver;
+pub mod odd_values;
 pub mod scratch;
 pub mod synthetic;

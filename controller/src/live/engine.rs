@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! watch events ─► Engine::observe ─► caches + dirty set (Services by key; rebuild on relists/node changes)
+//!            (a version that does not decode changes nothing: its last good one stays; Engine::undecodable)
 //!       tick (coalesced, ≥ minPlanInterval apart) ─► Engine::plan ─► Planner (incremental) ─► Changes
 //!            ─► pending: slices that gain a moving entry, other slices, new nodes' plans, other plans
 //!            ─► retired slices: deleted once nothing waits to be written
@@ -32,6 +33,7 @@ use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
     names::{ANNOTATION_TRIGGER_TIME, k8s::ANNOTATION_LAST_CHANGE_TRIGGER_TIME},
     slice::{service_slice_name, view_of_name},
+    tolerant::Undecodable,
     watch::map_event,
 };
 use tokio::time::Instant;
@@ -44,6 +46,7 @@ use super::{
     planning::Planning,
     queue::{Judge, WriteQueue, min_time},
     tracker::{Echo, Tracker},
+    trim::Delivered,
 };
 use crate::{
     Config, Error,
@@ -55,21 +58,22 @@ use crate::{
     },
 };
 
-/// A watch event for one of the kinds the controller follows.
+/// A watch event for one of the kinds the controller follows, each object decoded or not
+/// ([`Delivered`]).
 // Events are moved once through a channel; boxing each would only add allocations.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Input {
     /// Services.
-    Service(watcher::Event<Service>),
+    Service(watcher::Event<Delivered<Service>>),
     /// EndpointSlices.
-    Slice(watcher::Event<EndpointSlice>),
+    Slice(watcher::Event<Delivered<EndpointSlice>>),
     /// Nodes.
-    Node(watcher::Event<Node>),
+    Node(watcher::Event<Delivered<Node>>),
     /// Our own plan objects.
-    Plan(watcher::Event<NodeForwardingPlan>),
+    Plan(watcher::Event<Delivered<NodeForwardingPlan>>),
     /// Our own ForwardingSlices.
-    ForwardingSlice(watcher::Event<ForwardingSlice>),
+    ForwardingSlice(watcher::Event<Delivered<ForwardingSlice>>),
 }
 
 /// What one planning run did.
@@ -210,7 +214,11 @@ impl Engine {
     /// Applies one watch event.
     pub fn observe(&mut self, input: Input) {
         match input {
-            Input::Service(event) => match self.intake.services.apply(event) {
+            Input::Service(event) => match self
+                .intake
+                .services
+                .apply(map_event(event, Delivered::into_result))
+            {
                 Applied::One { before, after } => {
                     for svc in before.iter().chain(after.iter()) {
                         if let Some(key) = namespaced_key(svc) {
@@ -224,9 +232,10 @@ impl Engine {
                     self.intake.suspects.insert(SuspectEmpty::Services);
                 }
                 Applied::Relisted { .. } => self.intake.rebuild = true,
+                Applied::Kept { undecodable, fresh } => self.kept(undecodable, fresh),
                 Applied::Nothing => {}
             },
-            Input::Slice(event) => match self.intake.slices.apply(event) {
+            Input::Slice(event) => match self.intake.slices.apply(map_event(event, Delivered::into_result)) {
                 Applied::One { before, after } => {
                     let trigger = after.as_ref().and_then(trigger_time);
                     for slice in before.iter().chain(after.iter()) {
@@ -241,9 +250,10 @@ impl Engine {
                     self.intake.suspects.insert(SuspectEmpty::Slices);
                 }
                 Applied::Relisted { .. } => self.intake.rebuild = true,
+                Applied::Kept { undecodable, fresh } => self.kept(undecodable, fresh),
                 Applied::Nothing => {}
             },
-            Input::Node(event) => match self.intake.nodes.apply(event) {
+            Input::Node(event) => match self.intake.nodes.apply(map_event(event, Delivered::into_result)) {
                 // Node status churns constantly; only what the planner reads triggers a re-plan.
                 Applied::One { before, after } => {
                     if planner_view(&self.config, before.as_ref())
@@ -267,11 +277,37 @@ impl Engine {
                         self.intake.rebuild = true;
                     }
                 }
+                Applied::Kept { undecodable, fresh } => self.kept(undecodable, fresh),
                 Applied::Nothing => {}
             },
             Input::Plan(event) => self.observe_ours(Ours::Plans, map_event(event, Seen::plan)),
             Input::ForwardingSlice(event) => self.observe_ours(Ours::Slices, map_event(event, Seen::slice)),
         }
+    }
+
+    /// A watched object's latest version did not decode; its last good version stays, so nothing needs
+    /// planning. Reported once per breakage.
+    fn kept(&mut self, undecodable: Box<Undecodable>, fresh: bool) {
+        if fresh {
+            self.intake.broken.push(*undecodable);
+        }
+    }
+
+    /// The Services, EndpointSlices and Nodes whose latest version does not decode (their last good
+    /// version, if any, is what is planned).
+    pub fn undecodable(&self) -> Vec<&Undecodable> {
+        let services = self.intake.services.undecodable();
+        let slices = self.intake.slices.undecodable();
+        services
+            .chain(slices)
+            .chain(self.intake.nodes.undecodable())
+            .collect()
+    }
+
+    /// Objects whose latest version did not decode, first seen so since the last call (for logs and
+    /// metrics).
+    pub fn take_broken(&mut self) -> Vec<Undecodable> {
+        std::mem::take(&mut self.intake.broken)
     }
 
     /// One event of the watch of our plans or slices.
@@ -318,7 +354,10 @@ impl Engine {
         }
     }
 
-    fn seen(&mut self, ours: Ours, seen: Seen, relisted: bool) {
+    fn seen(&mut self, ours: Ours, mut seen: Seen, relisted: bool) {
+        if let Some(undecodable) = seen.undecodable.take() {
+            self.intake.broken.push(*undecodable);
+        }
         let watched = self.watched_mut(ours);
         watched.relist.note(&seen.name);
         let echo = watched.tracker.observe(
@@ -769,14 +808,14 @@ mod tests {
         let mut engine = Engine::new(Config::default());
         let (svc, eps) = web();
         engine.observe(Input::Service(Event::Init));
-        engine.observe(Input::Service(Event::InitApply(svc)));
+        engine.observe(Input::Service(Event::InitApply(svc.into())));
         engine.observe(Input::Service(Event::InitDone));
         engine.observe(Input::Slice(Event::Init));
-        engine.observe(Input::Slice(Event::InitApply(eps)));
+        engine.observe(Input::Slice(Event::InitApply(eps.into())));
         engine.observe(Input::Slice(Event::InitDone));
         engine.observe(Input::Node(Event::Init));
         for node in three_nodes() {
-            engine.observe(Input::Node(Event::InitApply(node)));
+            engine.observe(Input::Node(Event::InitApply(node.into())));
         }
         engine.observe(Input::Node(Event::InitDone));
         engine.observe(Input::Plan(Event::Init));
@@ -821,7 +860,7 @@ mod tests {
                 &[("", 80, "TCP")],
                 vec![endpoint(&format!("10.244.2.{}", 10 + i), "node-b")],
             );
-            engine.observe(Input::Slice(Event::Apply(eps)));
+            engine.observe(Input::Slice(Event::Apply(eps.into())));
         }
         let outcome = engine.plan().unwrap();
         assert!(!outcome.full);
@@ -846,7 +885,7 @@ mod tests {
             &[("", 80, "TCP")],
             vec![endpoint("10.244.2.10", "node-b")],
         );
-        engine.observe(Input::Slice(Event::Apply(moved)));
+        engine.observe(Input::Slice(Event::Apply(moved.into())));
         assert_eq!(engine.plan().unwrap().slices, vec!["all.ns1.web"]);
         write_all(&mut engine);
         let now = Instant::now();
@@ -898,13 +937,13 @@ mod tests {
         engine.plan().unwrap();
         let mut node = three_nodes().remove(0);
         node.status.get_or_insert_with(Default::default).phase = Some("Running".into());
-        engine.observe(Input::Node(Event::Apply(node.clone())));
+        engine.observe(Input::Node(Event::Apply(node.clone().into())));
         assert!(!engine.dirty());
         node.metadata
             .labels
             .get_or_insert_with(Default::default)
             .insert(LABEL_NODE_ZONE.into(), "zone-z".into());
-        engine.observe(Input::Node(Event::Apply(node)));
+        engine.observe(Input::Node(Event::Apply(node.into())));
         assert!(engine.dirty());
     }
 
@@ -931,12 +970,12 @@ mod tests {
             match engine.work_for(&object, None) {
                 Some(Work::ApplyPlan(plan)) => {
                     engine.intend(&object, &plan.spec.revision);
-                    engine.observe(Input::Plan(Event::Apply(plan.clone())));
+                    engine.observe(Input::Plan(Event::Apply(plan.clone().into())));
                     plans.push(plan);
                 }
                 Some(Work::ApplySlice(slice)) => {
                     engine.intend(&object, &slice.spec.revision);
-                    engine.observe(Input::ForwardingSlice(Event::Apply(slice.clone())));
+                    engine.observe(Input::ForwardingSlice(Event::Apply(slice.clone().into())));
                     slices.push(slice);
                 }
                 Some(Work::DeleteSlice(_)) => engine.deleted(&object),
@@ -972,9 +1011,9 @@ mod tests {
         let mut written = Vec::new();
         // Each write's watch echo comes back before its response, as it may.
         let echo = |engine: &mut Engine, ticket: &super::super::ticket::Ticket| match &ticket.work {
-            Some(Work::ApplyPlan(plan)) => engine.observe(Input::Plan(Event::Apply(plan.clone()))),
+            Some(Work::ApplyPlan(plan)) => engine.observe(Input::Plan(Event::Apply(plan.clone().into()))),
             Some(Work::ApplySlice(slice)) => {
-                engine.observe(Input::ForwardingSlice(Event::Apply(slice.clone())))
+                engine.observe(Input::ForwardingSlice(Event::Apply(slice.clone().into())))
             }
             other => panic!("only applies here: {other:?}"),
         };
@@ -1035,7 +1074,7 @@ mod tests {
             .iter()
             .filter(|p| p.metadata.name.as_deref() != Some("node-b"))
         {
-            engine.observe(Input::Plan(Event::InitApply(plan.clone())));
+            engine.observe(Input::Plan(Event::InitApply(plan.clone().into())));
         }
         engine.observe(Input::Plan(Event::InitDone));
         engine.observe(Input::ForwardingSlice(Event::Init));
@@ -1043,7 +1082,7 @@ mod tests {
             .iter()
             .filter(|s| s.metadata.name.as_deref() != Some("all-0000"))
         {
-            engine.observe(Input::ForwardingSlice(Event::InitApply(slice.clone())));
+            engine.observe(Input::ForwardingSlice(Event::InitApply(slice.clone().into())));
         }
         engine.observe(Input::ForwardingSlice(Event::InitDone));
         assert_eq!(
@@ -1082,7 +1121,7 @@ mod tests {
             &[("", 80, "TCP")],
             vec![endpoint("10.244.1.5", "node-a"), endpoint("10.244.1.6", "node-a")],
         );
-        engine.observe(Input::Slice(Event::Apply(eps)));
+        engine.observe(Input::Slice(Event::Apply(eps.into())));
         engine.plan().unwrap();
         let mut newer = None;
         while let Some((object, _)) = engine.next_pending(Instant::now()) {
@@ -1099,9 +1138,9 @@ mod tests {
         status_echo.metadata.resource_version = Some("15".into());
         let mut old = old;
         old.metadata.resource_version = Some("10".into());
-        engine.observe(Input::Plan(Event::Apply(old)));
-        engine.observe(Input::Plan(Event::Apply(status_echo)));
-        engine.observe(Input::Plan(Event::Apply(newer.unwrap())));
+        engine.observe(Input::Plan(Event::Apply(old.into())));
+        engine.observe(Input::Plan(Event::Apply(status_echo.into())));
+        engine.observe(Input::Plan(Event::Apply(newer.unwrap().into())));
         assert!(engine.take_restored().is_empty());
         assert_eq!(engine.queue_depth(), 0, "nothing to rewrite");
     }
@@ -1113,7 +1152,7 @@ mod tests {
         let (plans, _) = write_all(&mut engine);
         let mut edited = plans[0].clone();
         edited.spec.endpoints_on_node.push("10.9.9.9".into());
-        engine.observe(Input::Plan(Event::Apply(edited)));
+        engine.observe(Input::Plan(Event::Apply(edited.into())));
         assert_eq!(engine.take_restored(), vec![plan_ref("node-a")]);
         assert!(matches!(
             engine
@@ -1133,8 +1172,8 @@ mod tests {
         engine.intake.rebuild = true;
         let mut edited = plans[0].clone();
         edited.spec.endpoints_on_node.push("10.9.9.9".into());
-        engine.observe(Input::Plan(Event::Apply(edited)));
-        engine.observe(Input::ForwardingSlice(Event::Delete(slices[0].clone())));
+        engine.observe(Input::Plan(Event::Apply(edited.into())));
+        engine.observe(Input::ForwardingSlice(Event::Delete(slices[0].clone().into())));
         engine.queue.pending.insert(
             plan_ref("node-b"),
             super::super::queue::Pending::new(Instant::now()),
@@ -1168,7 +1207,9 @@ mod tests {
         engine.plan().unwrap();
         write_all(&mut engine);
         let (name, spec) = switchyard_api::testing::slice("all", 1, 2, vec![]);
-        engine.observe(Input::ForwardingSlice(Event::Apply(slice_object(&name, spec))));
+        engine.observe(Input::ForwardingSlice(Event::Apply(
+            slice_object(&name, spec).into(),
+        )));
         let now = Instant::now();
         let (object, _) = engine.next_pending(now).unwrap();
         assert_eq!(object, ObjectRef::Slice("all-0001".into()));
@@ -1193,23 +1234,23 @@ mod tests {
         let (name, spec) = switchyard_api::testing::slice("all", 3, 4, vec![]);
         for input in [
             Input::Service(Event::Init),
-            Input::Service(Event::InitApply(svc)),
+            Input::Service(Event::InitApply(svc.into())),
             Input::Service(Event::InitDone),
             Input::Slice(Event::Init),
-            Input::Slice(Event::InitApply(eps)),
+            Input::Slice(Event::InitApply(eps.into())),
             Input::Slice(Event::InitDone),
             Input::Node(Event::Init),
             Input::Node(Event::InitDone),
             Input::Plan(Event::Init),
             Input::Plan(Event::InitDone),
             Input::ForwardingSlice(Event::Init),
-            Input::ForwardingSlice(Event::InitApply(slice_object(&name, spec))),
+            Input::ForwardingSlice(Event::InitApply(slice_object(&name, spec).into())),
             Input::ForwardingSlice(Event::InitDone),
         ] {
             engine.observe(input);
         }
         for node in three_nodes() {
-            engine.observe(Input::Node(Event::Apply(node)));
+            engine.observe(Input::Node(Event::Apply(node.into())));
         }
         engine.plan().unwrap();
         let mut order = Vec::new();
@@ -1240,7 +1281,7 @@ mod tests {
                 endpoint("10.244.3.5", "node-c").zone_hints(&["zone-b"]),
             ],
         );
-        engine.observe(Input::Slice(Event::Apply(hinted)));
+        engine.observe(Input::Slice(Event::Apply(hinted.into())));
         engine.plan().unwrap();
         let now = Instant::now();
         let (first, trigger) = engine.next_pending(now).unwrap();
@@ -1275,5 +1316,122 @@ mod tests {
         engine.written(&plan_ref("node-x"), "abc", None);
         let orphans = engine.orphans();
         assert_eq!(orphans.keys().collect::<Vec<_>>(), vec!["node-x"]);
+    }
+
+    /// What node-a forwards, by entry name.
+    fn forwarded(engine: &Engine) -> Vec<String> {
+        let composed = engine.planner().unwrap().composed("node-a").unwrap().unwrap();
+        composed.spec.services.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// An object as a watch delivers it when it does not decode.
+    fn undecodable<K>(value: serde_json::Value) -> Delivered<K>
+    where
+        K: kube::Resource + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+        super::super::trim::Unread: switchyard_api::tolerant::Prune<K>,
+    {
+        let delivered: Delivered<K> = serde_json::from_value(value).unwrap();
+        assert!(delivered.undecodable().is_some());
+        delivered
+    }
+
+    fn broken_web() -> Delivered<Service> {
+        undecodable(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns1"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": "eighty"}]},
+        }))
+    }
+
+    /// A Service whose next version does not decode keeps its last good one: on an update (nothing to
+    /// re-plan), through a relist (not taken for deleted), until a delete removes it by key.
+    #[test]
+    fn an_undecodable_service_keeps_its_last_good_version_until_deleted() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        let before = forwarded(&engine);
+        assert_eq!(before.len(), 1, "{before:?}");
+
+        engine.observe(Input::Service(Event::Apply(broken_web())));
+        assert!(!engine.dirty(), "the last good version stays: nothing to re-plan");
+        let broken = engine.take_broken();
+        assert_eq!(broken.len(), 1);
+        assert_eq!(
+            (broken[0].object(), broken[0].path.as_str()),
+            ("ns1/web".to_string(), "spec.ports[0].port")
+        );
+        engine.observe(Input::Service(Event::Apply(broken_web())));
+        assert!(
+            engine.take_broken().is_empty(),
+            "the same breakage is reported once"
+        );
+        assert_eq!(
+            engine.undecodable().len(),
+            1,
+            "it lasts: Events are published while it does"
+        );
+
+        // A relist that still cannot read it: carried over, not deleted (no suspect empty relist either).
+        engine.observe(Input::Service(Event::Init));
+        engine.observe(Input::Service(Event::InitApply(broken_web())));
+        engine.observe(Input::Service(Event::InitDone));
+        assert!(engine.suspects().is_empty());
+        assert_eq!(engine.service_count(), 1);
+        let outcome = engine.plan().unwrap();
+        assert!(
+            outcome.full && outcome.changed.is_empty() && outcome.slices.is_empty(),
+            "{outcome:?}"
+        );
+        assert_eq!(forwarded(&engine), before);
+        assert!(engine.take_broken().is_empty(), "still the same breakage");
+
+        // Deleted while undecodable: removed by key, and its entries go.
+        engine.observe(Input::Service(Event::Delete(broken_web())));
+        assert_eq!(engine.service_count(), 0);
+        assert!(engine.undecodable().is_empty());
+        engine.plan().unwrap();
+        assert!(forwarded(&engine).is_empty());
+    }
+
+    /// An EndpointSlice and a Node that stop decoding change nothing that is planned.
+    #[test]
+    fn an_undecodable_slice_or_node_changes_nothing() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        let before = forwarded(&engine);
+        engine.observe(Input::Slice(Event::Apply(undecodable(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns1",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": "10.244.1.9"}],
+        })))));
+        engine.observe(Input::Node(Event::Apply(undecodable(serde_json::json!({
+            "metadata": {"name": "node-a"},
+            "spec": {"podCIDRs": "10.244.1.0/24"},
+        })))));
+        assert!(!engine.dirty());
+        let kinds: Vec<String> = engine.take_broken().iter().map(|u| u.kind.clone()).collect();
+        assert_eq!(kinds, ["EndpointSlice", "Node"]);
+        assert_eq!(forwarded(&engine), before);
+    }
+
+    /// One of our plans that does not decode (someone wrote it so) is rewritten.
+    #[test]
+    fn an_undecodable_plan_of_ours_is_restored() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        write_all(&mut engine);
+        engine.take_restored();
+        engine.observe(Input::Plan(Event::Apply(undecodable(serde_json::json!({
+            "metadata": {"name": "node-a", "labels": {"switchyard.io/node": "node-a"}},
+            "spec": {"nodeName": "node-a", "backend": "iptables", "cluster": {}, "revision": 7},
+        })))));
+        assert_eq!(engine.take_restored(), [plan_ref("node-a")]);
+        assert_eq!(engine.take_broken().len(), 1);
+        let (object, _) = engine.next_pending(Instant::now()).unwrap();
+        assert_eq!(object, plan_ref("node-a"));
+        assert!(matches!(engine.work_for(&object, None), Some(Work::ApplyPlan(_))));
     }
 }

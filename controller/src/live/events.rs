@@ -1,11 +1,12 @@
-//! Service problems as Kubernetes Events, deduplicated and rate-limited so that a broken Service — or
-//! ten thousand of them — cannot flood the API server.
+//! Service problems and objects the watches cannot decode as Kubernetes Events, deduplicated and
+//! rate-limited so that a broken Service — or ten thousand of them, or one rewritten every second —
+//! cannot flood the API server.
 //!
 //! ```text
-//! engine.problems() ─(every second, leader only)─► EventGate::due(now) ─► publisher task ─► Recorder
-//!                                                   │ new (service, reason): now              (events.k8s.io/v1:
-//!                                                   │ still there: again after REPEAT          create, then patch
-//!                                                   └ at most BURST at once, RATE per second   of the series)
+//! engine.problems()    ─(every second, leader only)─► EventGate::due(now) ─► publisher task ─► Recorder
+//! engine.undecodable() ─(its own gate)──────────────►  │ new (object, reason): now          (events.k8s.io/v1:
+//!                                                      │ still there: again after REPEAT     create, then patch
+//!                                                      └ at most BURST at once, RATE per s   of the series)
 //! ```
 //!
 //! The gate is pure (the caller passes the time); the publisher is the only part that talks to the API
@@ -19,8 +20,44 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use switchyard_api::tolerant::Undecodable;
+
 use super::metrics::{Metrics, OutcomeLabel};
 use crate::planner::ServiceProblem;
+
+/// The reason of an Event about an object a watch cannot decode.
+pub const UNDECODABLE: &str = "Undecodable";
+
+/// Longest Event note the API server accepts (events.k8s.io/v1: 1 kB).
+const MAX_NOTE: usize = 1024;
+
+/// Something an Event is published about: which object, and why.
+pub trait Notice {
+    /// The object, as the logs name it.
+    fn object(&self) -> String;
+    /// The Event's reason.
+    fn reason(&self) -> &'static str;
+}
+
+impl Notice for ServiceProblem {
+    fn object(&self) -> String {
+        self.service.clone()
+    }
+
+    fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl Notice for Undecodable {
+    fn object(&self) -> String {
+        format!("{} {}", self.kind, Undecodable::object(self))
+    }
+
+    fn reason(&self) -> &'static str {
+        UNDECODABLE
+    }
+}
 
 /// The same problem of the same Service is published again at most this often while it lasts (the
 /// Recorder turns repeats into one Event's series), and not again this soon after it went and came back.
@@ -33,7 +70,7 @@ pub const RATE_PER_SECOND: f64 = 0.5;
 /// Which problems to publish now.
 #[derive(Debug)]
 pub struct EventGate {
-    /// When each (service, reason) was last published.
+    /// When each (object, reason) was last published.
     sent: HashMap<(String, &'static str), Instant>,
     tokens: f64,
     refilled: Instant,
@@ -52,11 +89,7 @@ impl EventGate {
     /// The problems of `current` to publish at `now`; the others are deduplicated (published within
     /// [`REPEAT`]) or rate-limited (no token left: they come again on a later call). Returns how many
     /// were held back by the rate limit too.
-    pub fn due<'a>(
-        &mut self,
-        now: Instant,
-        current: &'a [ServiceProblem],
-    ) -> (Vec<&'a ServiceProblem>, usize) {
+    pub fn due<'a, T: Notice>(&mut self, now: Instant, current: &'a [T]) -> (Vec<&'a T>, usize) {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.tokens = (self.tokens + elapsed * RATE_PER_SECOND).min(f64::from(BURST));
         self.refilled = now;
@@ -66,7 +99,7 @@ impl EventGate {
         let mut due = Vec::new();
         let mut limited = 0;
         for problem in current {
-            let key = (problem.service.clone(), problem.reason);
+            let key = (problem.object(), problem.reason());
             if self.sent.contains_key(&key) {
                 continue;
             }
@@ -82,39 +115,103 @@ impl EventGate {
     }
 }
 
-/// One Event to publish: the problem and the Service it is about.
+/// What an Event is about, which decides the counter of its outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum About {
+    /// A Service problem (`service_problem_events`).
+    ServiceProblem,
+    /// An object a watch cannot decode (`undecodable_object_events`).
+    Undecodable,
+}
+
+/// One Event to publish.
 #[derive(Debug, Clone)]
 pub struct Pending {
-    /// The problem.
-    pub problem: ServiceProblem,
-    /// The Service (apiVersion, kind, namespace, name, uid).
+    /// What it is about.
+    pub about: About,
+    /// The object, as the logs name it.
+    pub object: String,
+    /// The Event's reason.
+    pub reason: &'static str,
+    /// What is wrong, in words.
+    pub note: String,
+    /// The object (apiVersion, kind, namespace, name, uid).
     pub regarding: ObjectReference,
 }
 
+impl Pending {
+    /// An Event about a Service problem.
+    pub fn service_problem(problem: &ServiceProblem, regarding: ObjectReference) -> Self {
+        Self {
+            about: About::ServiceProblem,
+            object: problem.service.clone(),
+            reason: problem.reason,
+            note: problem.message.clone(),
+            regarding,
+        }
+    }
+
+    /// An Event about an object a watch cannot decode, on that object.
+    pub fn undecodable(undecodable: &Undecodable) -> Self {
+        let meta = &undecodable.metadata;
+        let mut note = format!(
+            "switchyard-controller cannot read {}: {}; until it can, the last version it could read (if \
+             any) is what it plans from",
+            undecodable.path, undecodable.message
+        );
+        if note.len() > MAX_NOTE {
+            let mut end = MAX_NOTE - 3;
+            while !note.is_char_boundary(end) {
+                end -= 1;
+            }
+            note.truncate(end);
+            note.push_str("...");
+        }
+        Self {
+            about: About::Undecodable,
+            object: Notice::object(undecodable),
+            reason: UNDECODABLE,
+            note,
+            regarding: ObjectReference {
+                api_version: Some(undecodable.api_version.clone()),
+                kind: Some(undecodable.kind.clone()),
+                namespace: meta.namespace.clone(),
+                name: meta.name.clone(),
+                uid: meta.uid.clone(),
+                ..ObjectReference::default()
+            },
+        }
+    }
+}
+
 /// Publishes what it receives, one at a time, with kube's [`Recorder`] (a repeat of the same reason for
-/// the same Service within its cache time patches the first Event's series instead of creating one).
+/// the same object within its cache time patches the first Event's series instead of creating one).
 pub async fn publish(
     recorder: Recorder,
     mut queue: mpsc::Receiver<Pending>,
     metrics: std::sync::Arc<Metrics>,
 ) {
-    while let Some(Pending { problem, regarding }) = queue.recv().await {
+    while let Some(pending) = queue.recv().await {
         let event = Event {
             type_: EventType::Warning,
-            reason: problem.reason.to_string(),
-            note: Some(problem.message.clone()),
-            action: "Proxy".to_string(),
+            reason: pending.reason.to_string(),
+            note: Some(pending.note),
+            action: match pending.about {
+                About::ServiceProblem => "Proxy",
+                About::Undecodable => "Watch",
+            }
+            .to_string(),
             secondary: None,
         };
-        let outcome = match recorder.publish(&event, &regarding).await {
+        let outcome = match recorder.publish(&event, &pending.regarding).await {
             Ok(()) => "published",
             Err(error) => {
-                tracing::warn!(service = %problem.service, reason = problem.reason, %error, "publishing an Event failed");
+                tracing::warn!(object = %pending.object, reason = pending.reason, %error, "publishing an Event failed");
                 "failed"
             }
         };
         metrics
-            .service_events
+            .events(pending.about)
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.into(),
             })
@@ -180,6 +277,36 @@ mod tests {
             let current: &[ServiceProblem] = if i % 2 == 0 { &broken } else { &[] };
             assert!(gate.due(now, current).0.is_empty(), "published again at {i} s");
         }
+    }
+
+    #[test]
+    fn an_object_rewritten_every_second_gets_one_event_per_repeat() {
+        let start = Instant::now();
+        let mut gate = EventGate::new(start);
+        let broken = [Undecodable {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            },
+            kind: "Service".into(),
+            api_version: "v1".into(),
+            path: "spec.ports[0].port".into(),
+            message: "m".into(),
+        }];
+        let published: usize = (0..REPEAT.as_secs() * 2)
+            .map(|second| gate.due(start + Duration::from_secs(second), &broken).0.len())
+            .sum();
+        assert_eq!(published, 2, "once, and again after {REPEAT:?}");
+        let pending = Pending::undecodable(&broken[0]);
+        assert_eq!(pending.object, "Service shop/web");
+        assert_eq!(pending.regarding.kind.as_deref(), Some("Service"));
+        assert!(pending.note.contains("spec.ports[0].port: m"), "{}", pending.note);
+        let long = Undecodable {
+            message: "é".repeat(2000),
+            ..broken[0].clone()
+        };
+        assert!(Pending::undecodable(&long).note.len() <= MAX_NOTE);
     }
 
     #[test]

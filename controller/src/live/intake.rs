@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! Service / EndpointSlice / Node events ─► caches ─► dirty Services (by key) | rebuild (relist, Node)
-//!                                            └► an empty relist while objects were known ─► suspects
+//!                                            ├► an empty relist while objects were known ─► suspects
+//!                                            └► a version that does not decode: last good kept ─► broken
 //! our plans / slices events ─► Seen (revision, consistent?) ─► Watched { tracker, synced, relist }
 //!                                                              └► edited or deleted by others ─► restored
+//!    (one that does not decode is seen as inconsistent, so it is restored; and reported in broken)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,12 +21,14 @@ use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
     names::{LABEL_NODE, LABEL_VIEW},
     revision,
+    tolerant::Undecodable,
 };
 
 use super::{
-    cache::{ObjectCache, cluster_key, namespaced_key},
+    cache::{ObjectCache, cluster, namespaced},
     object::ObjectRef,
     tracker::{Observed, Tracker},
+    trim::Delivered,
 };
 
 /// A kind whose relist came back empty while objects were known: unconfirmed, so ignored for now.
@@ -51,6 +55,8 @@ pub(super) struct Intake {
     pub(super) rebuild: bool,
     /// Objects a watch showed changed or deleted by someone else (for logs and metrics).
     pub(super) restored: Vec<ObjectRef>,
+    /// Objects whose latest version did not decode, each once per breakage (for logs and metrics).
+    pub(super) broken: Vec<Undecodable>,
     /// Empty relists waiting for confirmation (the objects known before them stay in the caches).
     pub(super) suspects: BTreeSet<SuspectEmpty>,
 }
@@ -59,14 +65,15 @@ impl Intake {
     /// Nothing delivered yet: the first planning is a full one.
     pub(super) fn new() -> Self {
         Self {
-            services: ObjectCache::new(namespaced_key),
-            slices: ObjectCache::new(namespaced_key),
-            nodes: ObjectCache::new(cluster_key),
+            services: ObjectCache::new(namespaced),
+            slices: ObjectCache::new(namespaced),
+            nodes: ObjectCache::new(cluster),
             plans: Watched::default(),
             fws: Watched::default(),
             dirty_services: BTreeMap::new(),
             rebuild: true,
             restored: Vec::new(),
+            broken: Vec::new(),
             suspects: BTreeSet::new(),
         }
     }
@@ -106,12 +113,24 @@ pub(super) struct Seen {
     pub(super) name: String,
     pub(super) observed: Observed,
     pub(super) resource_version: Option<String>,
+    /// Why its spec could not be read, when it could not.
+    pub(super) undecodable: Option<Box<Undecodable>>,
 }
 
 impl Seen {
     /// A plan: consistent when its spec hashes to its revision and it carries the node label the agent
-    /// selects it by (a plan without it is as good as missing for the agent).
-    pub(super) fn plan(plan: NodeForwardingPlan) -> Option<Self> {
+    /// selects it by (a plan without it is as good as missing for the agent). One that does not decode
+    /// is inconsistent.
+    pub(super) fn plan(plan: Delivered<NodeForwardingPlan>) -> Option<Self> {
+        let plan = match plan.into_result() {
+            Ok(plan) => plan,
+            Err(undecodable) => {
+                let meta = &undecodable.metadata;
+                let label = meta.labels.as_ref().and_then(|l| l.get(LABEL_NODE));
+                let node = label.or(meta.name.as_ref()).cloned();
+                return Self::undecodable(undecodable, node);
+            }
+        };
         let name = plan.metadata.name?;
         let label = plan
             .metadata
@@ -129,12 +148,17 @@ impl Seen {
             },
             name,
             resource_version: plan.metadata.resource_version,
+            undecodable: None,
         })
     }
 
     /// A slice: consistent when its spec hashes to its revision and it carries the view label agents
-    /// select it by.
-    pub(super) fn slice(slice: ForwardingSlice) -> Option<Self> {
+    /// select it by. One that does not decode is inconsistent.
+    pub(super) fn slice(slice: Delivered<ForwardingSlice>) -> Option<Self> {
+        let slice = match slice.into_result() {
+            Ok(slice) => slice,
+            Err(undecodable) => return Self::undecodable(undecodable, None),
+        };
         let name = slice.metadata.name?;
         let labelled =
             slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_VIEW)) == Some(&slice.spec.view);
@@ -148,6 +172,24 @@ impl Seen {
             },
             name,
             resource_version: slice.metadata.resource_version,
+            undecodable: None,
+        })
+    }
+
+    /// One of ours that does not decode: nothing of it can be compared, so it is rewritten. `node`: a
+    /// plan's (its label, else its name: what the orphan sweep goes by).
+    fn undecodable(undecodable: Box<Undecodable>, node: Option<String>) -> Option<Self> {
+        let meta = &undecodable.metadata;
+        let name = meta.name.clone()?;
+        Some(Self {
+            name,
+            observed: Observed {
+                revision: String::new(),
+                consistent: false,
+                node,
+            },
+            resource_version: meta.resource_version.clone(),
+            undecodable: Some(undecodable),
         })
     }
 }

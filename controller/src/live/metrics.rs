@@ -21,10 +21,12 @@ use prometheus_client::{
 };
 use switchyard_process::http::{Endpoints, Probe};
 
+use super::events::About;
+
 /// Label of per-kind counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// `Service`, `EndpointSlice` or `Node`.
+    /// `Service`, `EndpointSlice`, `Node`, `NodeForwardingPlan` or `ForwardingSlice`.
     pub kind: String,
 }
 
@@ -92,6 +94,14 @@ pub struct Metrics {
     pub service_problems: Family<ReasonLabel, Gauge>,
     /// Events about Service problems, by outcome.
     pub service_events: Family<OutcomeLabel, Counter>,
+    /// Watched objects that did not decode (their last good version stays), by kind: each counted
+    /// when it breaks (again only after it was read well, or broke another way).
+    pub undecodable_objects: Family<KindLabel, Counter>,
+    /// Events about objects that did not decode, by outcome.
+    pub undecodable_events: Family<OutcomeLabel, Counter>,
+    /// Watch failures, by kind: each is retried with backoff, during which no change of that kind
+    /// arrives.
+    pub watch_errors: Family<KindLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -124,6 +134,9 @@ impl Default for Metrics {
             leader: Gauge::default(),
             service_problems: Family::default(),
             service_events: Family::default(),
+            undecodable_objects: Family::default(),
+            undecodable_events: Family::default(),
+            watch_errors: Family::default(),
         };
         registry.register(
             "plans_written",
@@ -216,11 +229,39 @@ impl Default for Metrics {
             "Warning Events about Service problems, by outcome",
             m.service_events.clone(),
         );
+        registry.register(
+            "undecodable_objects",
+            "Watched objects that did not decode, by kind (their last good version stays in use)",
+            m.undecodable_objects.clone(),
+        );
+        registry.register(
+            "undecodable_object_events",
+            "Warning Events about watched objects that did not decode, by outcome",
+            m.undecodable_events.clone(),
+        );
+        registry.register(
+            "watch_errors",
+            "Watch failures by kind, each retried with backoff",
+            m.watch_errors.clone(),
+        );
         Self { registry, ..m }
     }
 }
 
 impl Metrics {
+    /// The Event counter of what an Event is about.
+    pub fn events(&self, about: About) -> &Family<OutcomeLabel, Counter> {
+        match about {
+            About::ServiceProblem => &self.service_events,
+            About::Undecodable => &self.undecodable_events,
+        }
+    }
+
+    /// Counts one of `family` for `kind`.
+    pub fn count(family: &Family<KindLabel, Counter>, kind: &str) {
+        family.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+
     /// The OpenMetrics text.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -322,6 +363,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("switchyard_controller_network_programming_duration_seconds"));
+        Metrics::count(&metrics.undecodable_objects, "Service");
+        Metrics::count(&metrics.watch_errors, "Node");
+        let text = metrics.render();
+        for line in [
+            "switchyard_controller_undecodable_objects_total{kind=\"Service\"} 1",
+            "switchyard_controller_watch_errors_total{kind=\"Node\"} 1",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]

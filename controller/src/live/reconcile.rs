@@ -32,6 +32,7 @@ use super::{
     metrics::Metrics,
     object::ObjectRef,
     ticket::{Done, Ticket},
+    trim::Delivered,
 };
 use crate::Error;
 
@@ -59,8 +60,8 @@ pub struct Context {
     pub plans: Api<NodeForwardingPlan>,
     /// ForwardingSlices.
     pub slices: Api<ForwardingSlice>,
-    /// Nodes (to confirm deletions).
-    pub nodes: Api<Node>,
+    /// Nodes (to confirm deletions; decoded tolerantly: only found or not matters).
+    pub nodes: Api<Delivered<Node>>,
     /// The global write budget.
     pub budget: WriteBudget,
     /// Metrics.

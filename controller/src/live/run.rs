@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! watch channel ─► engine.observe ──► every minPlanInterval while dirty: engine.plan ─► writer notified
+//!                      └► an object that does not decode (first seen so) ─► warning, undecodable_objects{kind}
+//! every second: Service problems, undecodable objects ─► gauges; leader only: rate-limited Events
 //! writer task (leader only): engine.next ─► Ticket (slices, then plans, then retired slices)
 //!                            ─► reconcile (no engine calls) ─► engine.finish(ticket, Done)
 //!                               (on error: stays queued, not before its backoff)
@@ -21,6 +23,7 @@ use std::{
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, api::ListParams, runtime::watcher};
+use switchyard_api::tolerant::Undecodable;
 use tokio::sync::{Notify, mpsc, watch};
 
 use super::{
@@ -33,6 +36,7 @@ use super::{
     object::ObjectRef,
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
     ticket::{Done, Next},
+    trim::Delivered,
     watch as watches,
 };
 use crate::{
@@ -121,7 +125,7 @@ pub async fn run(
 
     let engine = Arc::new(Mutex::new(Engine::new(options.config.clone())));
     let (tx, mut rx) = mpsc::channel(4096);
-    watches::start(&client, tx);
+    watches::start(&client, tx, &metrics);
 
     let (leader_tx, leader_rx) = watch::channel(!options.leader_elect);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -161,7 +165,10 @@ pub async fn run(
     let mut sweep = tokio::time::interval(options.orphan_sweep_period);
     let mut problems_tick = tokio::time::interval(Duration::from_secs(1));
     problems_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut gate = EventGate::new(tokio::time::Instant::now());
+    let mut gates = Gates {
+        problems: EventGate::new(tokio::time::Instant::now()),
+        undecodable: EventGate::new(tokio::time::Instant::now()),
+    };
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(events::publish(
         events::recorder(client.clone()),
@@ -190,6 +197,16 @@ pub async fn run(
                             ObjectRef::Slice(_) => metrics.slices_restored.inc(),
                         };
                     }
+                    for broken in engine.take_broken() {
+                        tracing::warn!(
+                            kind = %broken.kind,
+                            object = %broken.object(),
+                            field = %broken.path,
+                            reason = %broken.message,
+                            "cannot decode this object; its last good version (if any) stays in use"
+                        );
+                        Metrics::count(&metrics.undecodable_objects, &broken.kind);
+                    }
                     metrics.queue_depth.set(engine.queue_depth() as i64);
                 }
                 wake.notify_one();
@@ -217,7 +234,7 @@ pub async fn run(
                 leader_seen = leading;
             }
             _ = problems_tick.tick() => {
-                report_problems(&engine, &metrics, *leader_rx.borrow(), &mut gate, &events_tx);
+                report_problems(&engine, &metrics, *leader_rx.borrow(), &mut gates, &events_tx);
             }
             _ = sweep.tick() => {
                 if *leader_rx.borrow()
@@ -242,13 +259,19 @@ pub async fn run(
 /// keeps the queue far below this unless the API server stops answering.
 const EVENT_QUEUE: usize = 256;
 
-/// Sets the problem gauges and, on the leader, hands the problems the gate lets through to the
-/// publisher.
+/// One Event gate per purpose, so a storm of one cannot use up the other's rate.
+struct Gates {
+    problems: EventGate,
+    undecodable: EventGate,
+}
+
+/// Sets the problem gauges and, on the leader, hands the problems and the objects that do not decode
+/// that the gates let through to the publisher.
 fn report_problems(
     engine: &Arc<Mutex<Engine>>,
     metrics: &Metrics,
     leading: bool,
-    gate: &mut EventGate,
+    gates: &mut Gates,
     events: &mpsc::Sender<events::Pending>,
 ) {
     let Ok(engine) = engine.lock() else { return };
@@ -265,18 +288,23 @@ fn report_problems(
     if !leading {
         return;
     }
-    let (due, _) = gate.due(tokio::time::Instant::now(), &problems);
-    for problem in due {
-        let Some(regarding) = engine.service_reference(&problem.service) else {
-            continue;
-        };
-        let pending = events::Pending {
-            problem: problem.clone(),
-            regarding,
-        };
-        if events.try_send(pending).is_err() {
+    let now = tokio::time::Instant::now();
+    let (due, _) = gates.problems.due(now, &problems);
+    let mut pending: Vec<events::Pending> = due
+        .into_iter()
+        .filter_map(|problem| {
+            let regarding = engine.service_reference(&problem.service)?;
+            Some(events::Pending::service_problem(problem, regarding))
+        })
+        .collect();
+    let undecodable: Vec<Undecodable> = engine.undecodable().into_iter().cloned().collect();
+    let (due, _) = gates.undecodable.due(now, &undecodable);
+    pending.extend(due.into_iter().map(events::Pending::undecodable));
+    for event in pending {
+        let about = event.about;
+        if events.try_send(event).is_err() {
             metrics
-                .service_events
+                .events(about)
                 .get_or_create(&OutcomeLabel {
                     outcome: "dropped".into(),
                 })
@@ -341,11 +369,11 @@ async fn confirm_suspect_relists(client: &Client, engine: &Arc<Mutex<Engine>>, t
         let params = ListParams::default().limit(1);
         let list = async {
             match suspect {
-                SuspectEmpty::Services => Api::<Service>::all(client.clone())
+                SuspectEmpty::Services => Api::<Delivered<Service>>::all(client.clone())
                     .list(&params)
                     .await
                     .map(|l| l.items.is_empty()),
-                SuspectEmpty::Slices => Api::<EndpointSlice>::all(client.clone())
+                SuspectEmpty::Slices => Api::<Delivered<EndpointSlice>>::all(client.clone())
                     .list(&params)
                     .await
                     .map(|l| l.items.is_empty()),

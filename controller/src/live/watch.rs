@@ -1,6 +1,15 @@
 //! Watches feeding the engine: one kube-runtime watcher per kind, retried with kube's default backoff,
-//! trimmed of what planning never reads ([`super::trim`]), forwarded into one channel so the engine sees
-//! a single ordered stream of changes.
+//! decoded tolerantly ([`super::trim`]: what planning never reads is dropped before decoding, and an
+//! object that still does not decode is delivered as such, so it never fails its watch), forwarded
+//! into one channel so the engine sees a single ordered stream of changes.
+//!
+//! ```text
+//! watcher(Api<Delivered<K>>) ─► Ok(event) ─► Input ─► channel ─► engine
+//!                            └► Err (the API server, the connection, invalid JSON) ─► watch_errors{kind}
+//!                                 and a warning; the watcher retries with backoff
+//! ```
+
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
@@ -12,23 +21,30 @@ use serde::de::DeserializeOwned;
 use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan,
     names::{LABEL_MANAGED_BY, MANAGED_BY},
+    tolerant::Prune,
 };
 use tokio::sync::mpsc;
 
-use super::{engine::Input, trim};
+use super::{
+    engine::Input,
+    metrics::Metrics,
+    trim::{Delivered, Unread},
+};
 
 fn spawn<K>(
-    api: Api<K>,
+    client: &Client,
     config: watcher::Config,
-    trim: fn(&mut K),
-    wrap: fn(watcher::Event<K>) -> Input,
+    wrap: fn(watcher::Event<Delivered<K>>) -> Input,
     tx: mpsc::Sender<Input>,
+    metrics: Arc<Metrics>,
 ) where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    Unread: Prune<K>,
 {
+    let api: Api<Delivered<K>> = Api::all(client.clone());
     tokio::spawn(async move {
-        let kind = std::any::type_name::<K>().rsplit("::").next().unwrap_or("object");
-        let mut stream = watcher(api, config).default_backoff().modify(trim).boxed();
+        let kind = K::kind(&());
+        let mut stream = watcher(api, config).default_backoff().boxed();
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
@@ -36,49 +52,24 @@ fn spawn<K>(
                         break;
                     }
                 }
-                // The stream retries on its own (with backoff); a failure is only worth a line.
-                Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
+                // The stream retries on its own (with backoff); meanwhile no change of this kind
+                // arrives, so it is counted where a test and an operator can see it.
+                Err(error) => {
+                    Metrics::count(&metrics.watch_errors, &kind);
+                    tracing::warn!(%kind, %error, "watch failed; retrying");
+                }
             }
         }
     });
 }
 
 /// Starts the five watches.
-pub fn start(client: &Client, tx: mpsc::Sender<Input>) {
-    spawn(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-        trim::service,
-        Input::Service,
-        tx.clone(),
-    );
-    spawn(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default(),
-        trim::endpoint_slice,
-        Input::Slice,
-        tx.clone(),
-    );
-    spawn(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        trim::node,
-        Input::Node,
-        tx.clone(),
-    );
-    let ours = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    spawn(
-        Api::<NodeForwardingPlan>::all(client.clone()),
-        ours.clone(),
-        |_| {},
-        Input::Plan,
-        tx.clone(),
-    );
-    spawn(
-        Api::<ForwardingSlice>::all(client.clone()),
-        ours,
-        |_| {},
-        Input::ForwardingSlice,
-        tx,
-    );
+pub fn start(client: &Client, tx: mpsc::Sender<Input>, metrics: &Arc<Metrics>) {
+    let all = watcher::Config::default;
+    spawn::<Service>(client, all(), Input::Service, tx.clone(), Arc::clone(metrics));
+    spawn::<EndpointSlice>(client, all(), Input::Slice, tx.clone(), Arc::clone(metrics));
+    spawn::<Node>(client, all(), Input::Node, tx.clone(), Arc::clone(metrics));
+    let ours = all().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    spawn::<NodeForwardingPlan>(client, ours.clone(), Input::Plan, tx.clone(), Arc::clone(metrics));
+    spawn::<ForwardingSlice>(client, ours, Input::ForwardingSlice, tx, Arc::clone(metrics));
 }

@@ -1,15 +1,17 @@
 //! Shared helpers of the cluster e2e suites (`cluster_controller.rs`, `cluster_agent.rs`): repository
-//! paths, random name suffixes, polling, applying `crds/` to the API server, and composing a node's
-//! plan with its views' slices as read from the API server.
+//! paths, random name suffixes, polling, applying `crds/` to the API server, composing a node's
+//! plan with its views' slices as read from the API server, and reading and writing objects as raw
+//! JSON (values the API server accepts but the types library refuses).
 #![allow(dead_code)]
 
 use std::{path::PathBuf, time::Duration};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
-    Api, Client,
-    api::{ListParams, Patch, PatchParams},
+    Api, Client, Resource,
+    api::{GetParams, ListParams, Patch, PatchParams, PostParams},
 };
+use serde_json::Value;
 use switchyard_api::{
     ForwardingSlice, NodeForwardingPlan, NodeForwardingPlanSpec,
     compose::{SliceRef, compose},
@@ -115,4 +117,56 @@ pub async fn composition(client: &Client, node: &str) -> Option<switchyard_api::
         .map(|(name, s)| SliceRef { name, spec: &s.spec })
         .collect();
     compose(&plan.spec, &refs).ok()
+}
+
+/// The object `name` of kind `K` exactly as the API server serves it (raw JSON: nothing is decoded
+/// into the types library, which may refuse it).
+pub async fn get_raw<K>(client: &Client, namespace: Option<&str>, name: &str) -> Result<Value, kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let request = kube::core::Request::new(K::url_path(&(), namespace))
+        .get(name, &GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    client.request::<Value>(request).await
+}
+
+/// PUTs `object` (raw JSON, its resourceVersion as given) to `name` of kind `K`, or to its status
+/// subresource; the API server's answer, raw.
+pub async fn put_raw<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    name: &str,
+    object: &Value,
+    status: bool,
+) -> Result<Value, kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let url = kube::core::Request::new(K::url_path(&(), namespace));
+    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
+    let params = PostParams::default();
+    let request = if status {
+        url.replace_subresource("status", name, &params, body)
+    } else {
+        url.replace(name, &params, body)
+    }
+    .map_err(kube::Error::BuildRequest)?;
+    client.request::<Value>(request).await
+}
+
+/// [`put_raw`] of `object` as the current version of `name` (its resourceVersion read first).
+pub async fn update_raw<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    name: &str,
+    mut object: Value,
+    status: bool,
+) -> Result<Value, kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let current = get_raw::<K>(client, namespace, name).await?;
+    object["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+    put_raw::<K>(client, namespace, name, &object, status).await
 }

@@ -7,7 +7,7 @@
 //!     ▼
 //! Store::observe_* ─► decide ─► Ready ──────────────► PlanUpdate::Objects   (unless nothing changed: our own
 //!                            ├► Incomplete ─ settled? ─► PlanUpdate::Objects   status writes come back here)
-//!                            ├► WrongNode ─────────────► PlanUpdate::Invalid
+//!                            ├► WrongNode | Unreadable ► PlanUpdate::Invalid
 //!                            ├► Wait (first lists) ────► nothing: the rules (or the cache's) stay
 //!                            └► Missing ─► GET N ─ 404 ─► PlanUpdate::Deleted
 //!                                              ├ found ─► a relist glitch: the object is kept
@@ -17,7 +17,10 @@
 //! An incomplete view is common for a moment (the controller rewrites a view's slices when it grows),
 //! so it is passed on only after it stayed incomplete for the settle time; the syncer then reports
 //! `IncompleteView` and keeps the current rules. API errors are logged and never reach the loop: the
-//! rules stay as they are. The agent reads only its own plan and its views' slices: a change to
+//! rules stay as they are. Both watches decode tolerantly ([`super::store::Delivered`]): a plan or
+//! slice that does not decode never fails its watch (which would retry with backoff, holding back every
+//! other change); the store keeps its last good copy and the status says why (`InvalidPlan`,
+//! `InvalidSlice`). The agent reads only its own plan and its views' slices: a change to
 //! another zone's slices never reaches it.
 
 use std::sync::Arc;
@@ -31,7 +34,7 @@ use switchyard_api::names::{LABEL_NODE, views_selector};
 use switchyard_api::{ForwardingSlice, NodeForwardingPlan};
 use tokio::time::Instant;
 
-use super::store::{Decision, Store};
+use super::store::{Decision, Delivered, Store};
 use super::{PlanSource, PlanUpdate, UpdateSender};
 use crate::sync::backoff::Backoff;
 
@@ -132,7 +135,7 @@ impl State {
                 }
                 true
             }
-            Decision::WrongNode(why) => {
+            Decision::WrongNode(why) | Decision::Unreadable(why) => {
                 self.confirm_at = None;
                 tracing::warn!(%why, "plan refused");
                 self.send(Sent::Invalid(why.clone()), PlanUpdate::Invalid(why))
@@ -195,11 +198,11 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-type SliceStream = BoxStream<'static, Result<watcher::Event<ForwardingSlice>, watcher::Error>>;
+type SliceStream = BoxStream<'static, Result<watcher::Event<Delivered<ForwardingSlice>>, watcher::Error>>;
 
 impl ApiSource {
     fn slice_stream(&self, views: &[String]) -> SliceStream {
-        let api: Api<ForwardingSlice> = Api::all(self.client.clone());
+        let api: Api<Delivered<ForwardingSlice>> = Api::all(self.client.clone());
         let selector = views_selector(views.iter().map(String::as_str));
         tracing::info!(%selector, "watching the slices of this node's views");
         watcher(api, watcher::Config::default().labels(&selector))
@@ -208,7 +211,7 @@ impl ApiSource {
     }
 
     async fn run(self: Box<Self>, tx: UpdateSender) {
-        let api: Api<NodeForwardingPlan> = Api::all(self.client.clone());
+        let api: Api<Delivered<NodeForwardingPlan>> = Api::all(self.client.clone());
         let config = watcher::Config::default().labels(&format!("{LABEL_NODE}={}", self.node));
         let mut stream = watcher(api.clone(), config).default_backoff().boxed();
         let mut slices: Option<SliceStream> = None;
@@ -270,7 +273,7 @@ impl ApiSource {
     }
 
     /// The watch says the plan is gone: ask the API server directly before calling it deleted.
-    async fn confirm(&self, api: &Api<NodeForwardingPlan>, state: &mut State) -> bool {
+    async fn confirm(&self, api: &Api<Delivered<NodeForwardingPlan>>, state: &mut State) -> bool {
         state.confirm_at = None;
         if state.store.decide() != Decision::Missing {
             return true;
@@ -316,19 +319,16 @@ mod tests {
             tx,
         };
         state.store.observe_plan(watcher::Event::Init);
-        state
-            .store
-            .observe_plan(watcher::Event::InitApply(NodeForwardingPlan::new(
-                "node-a",
-                live_plan("node-a", &["all"], vec![]),
-            )));
+        state.store.observe_plan(watcher::Event::InitApply(
+            NodeForwardingPlan::new("node-a", live_plan("node-a", &["all"], vec![])).into(),
+        ));
         state.store.observe_plan(watcher::Event::InitDone);
         state.store.watch_slices(vec!["all".into()]);
         state.store.observe_slice(watcher::Event::Init);
         let (name, spec) = slice("all", 0, 2, vec![]);
-        state
-            .store
-            .observe_slice(watcher::Event::InitApply(ForwardingSlice::new(&name, spec)));
+        state.store.observe_slice(watcher::Event::InitApply(
+            ForwardingSlice::new(&name, spec).into(),
+        ));
         state.store.observe_slice(watcher::Event::InitDone);
 
         let start = Instant::now();

@@ -147,11 +147,14 @@ pub fn read(path: &Path, node: &str) -> Result<Option<PlanSet>, Error> {
             "NodeForwardingPlan" => {
                 let spec = serde_json::from_str(object.spec.get())
                     .map_err(|e| fail(format!("NodeForwardingPlan {name}: {e}")))?;
-                store.observe_plan(watcher::Event::InitApply(NodeForwardingPlan {
-                    metadata: object.metadata,
-                    spec,
-                    status: None,
-                }));
+                store.observe_plan(watcher::Event::InitApply(
+                    NodeForwardingPlan {
+                        metadata: object.metadata,
+                        spec,
+                        status: None,
+                    }
+                    .into(),
+                ));
             }
             "ForwardingSlice" => {
                 let spec = serde_json::from_str(object.spec.get())
@@ -171,13 +174,13 @@ pub fn read(path: &Path, node: &str) -> Result<Option<PlanSet>, Error> {
     }
     store.observe_slice(watcher::Event::Init);
     for slice in slices {
-        store.observe_slice(watcher::Event::InitApply(slice));
+        store.observe_slice(watcher::Event::InitApply(slice.into()));
     }
     store.observe_slice(watcher::Event::InitDone);
     let set = match store.decide() {
         Decision::Ready(set) => set,
         Decision::Incomplete(_, why) => return Err(fail(format!("not a complete plan: {why}"))),
-        Decision::WrongNode(why) => return Err(fail(why)),
+        Decision::WrongNode(why) | Decision::Unreadable(why) => return Err(fail(why)),
         Decision::Missing | Decision::Wait => {
             return Err(fail(format!("it holds no plan named {node}")));
         }

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use switchyard_api::NodeForwardingPlanSpec;
 use switchyard_api::compose::slices_digest;
+use switchyard_api::{NodeForwardingPlanSpec, ServiceFailure};
 use tokio::sync::watch;
 
 use crate::sync::SliceObject;
@@ -57,6 +57,9 @@ pub struct PlanSet {
     pub trigger_time: Option<SystemTime>,
     /// When the controller last wrote any of them (see [`store::written_at`]).
     pub written_at: Option<SystemTime>,
+    /// Slices of its views whose latest version cannot be read (their last good copy, if any, is in
+    /// `slices`), as status failures: `InvalidSlice`.
+    pub unreadable: Vec<ServiceFailure>,
 }
 
 impl PlanSet {
@@ -72,6 +75,7 @@ impl PlanSet {
             uid: None,
             trigger_time: None,
             written_at: None,
+            unreadable: Vec::new(),
         }
     }
 

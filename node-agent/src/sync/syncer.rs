@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! plan + slices ─► composition ─► Incomplete ───────────────────► IncompleteView (rules stay)
-//!                      │          (invalid slice: last good copy used, reported in failures)
+//!                      │          (invalid or unreadable slice: last good copy used, reported in failures)
 //!                      ▼ validate ─► plan problems ──────────► InvalidPlan (rules stay)
 //!                      │            entry problems ─► skip set, status.failures
 //!                      ▼
@@ -244,16 +244,44 @@ impl Syncer {
 
     /// Applies a node's plan composed with its views' slices.
     pub fn sync(&mut self, plan: &Arc<NodeForwardingPlanSpec>, slices: &[SliceObject]) -> SyncResult {
+        self.sync_with(plan, slices, &[])
+    }
+
+    /// [`Self::sync`], where some slices of the views could not be read (their last good copies, if
+    /// any, are among `slices`): each is a slice problem in the status, as an invalid slice is.
+    pub fn sync_with(
+        &mut self,
+        plan: &Arc<NodeForwardingPlanSpec>,
+        slices: &[SliceObject],
+        unreadable: &[ServiceFailure],
+    ) -> SyncResult {
         match compose_plan(plan, slices, &mut self.last_good) {
-            Composition::Incomplete(why) => self.reject(
+            Composition::Incomplete(why) if unreadable.is_empty() => self.reject(
                 reasons::INCOMPLETE_VIEW,
                 format!("plan {} not applied: {why}", short(&plan.revision, MAX_REVISION)),
             ),
+            Composition::Incomplete(why) => {
+                let bad: Vec<String> = unreadable
+                    .iter()
+                    .map(|f| format!("{}: {}", f.service, f.reason))
+                    .collect();
+                self.reject(
+                    reasons::INCOMPLETE_VIEW,
+                    format!(
+                        "plan {} not applied: {why} ({})",
+                        short(&plan.revision, MAX_REVISION),
+                        bad.join("; ")
+                    ),
+                )
+            }
             Composition::Ready {
                 spec,
                 slices,
                 failures,
-            } => self.apply(spec, None, Composed { slices, failures }),
+            } => {
+                let failures = unreadable.iter().cloned().chain(failures).collect();
+                self.apply(spec, None, Composed { slices, failures })
+            }
         }
     }
 

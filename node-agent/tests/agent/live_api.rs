@@ -8,7 +8,7 @@ use http::Method;
 use switchyard_agent::run::grace::GracePeriod;
 use switchyard_agent::status_writer::WriterConfig;
 use switchyard_agent::xtables::fake::FakeIptables;
-use switchyard_api::conditions::{APPLIED, reasons, status};
+use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status};
 use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, live_plan, plan, slice};
 use switchyard_api::{IpFamily, NodeForwardingPlanSpec};
 use switchyard_test_support::fake_apiserver::{FakeApiServer, Kind};
@@ -250,6 +250,74 @@ async fn views_are_applied_only_when_complete_and_follow_their_slices() {
         stored_status(&server, NODE).is_some_and(|s| s.services == Some(1))
     })
     .await;
+    agent.stop().await;
+}
+
+/// A slice the agent cannot decode (`spec.index` past u32: the CRD bounds it below only, so a real API
+/// server accepts it; and an unknown field) keeps its last good copy programmed, the status says why
+/// (`InvalidSlice`), the slice watch is never restarted for it, and the next good version is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_slice_keeps_its_last_good_rules_and_the_status_says_why() {
+    let server = FakeApiServer::new();
+    let a = |ip: &str| entry("ns/a:p", "10.96.0.1", 80).with(ep(ip, 80));
+    let live = live_plan(NODE, &["all"], vec![]);
+    put_plan(&server, &live);
+    put_slice(&server, &slice("all", 0, 1, vec![a("10.244.2.1")]));
+    let iptables = FakeIptables::new(&local_addrs());
+    let agent = Agent::start(
+        server.client(),
+        &iptables,
+        config(None, GracePeriod::Never),
+        writer(),
+    )
+    .await;
+    wait("the first sync", || observed(&server, &live.revision)).await;
+
+    let (name, spec) = slice("all", 0, 1, vec![a("10.244.2.9")]);
+    let mut odd = crate::live_support::slice_object(&name, &spec, None);
+    odd["spec"]["index"] = serde_json::json!(4_294_967_296_u64);
+    odd["spec"]["someFutureField"] = serde_json::json!({"x": null});
+    server.put(Kind::ForwardingSlice, odd);
+    let degraded = |server: &FakeApiServer| {
+        stored_status(server, NODE).is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == DEGRADED && c.reason == reasons::INVALID_SLICE)
+        })
+    };
+    wait("InvalidSlice in the status", || degraded(&server)).await;
+    let status = stored_status(&server, NODE).unwrap();
+    let failure = status
+        .failures
+        .iter()
+        .find(|f| f.service == "ForwardingSlice all-0000")
+        .unwrap_or_else(|| panic!("{:?}", status.failures));
+    assert!(
+        failure
+            .reason
+            .contains("cannot be read: spec.index: 4294967296 is out of range")
+            && failure.reason.contains("last good revision"),
+        "{failure:?}"
+    );
+    let dump = iptables.dump(IpFamily::IPv4);
+    assert!(
+        dump.contains("10.244.2.1:80") && !dump.contains("10.244.2.9"),
+        "the last good rules stay: {dump}"
+    );
+
+    // The next good version is applied and the problem goes; the slice watch was listed once.
+    put_slice(&server, &slice("all", 0, 1, vec![a("10.244.2.5")]));
+    wait("the good version", || {
+        iptables.dump(IpFamily::IPv4).contains("10.244.2.5:80")
+    })
+    .await;
+    wait("the problem gone", || !degraded(&server)).await;
+    let lists = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/forwardingslices") && !r.query.contains("watch=true"))
+        .count();
+    assert_eq!(lists, 1, "the slice watch restarted (a relist)");
     agent.stop().await;
 }
 
