@@ -5,6 +5,9 @@
 pub const APPLIED: &str = "Applied";
 /// Something is wrong but forwarding continues (per-service failures, backend fallback, stale plan).
 pub const DEGRADED: &str = "Degraded";
+/// Only while the node is leaving: the connections forwarded through it have ended (or the drain's
+/// grace period has).
+pub const DRAINED: &str = "Drained";
 
 /// Condition status strings (Kubernetes convention).
 pub mod status {
@@ -44,4 +47,14 @@ pub mod reasons {
     /// settings ask: forwarding is unaffected, long-idle connections may expire as the kernel's
     /// defaults say.
     pub const CONNTRACK_SYSCTL_FAILED: &str = "ConntrackSysctlFailed";
+    /// A kube-proxy port the agent serves (the health port 10256 load balancers probe, the status port
+    /// 10249) is held by another program, kube-proxy during a migration: the agent keeps forwarding and
+    /// takes the port as soon as it is free.
+    pub const PORT_UNAVAILABLE: &str = "PortUnavailable";
+    /// Drained: no connection goes through the leaving node any more.
+    pub const NO_CONNECTIONS: &str = "NoConnections";
+    /// Drained: the drain's grace period ended with connections still open.
+    pub const GRACE_PERIOD_ENDED: &str = "GracePeriodEnded";
+    /// Not drained yet: connections still go through the leaving node.
+    pub const CONNECTIONS_REMAIN: &str = "ConnectionsRemain";
 }

@@ -39,9 +39,12 @@ pub mod yaml;
 
 pub use error::Error;
 pub use plan::{
-    Backend, ClusterSettings, DetectLocalMode, EndpointRef, EntryKey, IpFamily, LocalEndpoints,
+    Backend, ClusterSettings, DetectLocalMode, EndpointRef, EntryKey, IpFamily, Leaving, LocalEndpoints,
     NodeForwardingPlan, NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan,
     TrafficPolicy,
 };
 pub use slice::{ForwardingSlice, ForwardingSliceSpec, View};
-pub use status::{NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceFailure, SyncMode};
+pub use status::{
+    DrainStatus, NodeForwardingPlanStatus, ObservedSlices, PlanCondition, ServiceConnections, ServiceFailure,
+    SyncMode,
+};

@@ -94,6 +94,19 @@ use crate::status::NodeForwardingPlanStatus;
         json_path = ".status.lastSyncTime",
         description = "When the agent last synced"
     ),
+    printcolumn(
+        name = "Leaving",
+        type_ = "string",
+        json_path = ".spec.leaving.reason",
+        description = "Why the node is leaving (its agent fails kube-proxy's /healthz so load balancers drain it); empty while it serves"
+    ),
+    printcolumn(
+        name = "Drained",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Drained\")].status",
+        priority = 1,
+        description = "While leaving: whether the connections forwarded through the node have ended (or the grace period has)"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName", priority = 1),
     printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone", priority = 1),
@@ -156,6 +169,11 @@ pub struct NodeForwardingPlanSpec {
     pub backend: Backend,
     /// Cluster-wide settings the agent needs, copied here so one object shows everything.
     pub cluster: ClusterSettings,
+    /// Set while the node is leaving the cluster (a signal of the controller's `leavingSignals`
+    /// matched its Node): its agent answers 503 on kube-proxy's `/healthz`, so load balancers send it
+    /// no new connections, and reports the connections still forwarded through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaving: Option<Leaving>,
     /// Content hash of this object's spec (all fields but `revision`). It does not cover the views'
     /// slices: those carry their own revisions, so one endpoint change rewrites one slice, not every plan.
     #[schemars(length(min = 1, max = 64))]
@@ -279,6 +297,24 @@ impl NodeForwardingPlanSpec {
     pub fn is_self_contained(&self) -> bool {
         self.views.is_empty()
     }
+}
+
+/// Why and since when a node is leaving, as the controller read it from the Node.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Leaving {
+    /// The signal that matched, as configured: `deletionTimestamp`, `unschedulable`, `taint:<key>` or
+    /// `label:<key>[=<value>]`.
+    #[schemars(length(min = 1, max = 330))]
+    pub reason: String,
+    /// When the Node says it began (its `deletionTimestamp`, or the taint's `timeAdded`), RFC 3339;
+    /// absent when the Node does not say (the agent's status has when it saw the plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub since: Option<String>,
+    /// How long the agent waits for the connections through the node to end before it reports the
+    /// node drained anyway, seconds.
+    pub drain_grace_seconds: u32,
 }
 
 /// How pod traffic is told apart from other traffic (kube-proxy's `--detect-local-mode`).

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     Error,
-    plan::{Backend, ClusterSettings, LocalEndpoints, NodeForwardingPlanSpec, PlanSummary, ServicePlan},
+    plan::{
+        Backend, ClusterSettings, Leaving, LocalEndpoints, NodeForwardingPlanSpec, PlanSummary, ServicePlan,
+    },
     slice::ForwardingSliceSpec,
 };
 
@@ -77,6 +79,9 @@ struct PlanHeader<'a> {
     pod_cidrs: &'a [String],
     backend: Backend,
     cluster: &'a ClusterSettings,
+    // NB: skipped when absent, so the revisions of serving nodes' plans are what they were before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leaving: &'a Option<Leaving>,
     views: &'a [String],
     endpoints_on_node: &'a [String],
     local_endpoints: &'a [LocalEndpoints],
@@ -122,6 +127,7 @@ pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result
         pod_cidrs,
         backend,
         cluster,
+        leaving,
         revision: _,
         views,
         endpoints_on_node,
@@ -137,6 +143,7 @@ pub fn revision_with(spec: &NodeForwardingPlanSpec, entries: EntrySum) -> Result
         pod_cidrs,
         backend: *backend,
         cluster,
+        leaving,
         views,
         endpoints_on_node,
         local_endpoints,
@@ -243,6 +250,7 @@ mod tests {
                 node_port_addresses: vec![],
                 ipvs_scheduler: None,
             },
+            leaving: None,
             revision: String::new(),
             views: vec![],
             endpoints_on_node: vec![],

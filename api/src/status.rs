@@ -61,6 +61,43 @@ pub struct NodeForwardingPlanStatus {
     /// All failed entries, listed or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failures_total: Option<u32>,
+    /// While the applied plan says the node is leaving: the connections still forwarded through it
+    /// (counted at least every 10 s; the `Drained` condition says when they ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<DrainStatus>,
+}
+
+/// A leaving node's drain, as its agent sees it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// Why the node is leaving (the plan's `leaving.reason`).
+    #[schemars(length(max = 330))]
+    pub reason: String,
+    /// When this agent first applied a plan saying so (RFC 3339).
+    pub since: String,
+    /// Connections still forwarded through the node: conntrack entries to its NodePorts, external IPs
+    /// and load-balancer IPs (absent until first counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// The Services with the most of them (at most five).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub services: Vec<ServiceConnections>,
+    /// When they were last counted (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<String>,
+}
+
+/// One Service's connections through a leaving node.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceConnections {
+    /// `namespace/name`.
+    #[schemars(length(max = 320))]
+    pub service: String,
+    /// Its connections through the node.
+    pub connections: u64,
 }
 
 /// Which ForwardingSlices an applied state was composed from, small enough for every status: the count

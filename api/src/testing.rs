@@ -195,6 +195,7 @@ pub fn plan(node: &str, services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
             node_port_addresses: vec![],
             ipvs_scheduler: None,
         },
+        leaving: None,
         revision: String::new(),
         views: vec![],
         endpoints_on_node: vec![],

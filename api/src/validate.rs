@@ -713,6 +713,7 @@ mod tests {
                 node_port_addresses: vec![],
                 ipvs_scheduler: None,
             },
+            leaving: None,
             revision: "abc".into(),
             views: vec![],
             endpoints_on_node: vec![],

@@ -20,6 +20,11 @@
 //! writeQPS: 50                     # live controller: global write budget, plans and slices (writes per second;
 //!                                  # kube-scheduler's default: a fresh start of 5,000 nodes takes ~105 s)
 //! writeBurst: 100                  # live controller: burst above the budget
+//! leavingSignals:                  # what on a Node says it is leaving: its plan says so, its agent fails
+//! - deletionTimestamp              # kube-proxy's /healthz (503) and reports the connections it still carries.
+//! - taint:ToBeDeletedByClusterAutoscaler   # Also known: unschedulable (a cordon), taint:KEY, label:KEY,
+//! - taint:karpenter.sh/disrupted   # label:KEY=VALUE; the first that matches is the reason
+//! drainGracePeriod: 10m            # after this long leaving, a node reports Drained even with connections left
 //! ```
 
 use std::{net::IpAddr, path::Path, time::Duration};
@@ -33,6 +38,7 @@ use switchyard_api::{
 };
 
 use crate::Error;
+use crate::planner::leaving::{LeavingSignal, default_signals};
 
 /// Smallest object byte budget accepted: below it the slice count would explode.
 pub const MIN_OBJECT_BYTES: usize = 16 * 1024;
@@ -64,6 +70,8 @@ struct RawConfig {
     #[serde(rename = "writeQPS")]
     write_qps: Option<f64>,
     write_burst: Option<u32>,
+    leaving_signals: Option<Vec<String>>,
+    drain_grace_period: Option<String>,
 }
 
 /// The validated configuration.
@@ -100,6 +108,10 @@ pub struct Config {
     pub write_qps: f64,
     /// Live controller: write burst.
     pub write_burst: u32,
+    /// What on a Node says it is leaving, in order.
+    pub leaving_signals: Vec<LeavingSignal>,
+    /// How long a leaving node's agent waits for its connections to end before it reports Drained.
+    pub drain_grace_period: Duration,
 }
 
 impl Default for Config {
@@ -120,6 +132,8 @@ impl Default for Config {
             slice_fold_after: Duration::from_secs(600),
             write_qps: 50.0,
             write_burst: 100,
+            leaving_signals: default_signals(),
+            drain_grace_period: Duration::from_secs(600),
         }
     }
 }
@@ -251,6 +265,25 @@ impl Config {
         if write_burst == 0 {
             problems.push("writeBurst: must be at least 1".to_string());
         }
+        let leaving_signals = match raw.leaving_signals {
+            None => defaults.leaving_signals,
+            Some(texts) => texts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, text)| {
+                    LeavingSignal::parse(text)
+                        .map_err(|why| problems.push(format!("leavingSignals[{i}]: {why}")))
+                        .ok()
+                })
+                .collect(),
+        };
+        let drain_grace_period = match raw.drain_grace_period.as_deref() {
+            None => defaults.drain_grace_period,
+            Some(text) => switchyard_api::duration::parse(text).unwrap_or_else(|why| {
+                problems.push(format!("drainGracePeriod: {why}"));
+                defaults.drain_grace_period
+            }),
+        };
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -270,6 +303,8 @@ impl Config {
             slice_fold_after,
             write_qps,
             write_burst,
+            leaving_signals,
+            drain_grace_period,
         })
     }
 
@@ -325,7 +360,8 @@ mod tests {
         let config = Config::parse(
             "clusterCIDRs: [010.244.0.0/16, fd00:10:244::/56]\nmasqueradeAll: true\nmasqueradeBit: 15\n\
              nodePortAddresses: [192.168.10.0/24]\nnodePortRange: 30000-32767\ndefaultBackend: ipvs\n\
-             maxObjectBytes: 500000\nminPlanInterval: 250ms\nsliceFoldAfter: 1h\n",
+             maxObjectBytes: 500000\nminPlanInterval: 250ms\nsliceFoldAfter: 1h\n\
+             leavingSignals: [unschedulable, \"label:example.com/retiring=yes\"]\ndrainGracePeriod: 2m\n",
         )
         .unwrap();
         assert_eq!(config.cluster_cidrs[0].to_string(), "10.244.0.0/16");
@@ -341,6 +377,22 @@ mod tests {
         assert_eq!(config.default_backend, Backend::Ipvs);
         assert_eq!(config.min_plan_interval, Duration::from_millis(250));
         assert_eq!(config.slice_fold_after, Duration::from_secs(3600));
+        let signals: Vec<String> = config.leaving_signals.iter().map(LeavingSignal::name).collect();
+        assert_eq!(signals, ["unschedulable", "label:example.com/retiring=yes"]);
+        assert_eq!(config.drain_grace_period, Duration::from_secs(120));
+        let defaults: Vec<String> = Config::default()
+            .leaving_signals
+            .iter()
+            .map(LeavingSignal::name)
+            .collect();
+        assert_eq!(
+            defaults,
+            [
+                "deletionTimestamp",
+                "taint:ToBeDeletedByClusterAutoscaler",
+                "taint:karpenter.sh/disrupted"
+            ]
+        );
     }
 
     #[test]
@@ -348,7 +400,8 @@ mod tests {
         let problems = Config::parse(
             "clusterCIDRs: [nope, 10.0.0.0/8, 10.1.0.0/16]\nmasqueradeBit: 40\nnodePortAddresses: [primary, x]\n\
              nodePortRange: 9-1\ndefaultBackend: ebpf\nipvsScheduler: fast\nmaxObjectBytes: 10\n\
-             minPlanInterval: soon\nwriteQPS: 0\nwriteBurst: 0\nsliceFoldAfter: 10ms\n",
+             minPlanInterval: soon\nwriteQPS: 0\nwriteBurst: 0\nsliceFoldAfter: 10ms\n\
+             leavingSignals: [deletionTimestamp, cordoned]\ndrainGracePeriod: later\n",
         )
         .unwrap_err();
         for want in [
@@ -365,6 +418,8 @@ mod tests {
             "sliceFoldAfter: 10ms is shorter than 1s",
             "writeQPS",
             "writeBurst",
+            "leavingSignals[1]: unknown signal \"cordoned\"",
+            "drainGracePeriod",
         ] {
             assert!(
                 problems.iter().any(|p| p.contains(want)),

@@ -342,3 +342,36 @@ fn a_missing_kubeconfig_is_said_once_in_plain_words() {
         assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
     }
 }
+
+#[test]
+fn a_leaving_node_is_planned_as_leaving_offline_too() {
+    let scratch = switchyard_test_support::scratch::dir("plan-leaving").unwrap();
+    let file = scratch.path().join("cluster.yaml");
+    std::fs::write(
+        &file,
+        "kind: Node\nmetadata: {name: n1}\nspec: {taints: [{key: karpenter.sh/disrupted, effect: NoSchedule, \
+         timeAdded: \"2026-12-07T10:00:00Z\"}]}\n---\nkind: Node\nmetadata: {name: n2}\n---\n\
+         kind: Service\nmetadata: {name: ok, namespace: ns}\nspec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run(&["plan", "-f", file.to_str().unwrap(), "--node", "n1", "-o", "yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("leaving:\n    reason: taint:karpenter.sh/disrupted\n    since: \"2026-12-07T10:00:00Z\"\n    drainGraceSeconds: 600"),
+        "{stdout}"
+    );
+    let (code, stdout, stderr) = run(&["plan", "-f", file.to_str().unwrap(), "--node", "n2", "-o", "yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stdout.contains("leaving"), "{stdout}");
+    let config = scratch.path().join("config.yaml");
+    std::fs::write(&config, "leavingSignals: [cordoned]\n").unwrap();
+    let (code, _, stderr) = run(&[
+        "plan",
+        "-f",
+        file.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown signal \"cordoned\""), "{stderr}");
+}

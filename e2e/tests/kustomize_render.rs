@@ -936,10 +936,7 @@ fn agent_daemonset_has_what_the_data_plane_needs_and_no_more() {
     assert!(drop.contains("ALL"));
 
     let (path, port) = probe_target(agent.liveness_probe.as_ref());
-    assert_eq!(
-        (path.as_str(), probe_port(agent, &port)),
-        ("/healthz", AGENT_PORT)
-    );
+    assert_eq!((path.as_str(), probe_port(agent, &port)), ("/livez", AGENT_PORT));
     let (path, port) = probe_target(agent.readiness_probe.as_ref());
     assert_eq!((path.as_str(), probe_port(agent, &port)), ("/readyz", AGENT_PORT));
 
@@ -1165,6 +1162,35 @@ fn ports_do_not_collide_with_kube_proxy_or_the_kubelet() {
         assert!(!TAKEN_PORTS.contains(&port), "{port}");
     }
     assert_ne!(CONTROLLER_PORT, AGENT_PORT);
+}
+
+/// kube-proxy's health port is the agent's too (cloud load balancers probe it), and nothing probes it
+/// for liveness: kube-proxy holds it during a migration, and it fails on purpose while a node leaves.
+#[test]
+fn the_agent_declares_kube_proxys_health_port_and_never_probes_it() {
+    let tree = Tree::load();
+    let daemonset: DaemonSet = tree.resource("DaemonSet", AGENT).typed();
+    let pod = daemonset.spec.expect("spec").template.spec.expect("pod spec");
+    let agent = container(&pod, "agent");
+    let ports: Vec<(Option<&str>, i32, Option<i32>)> = agent
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_deref(), p.container_port, p.host_port))
+        .collect();
+    assert!(
+        ports.contains(&(Some("healthz"), 10256, Some(10256))),
+        "{ports:?}"
+    );
+    for probe in [
+        &agent.liveness_probe,
+        &agent.readiness_probe,
+        &agent.startup_probe,
+    ] {
+        let Some(probe) = probe else { continue };
+        let (_, port) = probe_target(Some(probe));
+        assert_eq!(probe_port(agent, &port), AGENT_PORT, "{probe:?}");
+    }
 }
 
 #[test]

@@ -70,7 +70,8 @@ enum Command {
     /// Apply a plan once (a full sync) and print the resulting status.
     Apply(ApplyArgs),
     /// Apply a plan file, re-apply it when it changes, repair drift; until SIGTERM/SIGINT.
-    Run(RunArgs),
+    // Boxed: its flags are many times the size of every other command's.
+    Run(Box<RunArgs>),
     /// Remove everything the agent owns, in both families: iptables jump rules and SWYD-* chains
     /// (iptables-nft and iptables-legacy), the nftables tables, IPVS virtual servers, ipsets and the dummy
     /// interface.
@@ -277,9 +278,18 @@ struct RunArgs {
     /// reachable. Without it a restarted agent waits for the API server before programming anything.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// Where to serve /healthz, /readyz and /metrics (`:PORT` for every address).
+    /// Where to serve /healthz, /livez, /readyz and /metrics (`:PORT` for every address).
     #[arg(long, default_value = ":10263", value_parser = parse_bind)]
     metrics_bind: std::net::SocketAddr,
+    /// Where to serve kube-proxy's /healthz and /livez, which cloud load balancers probe (its
+    /// healthzBindAddress); `off` serves neither. While another program (kube-proxy during a migration)
+    /// holds the port, the agent keeps forwarding and takes it as soon as it is free.
+    #[arg(long, default_value = ":10256", value_parser = parse_optional_bind)]
+    healthz_bind_address: OptionalBind,
+    /// Where to serve kube-proxy's /proxyMode and /metrics (its metricsBindAddress); `off` serves
+    /// neither. Taken ports are retried as for --healthz-bind-address.
+    #[arg(long, default_value = "127.0.0.1:10249", value_parser = parse_optional_bind)]
+    status_bind_address: OptionalBind,
     /// How long the rules of a deleted plan stay before they are removed, or `never`.
     #[arg(long, default_value = "15m", value_parser = GracePeriod::parse)]
     plan_deletion_grace: GracePeriod,
@@ -350,6 +360,17 @@ fn backend_in_use(flag: Option<Backend>, status: Option<Backend>, planned: Backe
 
 fn parse_backend(value: &str) -> Result<Backend, String> {
     Backend::parse(value).ok_or_else(|| format!("unknown backend {value:?} (iptables, nftables or ipvs)"))
+}
+
+/// An address to serve on, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OptionalBind(Option<std::net::SocketAddr>);
+
+fn parse_optional_bind(value: &str) -> Result<OptionalBind, String> {
+    if value == "off" {
+        return Ok(OptionalBind(None));
+    }
+    parse_bind(value).map(|addr| OptionalBind(Some(addr)))
 }
 
 /// The project's one duration grammar ([`switchyard_api::duration`]), for flags.
@@ -635,6 +656,8 @@ fn run_command(args: &RunArgs) -> ExitCode {
         deletion_grace: args.plan_deletion_grace,
         cache_file,
         metrics_bind: Some(args.metrics_bind),
+        healthz_bind: args.healthz_bind_address.0,
+        status_bind: args.status_bind_address.0,
         traffic: args.traffic_counters.then_some(crate::counters::CountersConfig {
             endpoints: args.traffic_endpoint_series,
             max_series: args.traffic_max_series,

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! run loop ─► plan_age_seconds (every tick), network_programming_duration_seconds (new revision applied),
-//!             plan_deleted / plan_deleted_seconds, cache_writes / cache_write_failures
+//!             plan_deleted / plan_deleted_seconds, cache_writes / cache_write_failures,
+//!             sync_last_queued_timestamp_seconds, leaving, drain_connections{,_by_service}
+//! kube-proxy's ports ─► healthz_total{code}, livez_total{code}, kube_proxy_port_bound{port}
 //! status writer ─► status_writes / status_write_failures
 //! registry() ─► SyncMetrics + these, prefix switchyard_agent_; the traffic collector (counters) ─► GET /metrics
 //! ```
@@ -18,7 +20,9 @@
 
 use std::sync::atomic::AtomicU64;
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -49,6 +53,44 @@ pub struct LiveMetrics {
     pub cache_writes: Counter,
     /// Cache writes that failed.
     pub cache_write_failures: Counter,
+    /// kube-proxy's `/healthz` answers, by status code.
+    pub healthz_total: Family<CodeLabel, Counter>,
+    /// kube-proxy's `/livez` answers, by status code.
+    pub livez_total: Family<CodeLabel, Counter>,
+    /// 1 while a kube-proxy port (10256, 10249) is served, 0 while it is taken.
+    pub kube_proxy_port_bound: Family<PortLabel, Gauge>,
+    /// When the oldest update still waiting for a sync arrived (Unix seconds; 0 when none waits), as
+    /// kube-proxy's `sync_proxy_rules_last_queued_timestamp_seconds`.
+    pub last_queued_timestamp_seconds: Gauge<f64, AtomicU64>,
+    /// 1 while the plan says this node is leaving.
+    pub leaving: Gauge,
+    /// While leaving: the connections still forwarded through this node.
+    pub drain_connections: Gauge,
+    /// While leaving: the connections still forwarded through this node, for its busiest Services.
+    pub drain_connections_by_service: Family<ServiceLabel, Gauge>,
+}
+
+/// `code="200"` or `code="503"`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// The HTTP status code.
+    pub code: u16,
+}
+
+/// `port="10256"`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabel {
+    /// The port.
+    pub port: u16,
+}
+
+/// A Service, `namespace` and `service`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabel {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub service: String,
 }
 
 impl Default for LiveMetrics {
@@ -64,6 +106,13 @@ impl Default for LiveMetrics {
             plan_updates: Counter::default(),
             cache_writes: Counter::default(),
             cache_write_failures: Counter::default(),
+            healthz_total: Family::default(),
+            livez_total: Family::default(),
+            kube_proxy_port_bound: Family::default(),
+            last_queued_timestamp_seconds: Gauge::default(),
+            leaving: Gauge::default(),
+            drain_connections: Gauge::default(),
+            drain_connections_by_service: Family::default(),
         }
     }
 }
@@ -115,6 +164,41 @@ impl LiveMetrics {
             "plan_cache_write_failures",
             "Writes of the local plan cache that failed",
             self.cache_write_failures.clone(),
+        );
+        registry.register(
+            "healthz",
+            "Answers of kube-proxy's /healthz (--healthz-bind-address), by status code",
+            self.healthz_total.clone(),
+        );
+        registry.register(
+            "livez",
+            "Answers of kube-proxy's /livez (--healthz-bind-address), by status code",
+            self.livez_total.clone(),
+        );
+        registry.register(
+            "kube_proxy_port_bound",
+            "1 while a kube-proxy port (health 10256, status 10249) is served, 0 while another program holds it",
+            self.kube_proxy_port_bound.clone(),
+        );
+        registry.register(
+            "sync_last_queued_timestamp_seconds",
+            "When the oldest plan update still waiting for a sync arrived (Unix seconds; 0 when none waits)",
+            self.last_queued_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "leaving",
+            "1 while this node's plan says it is leaving (kube-proxy's /healthz answers 503)",
+            self.leaving.clone(),
+        );
+        registry.register(
+            "drain_connections",
+            "While leaving: connections still forwarded through this node (conntrack entries to its Service frontends)",
+            self.drain_connections.clone(),
+        );
+        registry.register(
+            "drain_service_connections",
+            "While leaving: connections still forwarded through this node, for its busiest Services",
+            self.drain_connections_by_service.clone(),
         );
     }
 }

@@ -1,7 +1,8 @@
 //! `switchyard-agent run`: the long-running loop, whatever the plan source.
 //!
 //! ```text
-//! start: /healthz /readyz /metrics served ─► cached plan and slices (<state-dir>/plan.yaml) applied, if any
+//! start: /healthz /livez /readyz /metrics served; kube-proxy's ports (:10256 /healthz /livez, 127.0.0.1:10249
+//!        /proxyMode /metrics) served or retried while taken ─► cached plan and slices applied, if any
 //!        ─► the source starts: FileSource (--plan-file) | ApiSource (--node-name: own plan + its views' slices)
 //! source ─► watch channel (latest PlanUpdate wins) ─┐
 //!   Objects (at most every min-sync-interval) ──────┼─► Syncer::sync ─► after every sync:
@@ -11,6 +12,9 @@
 //!   Syncer::resync_if_due (full-sync period) ───────┤
 //!   every resync period: Syncer::check_drift ───────┘
 //!   grace period over ─► Syncer::cleanup (rules removed, cache removed) unless the grace is `never`
+//! a plan arrives ─► AgentHealth::plan_seen(leaving): kube-proxy's /healthz follows at once, before the sync
+//! every tick: kube-proxy ports taken? ─► status Degraded PortUnavailable; leaving ─► Syncer::tick_drain
+//!   (connections counted every 5 s ─► status.draining, Drained) ─► status written; gauges
 //! SIGTERM / SIGINT ─► stop serving and exit; the rules stay in the kernel.
 //! ```
 //!
@@ -20,6 +24,7 @@
 pub mod grace;
 pub mod health;
 pub mod http;
+pub mod kube_proxy_ports;
 
 use crate::counters::{Applied, AppliedPlan, CountersConfig, TrafficCollector};
 use crate::wiring::counters::HostCounters;
@@ -41,6 +46,15 @@ use crate::status_writer::{StatusReport, StatusSink};
 use crate::sync::{SyncResult, Syncer, SystemClock};
 use grace::{Deletion, Grace, GracePeriod};
 use health::AgentHealth;
+use kube_proxy_ports::KubeProxyPorts;
+
+/// The families a plan forwards (kube-proxy's per-family health).
+fn families(spec: &switchyard_api::NodeForwardingPlanSpec) -> Vec<switchyard_api::IpFamily> {
+    let mut families: Vec<switchyard_api::IpFamily> = spec.services.iter().map(|e| e.family).collect();
+    families.sort();
+    families.dedup();
+    families
+}
 
 /// How often the loop looks at its timers (retries, resyncs, drift checks, the grace period).
 const TICK: Duration = Duration::from_millis(100);
@@ -65,6 +79,11 @@ pub struct RunConfig {
     pub cache_file: Option<PathBuf>,
     /// Where to serve `/healthz`, `/readyz` and `/metrics`.
     pub metrics_bind: Option<SocketAddr>,
+    /// Where to serve kube-proxy's `/healthz` and `/livez` (its `healthzBindAddress`, `:10256`).
+    pub healthz_bind: Option<SocketAddr>,
+    /// Where to serve kube-proxy's `/proxyMode` and `/metrics` (its `metricsBindAddress`,
+    /// `127.0.0.1:10249`).
+    pub status_bind: Option<SocketAddr>,
     /// The per-Service traffic series on `/metrics` (read from the kernel at each scrape); `None`: off.
     pub traffic: Option<CountersConfig>,
 }
@@ -88,6 +107,8 @@ pub struct Running {
     pub metrics: LiveMetrics,
     /// Where `/healthz`, `/readyz` and `/metrics` are served.
     pub metrics_addr: Option<SocketAddr>,
+    /// kube-proxy's ports and whether each is served.
+    pub kube_proxy_ports: Vec<kube_proxy_ports::PortStatus>,
 }
 
 /// Everything after a sync: health-check servers, the healthy flag, the status file.
@@ -159,6 +180,8 @@ struct Loop {
     /// The conntrack worker's cleared count, read just before the last status was written: the worker
     /// finishes after the sync's status went out, so a change is published from the tick.
     published_cleared: u64,
+    /// kube-proxy's ports.
+    ports: KubeProxyPorts,
     written_at: Option<SystemTime>,
 }
 
@@ -166,7 +189,21 @@ impl Loop {
     fn on_update(&mut self, update: Arc<PlanUpdate>) {
         self.metrics.plan_updates.inc();
         self.health.queued();
+        if let PlanUpdate::Objects(set) = update.as_ref() {
+            self.plan_seen(set);
+        }
         self.pending = Some(update);
+    }
+
+    /// A plan arrived: kube-proxy's `/healthz` says at once whether the node is leaving.
+    fn plan_seen(&self, set: &PlanSet) {
+        if self.health.plan_seen(set.plan.leaving.as_ref()) {
+            match &set.plan.leaving {
+                Some(leaving) => tracing::warn!(reason = %leaving.reason,
+                    "the plan says this node is leaving: kube-proxy's /healthz answers 503 from now on"),
+                None => tracing::info!("the plan says this node serves: kube-proxy's /healthz answers 200"),
+            }
+        }
     }
 
     fn step(&mut self) {
@@ -195,8 +232,11 @@ impl Loop {
         // Read once, before anything is written: a count that moves while the status is being written
         // differs from the one recorded here, so the next tick writes it again.
         let cleared = self.syncer.conntrack_cleared();
-        if cleared != self.published_cleared {
-            self.published_cleared = cleared;
+        let mut changed = cleared != self.published_cleared;
+        self.published_cleared = cleared;
+        changed |= self.syncer.set_port_problem(self.ports.problem());
+        changed |= self.syncer.tick_drain();
+        if changed {
             self.publish_status();
             self.after.write_status_file(&self.syncer);
         }
@@ -219,6 +259,9 @@ impl Loop {
             }
             PlanUpdate::Deleted => {
                 self.pending = None;
+                if self.health.plan_deleted() {
+                    tracing::warn!("this node's plan was deleted: kube-proxy's /healthz answers 503");
+                }
                 self.deleted(now);
             }
             PlanUpdate::Objects(set) => {
@@ -254,13 +297,18 @@ impl Loop {
         match &result {
             SyncResult::Applied { .. } => {
                 let revision = self.syncer.applied().map(|(spec, _)| spec.revision.clone());
+                let families = self
+                    .syncer
+                    .applied()
+                    .map(|(spec, _)| families(spec))
+                    .unwrap_or_default();
                 self.applied_plan
                     .set(self.syncer.applied().map(|(spec, skip)| Applied {
                         spec: Arc::clone(spec),
                         skip: Arc::new(skip.clone()),
                         backend: self.syncer.backend(),
                     }));
-                self.health.synced(revision);
+                self.health.synced(revision, &families);
                 // Only a set the kernel now holds exactly (its plan and every one of its slices; not a
                 // rejected slice's stand-in) counts for latency and goes into the cache.
                 if let Some(set) = self.current.clone()
@@ -436,6 +484,30 @@ impl Loop {
         self.metrics.plan_age_seconds.set(age);
         let deleted = self.grace.since(now).map_or(0.0, |d| d.as_secs_f64());
         self.metrics.plan_deleted_seconds.set(deleted);
+        let queued = self
+            .health
+            .queued_since()
+            .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.metrics.last_queued_timestamp_seconds.set(queued);
+        let drain = self.syncer.drain();
+        self.metrics.leaving.set(i64::from(drain.is_some()));
+        let counted = drain.and_then(|d| d.connections());
+        self.metrics
+            .drain_connections
+            .set(counted.map_or(0, |c| i64::try_from(c.total).unwrap_or(i64::MAX)));
+        // Only the busiest Services of the last count have a series (a bounded set).
+        self.metrics.drain_connections_by_service.clear();
+        for (service, connections) in counted.iter().flat_map(|c| &c.busiest) {
+            let (namespace, name) = service.split_once('/').unwrap_or(("", service));
+            self.metrics
+                .drain_connections_by_service
+                .get_or_create(&crate::metrics::ServiceLabel {
+                    namespace: namespace.to_string(),
+                    service: name.to_string(),
+                })
+                .set(i64::try_from(*connections).unwrap_or(i64::MAX));
+        }
     }
 
     fn apply_cache(&mut self, path: &Path) {
@@ -450,6 +522,7 @@ impl Loop {
                 );
                 self.cached = Some((set.uid.clone(), set.fingerprint()));
                 self.health.queued();
+                self.plan_seen(&set);
                 self.current = Some(set);
                 self.sync_current();
             }
@@ -480,6 +553,14 @@ pub async fn run(
         )
     });
     let registry = Arc::new(metrics::registry(syncer.metrics(), &io.metrics, traffic));
+    let ports = KubeProxyPorts::start(
+        config.healthz_bind,
+        config.status_bind,
+        Arc::clone(&health),
+        applied_plan.clone(),
+        Arc::clone(&registry),
+        io.metrics.clone(),
+    );
     let (metrics_addr, server) = match config.metrics_bind {
         Some(addr) => {
             let (bound, task) = http::serve(addr, Arc::clone(&health), registry).await?;
@@ -492,6 +573,7 @@ pub async fn run(
             health: Arc::clone(&health),
             metrics: io.metrics.clone(),
             metrics_addr,
+            kube_proxy_ports: ports.ports.clone(),
         });
     }
     let healthy = Arc::new(AtomicBool::new(false));
@@ -516,6 +598,7 @@ pub async fn run(
         cached: None,
         programmed: None,
         published_cleared: 0,
+        ports,
         applied_plan,
         written_at: None,
         config,
@@ -553,6 +636,7 @@ pub async fn run(
     if let Some(server) = server {
         server.abort();
     }
+    state.ports.stop();
     state.after.servers.stop_all();
     state.after.write_status_file(&state.syncer);
     tracing::info!("stopping; the programmed rules stay in place");

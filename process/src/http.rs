@@ -4,7 +4,7 @@
 //! --metrics-bind ":PORT" | "HOST:PORT" ─► parse_bind ─► SocketAddr (":PORT" = [::]:PORT, dual-stack)
 //!                                                        │
 //!   serve(addr, endpoints) ─► bind (from [::] to 0.0.0.0 where IPv6 is off) ─► axum task
-//!        GET /healthz ─► Endpoints::healthz()   GET /readyz ─► Endpoints::readyz()
+//!        GET /healthz ─► Endpoints::healthz()   GET /livez ─► Endpoints::livez()   GET /readyz ─► Endpoints::readyz()
 //!        GET /metrics ─► Endpoints::metrics(), OpenMetrics text
 //! ```
 //!
@@ -52,6 +52,10 @@ impl Probe {
 pub trait Endpoints: Send + Sync + 'static {
     /// `GET /healthz`: is the process alive (its loop not stalled)?
     fn healthz(&self) -> Probe;
+    /// `GET /livez`: what a liveness probe asks; the same as `/healthz` unless a binary says otherwise.
+    fn livez(&self) -> Probe {
+        self.healthz()
+    }
     /// `GET /readyz`: has it done its first job (initial sync, first plan applied)?
     fn readyz(&self) -> Probe;
     /// `GET /metrics`: the registry in OpenMetrics text.
@@ -73,6 +77,7 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr, String> {
 pub fn router(endpoints: Arc<dyn Endpoints>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(endpoints)
@@ -126,6 +131,10 @@ fn answer(probe: Probe) -> Response {
 
 async fn healthz(State(endpoints): State<Arc<dyn Endpoints>>) -> Response {
     answer(endpoints.healthz())
+}
+
+async fn livez(State(endpoints): State<Arc<dyn Endpoints>>) -> Response {
+    answer(endpoints.livez())
 }
 
 async fn readyz(State(endpoints): State<Arc<dyn Endpoints>>) -> Response {

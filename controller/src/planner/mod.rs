@@ -24,6 +24,7 @@ mod diagnostics;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod hosting;
+pub mod leaving;
 mod nodes;
 mod plans;
 pub mod problems;

@@ -28,6 +28,8 @@ pub struct NodeInfo {
     pub pod_cidrs: Vec<IpNet>,
     /// Backend for this node.
     pub backend: Backend,
+    /// Set while the Node shows one of the configured leaving signals.
+    pub leaving: Option<switchyard_api::Leaving>,
 }
 
 /// Reads one Node; `None` (with a warning) when it has no name.
@@ -94,6 +96,7 @@ pub fn node_info(node: &Node, config: &Config, diag: &mut Diagnostics) -> Option
     }
     Some(NodeInfo {
         uid: node.metadata.uid.clone(),
+        leaving: super::leaving::leaving(node, &config.leaving_signals, config.drain_grace_period),
         name,
         zone,
         ips,

@@ -57,6 +57,7 @@ pub fn header(node: &NodeInfo, config: &Config) -> NodeForwardingPlanSpec {
             ipvs_scheduler: (node.backend == switchyard_api::Backend::Ipvs)
                 .then(|| config.ipvs_scheduler.clone()),
         },
+        leaving: node.leaving.clone(),
         revision: String::new(),
         views: Vec::new(),
         endpoints_on_node: Vec::new(),

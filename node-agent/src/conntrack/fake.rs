@@ -49,6 +49,11 @@ impl FakeConntrack {
         self.lock().flows.clone()
     }
 
+    /// Removes a flow of another protocol than UDP (the connection ended).
+    pub fn remove_tracked(&self, flow: &Flow) {
+        self.lock().tracked.retain(|(_, f)| f != flow);
+    }
+
     /// The flows of other protocols left.
     pub fn tracked(&self) -> Vec<(Protocol, Flow)> {
         self.lock().tracked.clone()

@@ -28,6 +28,7 @@
 //! terminating endpoints stay listed, so they drain untouched.
 
 pub mod cli;
+pub mod drain;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod removed;

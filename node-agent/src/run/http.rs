@@ -3,6 +3,8 @@
 //! ```text
 //! GET /healthz ─► AgentHealth::report() ─► 200 | 503, JSON {lastUpdated, currentTime, nodeName, healthy,
 //!                                                           observedRevision}
+//! GET /livez   ─► kube-proxy's /livez (the DaemonSet's liveness probe: a leaving node's agent is never
+//!                 restarted for it, and kube-proxy holding 10256 during a migration never fails it)
 //! GET /readyz  ─► 200 after the first successful sync (cached plan or API), else 503
 //! GET /metrics ─► the registry (SyncMetrics + LiveMetrics), OpenMetrics text
 //! ```
@@ -32,6 +34,15 @@ impl Endpoints for AgentEndpoints {
         }
     }
 
+    fn livez(&self) -> Probe {
+        let health = self.health.proxy_health(super::health::Eligibility::Ignored);
+        Probe {
+            ok: health.healthy,
+            content_type: "application/json",
+            body: serde_json::to_string(&health).unwrap_or_default(),
+        }
+    }
+
     fn readyz(&self) -> Probe {
         if self.health.ready() {
             Probe::text(true, "ready\n")
@@ -41,12 +52,17 @@ impl Endpoints for AgentEndpoints {
     }
 
     fn metrics(&self) -> String {
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
+        render_metrics(&self.registry)
     }
+}
+
+/// The registry in OpenMetrics text (empty if it cannot be encoded).
+pub fn render_metrics(registry: &Registry) -> String {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
+        text.clear();
+    }
+    text
 }
 
 /// Binds `addr` (`:PORT` is `[::]:PORT`, falling back to `0.0.0.0` where IPv6 is off) and serves until

@@ -9,6 +9,8 @@
 //!            stale endpoint address:port, however many clients hold a flow there)
 //!     Removed: clear_removed (one filter each, or list first past 16) ─► counts
 //!     ─► SyncMetrics (cleared by reason, failures) and the shared total that status reports
+//!     CountDrain (a leaving node, every few seconds): list each protocol and family of its external
+//!            entrances ─► conntrack::drain::count ─► the latest count, taken by the syncer
 //! ```
 //!
 //! Jobs run in the order the syncs applied them, each after its rules are in place. Listing and
@@ -16,15 +18,16 @@
 //! worker that time no longer delays the next sync of other Services. The status' count can trail the
 //! sync that caused it by that much: the next status write carries it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use switchyard_api::{IpFamily, Protocol};
 
 use super::metrics::{CLEARED_ENDPOINT_REMOVED, CLEARED_UDP_STALE, ReasonLabel, SyncMetrics};
+use crate::conntrack::drain::{DrainCount, Entrances, count};
 use crate::conntrack::{Conntrack, EndpointFlows, Targets, clear_removed, stale_filters};
 
 /// One piece of hygiene after an applied sync.
@@ -34,6 +37,8 @@ pub enum Job {
     Stale(Vec<(IpFamily, Targets)>),
     /// The flows of endpoints that left their Service.
     Removed(Vec<EndpointFlows>),
+    /// How many connections entered a leaving node through these entrances, in these families.
+    CountDrain(Entrances),
     /// Replies once every job before it has run (tests, and a clean shutdown).
     Settle(Sender<()>),
 }
@@ -44,6 +49,7 @@ pub struct ConntrackWorker {
     jobs: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     cleared: Arc<AtomicU64>,
+    drain: Arc<Mutex<Option<DrainCount>>>,
 }
 
 impl ConntrackWorker {
@@ -51,10 +57,12 @@ impl ConntrackWorker {
     pub fn start(conntrack: Box<dyn Conntrack>, metrics: SyncMetrics) -> Self {
         let (jobs, queue) = mpsc::channel();
         let cleared = Arc::new(AtomicU64::new(0));
+        let drain = Arc::new(Mutex::new(None));
         let mut worker = Worker {
             conntrack,
             metrics,
             cleared: cleared.clone(),
+            drain: drain.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("conntrack".into())
@@ -64,6 +72,7 @@ impl ConntrackWorker {
                 jobs: Some(jobs),
                 thread: Some(thread),
                 cleared,
+                drain,
             },
             Err(e) => {
                 // Without a thread the hygiene is off; forwarding is unaffected, and the log says so.
@@ -72,6 +81,7 @@ impl ConntrackWorker {
                     jobs: None,
                     thread: None,
                     cleared,
+                    drain,
                 }
             }
         }
@@ -98,6 +108,11 @@ impl ConntrackWorker {
     pub fn cleared(&self) -> u64 {
         self.cleared.load(Ordering::Relaxed)
     }
+
+    /// The newest drain count since the last call, if one arrived.
+    pub fn take_drain_count(&self) -> Option<DrainCount> {
+        self.drain.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
 }
 
 impl Drop for ConntrackWorker {
@@ -114,6 +129,7 @@ struct Worker {
     conntrack: Box<dyn Conntrack>,
     metrics: SyncMetrics,
     cleared: Arc<AtomicU64>,
+    drain: Arc<Mutex<Option<DrainCount>>>,
 }
 
 impl Worker {
@@ -122,6 +138,7 @@ impl Worker {
             match job {
                 Job::Stale(targets) => self.clear_stale(&targets),
                 Job::Removed(filters) => self.clear_left(&filters),
+                Job::CountDrain(entrances) => self.count_drain(&entrances),
                 Job::Settle(done) => {
                     let _ = done.send(());
                 }
@@ -185,6 +202,28 @@ impl Worker {
             "cleared the conntrack entries of endpoints that left their Service"
         );
         self.count(CLEARED_ENDPOINT_REMOVED, cleared);
+    }
+
+    fn count_drain(&mut self, entrances: &Entrances) {
+        let mut listings = Vec::new();
+        for protocol in entrances.protocols() {
+            for family in entrances.families() {
+                match self.conntrack.list(protocol, family) {
+                    Ok(flows) => listings.push((protocol, flows)),
+                    Err(e) => {
+                        // No count is better than a low one: the status keeps the last.
+                        tracing::warn!(error = %e, ?protocol, ?family, "listing conntrack entries for the drain failed");
+                        self.metrics.conntrack_failures.inc();
+                        return;
+                    }
+                }
+            }
+        }
+        let counted = count(
+            entrances,
+            listings.iter().map(|(p, flows)| (*p, flows.as_slice())),
+        );
+        *self.drain.lock().unwrap_or_else(PoisonError::into_inner) = Some(counted);
     }
 
     fn count(&self, reason: &str, count: u64) {

@@ -21,6 +21,7 @@ pub mod composition;
 pub mod conntrack_sysctls;
 pub mod conntrack_worker;
 pub mod dataplane;
+pub mod drain;
 pub mod metrics;
 pub mod status_fields;
 pub mod syncer;

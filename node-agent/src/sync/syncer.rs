@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use switchyard_api::conditions::{APPLIED, DEGRADED, reasons, status as cond};
+use switchyard_api::conditions::{APPLIED, DEGRADED, DRAINED, reasons, status as cond};
 use switchyard_api::validate::{MAX_REVISION, validate};
 use switchyard_api::{
     Backend, EntryKey, NodeForwardingPlanSpec, NodeForwardingPlanStatus, ObservedSlices, PlanCondition,
@@ -38,6 +38,7 @@ use super::composition::{Composition, LastGood, SliceObject, compose_plan};
 use super::conntrack_sysctls::ConntrackSysctls;
 use super::conntrack_worker::{ConntrackWorker, Job};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
+use super::drain::{COUNT_EVERY, Drain};
 use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, ConntrackSettings, removed_endpoints, udp_fingerprints, udp_targets};
@@ -162,6 +163,12 @@ pub struct Syncer {
     cache_problem: Option<String>,
     /// Which conntrack sysctls the last full sync could not set, while it could not.
     sysctl_problem: Option<String>,
+    /// Which kube-proxy ports another program holds, while it does.
+    port_problem: Option<String>,
+    /// While the applied plan says the node is leaving: its drain.
+    drain: Option<Drain>,
+    /// When the leaving node's connections are counted next.
+    drain_count_at: Option<Instant>,
     /// A full sync of the applied plan (drift repair or periodic) failed: it is retried with the
     /// backoff, carrying the drift it was repairing.
     failed_reapply: Option<PendingReapply>,
@@ -207,6 +214,9 @@ impl Syncer {
             extra_failures: Vec::new(),
             cache_problem: None,
             sysctl_problem: None,
+            port_problem: None,
+            drain: None,
+            drain_count_at: None,
             failed_reapply: None,
             last_good: LastGood::default(),
         }
@@ -445,6 +455,75 @@ impl Syncer {
         }
     }
 
+    /// Reports that a kube-proxy port is held by another program (`Some(why)`) or served again
+    /// (`None`): shown as Degraded (reason PortUnavailable) while nothing worse is. Returns true when
+    /// that changed.
+    pub fn set_port_problem(&mut self, problem: Option<String>) -> bool {
+        if problem == self.port_problem {
+            return false;
+        }
+        self.port_problem = problem;
+        self.update_conditions();
+        true
+    }
+
+    /// The drain, while the applied plan says the node is leaving.
+    pub fn drain(&self) -> Option<&Drain> {
+        self.drain.as_ref()
+    }
+
+    /// While the node is leaving: asks the conntrack worker for a count every [`COUNT_EVERY`], and
+    /// takes the newest that arrived. Returns true when the status changed (a count, or the grace
+    /// period ended).
+    pub fn tick_drain(&mut self) -> bool {
+        let (Some(drain), Some(applied)) = (&mut self.drain, &self.applied) else {
+            return false;
+        };
+        let now = self.clock.now();
+        let wall = self.clock.wall();
+        let mut changed = false;
+        if let Some(worker) = &self.conntrack {
+            if let Some(count) = worker.take_drain_count() {
+                changed |= drain.counted(count, wall);
+            }
+            if self.drain_count_at.is_none_or(|at| now >= at) {
+                self.drain_count_at = Some(now + COUNT_EVERY);
+                let entrances = crate::conntrack::drain::entrances(&applied.spec, &applied.skip);
+                worker.submit(Job::CountDrain(entrances));
+            }
+        }
+        let before = self
+            .conditions
+            .iter()
+            .find(|c| c.type_ == DRAINED)
+            .map(|c| c.status.clone());
+        let (status, _, _) = drain.condition(wall);
+        if changed || before.as_deref() != Some(status) {
+            self.update_conditions();
+            return true;
+        }
+        false
+    }
+
+    /// Starts, follows or ends the drain as the newly applied plan says.
+    fn follow_leaving(&mut self, spec: &NodeForwardingPlanSpec) {
+        match (&spec.leaving, &mut self.drain) {
+            (Some(leaving), Some(drain)) => drain.update(leaving),
+            (Some(leaving), None) => {
+                tracing::warn!(reason = %leaving.reason, grace_s = leaving.drain_grace_seconds,
+                    "this node is leaving: kube-proxy's /healthz answers 503; counting the connections still going through it");
+                self.drain = Some(Drain::start(leaving, self.clock.wall()));
+                self.drain_count_at = None;
+            }
+            (None, Some(_)) => {
+                tracing::info!("this node is no longer leaving");
+                self.drain = None;
+                self.conditions.retain(|c| c.type_ != DRAINED);
+            }
+            (None, None) => {}
+        }
+    }
+
     /// The metrics this syncer updates.
     pub fn metrics(&self) -> &SyncMetrics {
         &self.metrics
@@ -484,6 +563,7 @@ impl Syncer {
             conntrack_flows_cleared: self.conntrack_cleared(),
             failures,
             failures_total,
+            draining: self.drain.as_ref().map(Drain::status),
         }
     }
 
@@ -619,6 +699,7 @@ impl Syncer {
                     }
                 }
                 self.last = Last::Applied;
+                self.follow_leaving(&spec);
                 self.update_conditions();
                 SyncResult::Applied {
                     mode,
@@ -757,6 +838,15 @@ impl Syncer {
                             format!("{problem}; forwarding is unaffected (retried at the next full sync)"),
                         ),
                     )
+                } else if let (0, Some(problem)) = (failures, &self.port_problem) {
+                    (
+                        (cond::TRUE, reasons::SYNCED, programmed),
+                        (
+                            cond::TRUE,
+                            reasons::PORT_UNAVAILABLE,
+                            format!("{problem}; forwarding is unaffected"),
+                        ),
+                    )
                 } else if failures == 0 {
                     (
                         (cond::TRUE, reasons::SYNCED, programmed),
@@ -824,5 +914,9 @@ impl Syncer {
             &degraded.2,
             &now,
         );
+        if let Some(drain) = &self.drain {
+            let (status, reason, message) = drain.condition(self.clock.wall());
+            set_condition(&mut self.conditions, DRAINED, status, reason, &message, &now);
+        }
     }
 }

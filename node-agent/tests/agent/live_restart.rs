@@ -420,7 +420,7 @@ async fn healthz_is_kube_proxy_like_and_metrics_name_everything() {
                            "healthy": true, "observedRevision": null})
     );
 
-    health.synced(Some("rev-1".into()));
+    health.synced(Some("rev-1".into()), &[]);
     assert_eq!(get(addr, "/readyz").await.0, 200);
     health.queued();
     clock.advance(Duration::from_secs(61));
@@ -434,7 +434,7 @@ async fn healthz_is_kube_proxy_like_and_metrics_name_everything() {
         serde_json::json!({"lastUpdated": "2026-01-01T00:00:00Z", "currentTime": "2026-01-01T00:01:01Z",
                            "nodeName": NODE, "healthy": false, "observedRevision": "rev-1"})
     );
-    health.synced(Some("rev-2".into()));
+    health.synced(Some("rev-2".into()), &[]);
     assert_eq!(get(addr, "/healthz").await.0, 200);
 
     let (code, text) = get(addr, "/metrics").await;

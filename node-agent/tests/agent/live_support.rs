@@ -104,6 +104,8 @@ pub fn config(cache_dir: Option<&std::path::Path>, grace: GracePeriod) -> RunCon
         deletion_grace: grace,
         cache_file: cache_dir.map(switchyard_agent::source::cache::cache_path),
         metrics_bind: Some("127.0.0.1:0".parse().unwrap()),
+        healthz_bind: Some("127.0.0.1:0".parse().unwrap()),
+        status_bind: Some("127.0.0.1:0".parse().unwrap()),
         // The fake kernel has no counters; the real-kernel traffic tests turn them on.
         traffic: None,
     }
@@ -124,6 +126,16 @@ impl Agent {
         config: RunConfig,
         writer: WriterConfig,
     ) -> Self {
+        Self::start_api(client, syncer(iptables), config, writer).await
+    }
+
+    /// The same over any syncer (one with a fake conntrack table, say).
+    pub async fn start_api(
+        client: kube::Client,
+        syncer: Syncer,
+        config: RunConfig,
+        writer: WriterConfig,
+    ) -> Self {
         let metrics = LiveMetrics::default();
         let (sink, _writer) = status_writer::spawn(
             kube::Api::all(client.clone()),
@@ -138,14 +150,17 @@ impl Agent {
             status: Some(sink),
             metrics,
         };
-        Self::start_with(iptables, config, io).await
+        Self::start_syncer(syncer, config, io).await
     }
 
     /// Starts the loop with any plan source, status sink and metrics.
     pub async fn start_with(iptables: &FakeIptables, config: RunConfig, io: RunIo) -> Self {
+        Self::start_syncer(syncer(iptables), config, io).await
+    }
+
+    async fn start_syncer(syncer: Syncer, config: RunConfig, io: RunIo) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let (started_tx, started_rx) = oneshot::channel();
-        let syncer = syncer(iptables);
         let task = tokio::spawn(async move {
             run(
                 config,
@@ -169,6 +184,14 @@ impl Agent {
 
     pub fn addr(&self) -> SocketAddr {
         self.running.metrics_addr.unwrap()
+    }
+
+    /// Where kube-proxy's health port (`/healthz`, `/livez`) is served, once it is.
+    pub fn healthz_addr(&self) -> Option<SocketAddr> {
+        match self.running.kube_proxy_ports.first()?.state() {
+            switchyard_agent::run::kube_proxy_ports::PortState::Bound(addr) => Some(addr),
+            _ => None,
+        }
     }
 
     pub async fn stop(mut self) {

@@ -17,6 +17,8 @@ mod lab;
 #[cfg(test)]
 mod live_api;
 #[cfg(test)]
+mod live_leaving;
+#[cfg(test)]
 mod live_restart;
 #[cfg(test)]
 mod live_support;

@@ -527,3 +527,52 @@ fn keep_connections_annotation_is_carried_and_validated() {
         );
     }
 }
+
+#[test]
+fn a_leaving_node_says_so_in_its_plan_header_and_only_its_own() {
+    use k8s_openapi::api::core::v1::Taint;
+    let svc = service("ns1", "web", "10.96.0.10", |s| {
+        s.port("http", 80, "TCP");
+    });
+    let eps = slice(
+        "ns1",
+        "web",
+        &[("http", 8080, "TCP")],
+        vec![endpoint("10.244.1.5", "node-a")],
+    );
+    let mut snap = snapshot(vec![svc], vec![eps]);
+    let serving = plan(&snap);
+    snap.nodes[1].spec.get_or_insert_with(Default::default).taints = Some(vec![Taint {
+        key: "ToBeDeletedByClusterAutoscaler".into(),
+        value: Some("1798761600".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }]);
+    let tainted = plan(&snap);
+    let leaving = tainted
+        .node_plan("node-b")
+        .unwrap()
+        .leaving
+        .expect("node-b leaves");
+    assert_eq!(leaving.reason, "taint:ToBeDeletedByClusterAutoscaler");
+    assert_eq!(leaving.drain_grace_seconds, 600);
+    assert_ne!(
+        tainted.node_plan("node-b").unwrap().revision,
+        serving.node_plan("node-b").unwrap().revision,
+        "the plan is rewritten"
+    );
+    for other in ["node-a", "node-c"] {
+        let plan = tainted.node_plan(other).unwrap();
+        assert!(plan.leaving.is_none(), "{other}");
+        assert_eq!(
+            plan.revision,
+            serving.node_plan(other).unwrap().revision,
+            "{other} unchanged"
+        );
+    }
+    // The forwarding itself is the same: a leaving node still forwards what reaches it.
+    assert_eq!(
+        entry_of(&tainted, "node-b", "ns1/web:http"),
+        entry_of(&serving, "node-b", "ns1/web:http")
+    );
+}
