@@ -304,7 +304,7 @@ fn report_problems(
         let about = event.about;
         if events.try_send(event).is_err() {
             about
-                .counter(&metrics)
+                .counter(metrics)
                 .get_or_create(&OutcomeLabel {
                     outcome: "dropped".into(),
                 })
