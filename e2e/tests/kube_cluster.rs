@@ -6,12 +6,16 @@
 //! images (scripts/image/build.sh: agent, controller, pause, agnhost) ─► KubeCluster::up (2 nodes)
 //! the real kube-proxy on every node ─► workloads (testdata/kube-workloads.yaml) ─► flows: reference
 //! steady prober on ─► install as the README says (crds/, ConfigMap, apply -k overlay) ─► all Applied
-//!   ─► kube-proxy removed (--cleanup) ─► flows again, now through Switchyard; kubectl exec/logs/
-//!   port-forward; pods reach the API server through the kubernetes Service
+//!   (kube-proxy still holds 10256 and 10249: every agent reports PortUnavailable and forwards anyway)
+//!   ─► kube-proxy removed (--cleanup) ─► the agents take its ports ─► flows again, now through
+//!   Switchyard; kubectl exec/logs/port-forward; pods reach the API server through the kubernetes
+//!   Service; kube-proxy's URLs from a host-network pod; conntrack's CLOSE_WAIT timeout on every node
+//! a leaving node: Karpenter's taint ─► its /healthz 503, /livez 200, never restarted ─► untainted
 //! life cycle, connections counted throughout: workload rolling update, agent DaemonSet rolling
 //!   update to a new tag, agent pod deleted (cache, no rule ever flushed), controller leader deleted
 //! bad input: unpullable image, NET_ADMIN dropped, an image without nft, no API-server ConfigMap
-//! a node's kubelet stopped and its Node deleted ─► its plan goes, the other node untouched
+//! a node deleted (held by a finalizer: /healthz 503), its kubelet stopped, the Node gone ─► its plan
+//!   goes, the other node untouched
 //! back to kube-proxy: started, Switchyard deleted (kubectl delete -k), switchyard-agent cleanup
 //! ```
 //!
@@ -19,6 +23,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "kube/health.rs"]
+mod health;
 
 use std::{
     net::SocketAddr,
@@ -337,8 +343,16 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
             "lease holder {holder:?}"
         );
     });
+    step(
+        "kube-proxy holds its ports: every agent says so and forwards",
+        || health::ports_held_by_kube_proxy(&cluster),
+    );
     step("kube-proxy removed (kube-proxy --cleanup on every node)", || {
         cluster.remove_kube_proxy().unwrap()
+    });
+    let kube_proxy_gone = Instant::now();
+    step("the agents take kube-proxy's ports", || {
+        health::ports_taken(&cluster, kube_proxy_gone)
     });
     std::thread::sleep(Duration::from_secs(2));
     assert_no_failures(
@@ -417,6 +431,13 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     );
     step("kubectl get nfp", || {
         eprintln!("{}", cluster.kubectl(&["get", "nfp", "-o", "wide"]).unwrap())
+    });
+    step(
+        "kube-proxy's URLs from a host-network pod; conntrack's timeouts on every node",
+        || health::kube_proxy_urls(&cluster),
+    );
+    step("a leaving node: Karpenter's taint, then removed", || {
+        health::a_tainted_node_leaves(&cluster)
     });
 
     // --- life cycle under traffic ---
@@ -546,10 +567,14 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     );
 
     // --- a node goes away ---
-    step("node-b's kubelet stopped and its Node deleted", || {
+    step(
+        "node-b deleted while a finalizer holds it: a leaving node",
+        || health::a_deleted_node_leaves(&cluster),
+    );
+    step("node-b's kubelet stopped and its Node gone", || {
         let before = json(&cluster, &["get", "nfp", "node-a"]);
         cluster.stop_kubelet("node-b").unwrap();
-        cluster.kubectl(&["delete", "node", "node-b"]).unwrap();
+        health::release_deleted_node(&cluster);
         wait_until(Duration::from_secs(60), "nfp/node-b to be deleted", || {
             cluster.kubectl(&["get", "nfp", "node-b"]).is_err().then_some(())
         });

@@ -993,14 +993,18 @@ fn agent_daemonset_has_what_the_data_plane_needs_and_no_more() {
         sysctls.security_context.as_ref().and_then(|s| s.privileged),
         Some(true)
     );
-    let script = sysctls.command.clone().unwrap_or_default().join(" ");
-    assert!(
-        script.contains("modprobe nf_conntrack") && script.contains("switchyard-agent set-sysctls"),
-        "{script}"
-    );
-    assert!(
-        script.trim_end().ends_with("exit 0"),
-        "the setup never blocks the agent"
+    // The agent image has no shell (mmdebstrap's extract variant: the agent's tools only), so the
+    // command is the agent itself: it loads nf_conntrack and never fails the pod.
+    let command = sysctls.command.clone().unwrap_or_default();
+    assert_eq!(
+        command,
+        [
+            "/usr/local/bin/switchyard-agent",
+            "set-sysctls",
+            "--load-module",
+            "--never-fail"
+        ],
+        "{command:?}"
     );
     let mounts = sysctls.volume_mounts.clone().unwrap_or_default();
     assert!(
@@ -1287,11 +1291,15 @@ fn ipvs_overlay_gives_ipvs_nodes_their_own_agent() {
             .any(|m| m["mountPath"] == "/lib/modules" && m["readOnly"] == true),
         "the IPVS setup container can modprobe from /lib/modules"
     );
-    let script = strings(&init["command"]).join(" ");
-    assert!(script.contains("modprobe") && script.contains("ip_vs"));
+    let command = strings(&init["command"]);
+    assert_eq!(
+        command.first().map(String::as_str),
+        Some("/usr/local/bin/switchyard-agent"),
+        "the image has no shell: {command:?}"
+    );
     assert!(
-        script.trim_end().ends_with("exit 0"),
-        "the setup never blocks the agent"
+        command.iter().any(|a| a == "--ipvs") && command.iter().any(|a| a == "--never-fail"),
+        "loads IPVS's modules, sets its sysctls and never blocks the agent: {command:?}"
     );
     let instance = &patch.value["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"];
     assert_eq!(
@@ -1600,6 +1608,19 @@ fn kubectl_kustomize_renders_config_overlays_ipvs() {
     assert!(
         init.iter()
             .all(|c| c.image.as_deref() == Some(ipvs_image.as_str()))
+    );
+    // No shell in the image: the IPVS setup is the agent's own command, and never fails the pod.
+    let setup = init[0].command.clone().unwrap_or_default();
+    assert_eq!(
+        setup,
+        [
+            "/usr/local/bin/switchyard-agent",
+            "set-sysctls",
+            "--ipvs",
+            "--load-module",
+            "--never-fail"
+        ],
+        "{setup:?}"
     );
 
     // Neither DaemonSet's selector matches the other's pods.

@@ -40,7 +40,7 @@ use crate::start::{PlanFrom, run_agent};
 use crate::sync::{
     Composition, LastGood, SyncConfig, SyncMetrics, SyncResult, Syncer, SystemClock, compose_plan,
 };
-use crate::sysctl::ProcSysctls;
+use crate::sysctl::{ProcSysctls, Sysctls};
 use crate::xtables::exec::ExecIptables;
 use crate::xtables::mode::IptablesMode;
 
@@ -83,9 +83,9 @@ enum Command {
     /// them (every backend; root), by frontend, with refusals and the busiest endpoint.
     Top(TopArgs),
     /// Set conntrack's sysctls as `run` and `apply` keep them (the same flags), print what was found and
-    /// done, and exit (1 when one could not be set). For a privileged init container: /proc/sys is
-    /// read-only in the agent's own.
-    SetSysctls(ConntrackArgs),
+    /// done, and exit (1 when one could not be set, unless --never-fail). For a privileged init
+    /// container: /proc/sys is read-only in the agent's own.
+    SetSysctls(SetSysctlsArgs),
 }
 
 /// Where `explain` and `top` read the node's plan.
@@ -226,6 +226,43 @@ struct ConntrackArgs {
     #[arg(long)]
     conntrack_lower_host_values: bool,
 }
+
+/// `set-sysctls`: conntrack's flags, and how an init container wants failures handled.
+#[derive(Args, Debug)]
+struct SetSysctlsArgs {
+    #[command(flatten)]
+    conntrack: ConntrackArgs,
+    /// Load nf_conntrack first (`modprobe`) when its sysctls are missing: they exist only once the
+    /// module is loaded, and the agent's rules would load it only later. The image has no shell, so
+    /// the init container cannot run modprobe itself.
+    #[arg(long)]
+    load_module: bool,
+    /// Exit 0 even when a value could not be set (what was not set is printed; the running agent
+    /// reports it in the plan's status): an init container must never keep the proxy from starting.
+    #[arg(long)]
+    never_fail: bool,
+    /// Also load IPVS's modules and set the sysctls kube-proxy's IPVS mode sets (the IPVS overlay's
+    /// init container; the unprivileged agent cannot write /proc/sys).
+    #[arg(long)]
+    ipvs: bool,
+}
+
+/// The modules IPVS mode loads up front: the core and every scheduler a Service may name.
+const IPVS_MODULES: [&str; 10] = [
+    "ip_vs",
+    "ip_vs_rr",
+    "ip_vs_wrr",
+    "ip_vs_lc",
+    "ip_vs_wlc",
+    "ip_vs_sh",
+    "ip_vs_dh",
+    "ip_vs_sed",
+    "ip_vs_nq",
+    "ip_vs_mh",
+];
+
+/// A sysctl `set-sysctls` writes, whose absence means nf_conntrack is not loaded.
+const CONNTRACK_PROBE_SYSCTL: &str = "net/netfilter/nf_conntrack_tcp_timeout_close_wait";
 
 impl ConntrackArgs {
     fn settings(&self) -> ConntrackSettings {
@@ -544,13 +581,42 @@ fn real_syncer(args: &IptablesArgs, conntrack: &ConntrackArgs, config: SyncConfi
     .with_conntrack_sysctls(Box::new(ProcSysctls), conntrack.settings()))
 }
 
-fn set_sysctls_command(args: &ConntrackArgs) -> ExitCode {
-    let outcomes = crate::conntrack::settings::apply(&mut ProcSysctls, &args.settings());
-    let text: String = outcomes.iter().map(|o| format!("{o}\n")).collect();
+fn set_sysctls_command(args: &SetSysctlsArgs) -> ExitCode {
+    let mut text = String::new();
+    let mut failed = false;
+    let mut modules: Vec<&str> = Vec::new();
+    if args.ipvs {
+        modules.extend(IPVS_MODULES);
+    }
+    if args.load_module && (args.ipvs || !crate::sysctl::proc_path(CONNTRACK_PROBE_SYSCTL).exists()) {
+        modules.push("nf_conntrack");
+    }
+    for module in modules {
+        match crate::command::output(std::process::Command::new("modprobe").arg(module)) {
+            Ok(_) => text.push_str(&format!("module {module}: loaded\n")),
+            // Built in, or absent: the agent finds out and says so (IPVS falls back to iptables).
+            Err(e) => text.push_str(&format!("module {module}: not loaded ({e})\n")),
+        }
+    }
+    if args.ipvs {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        for (path, value) in crate::ipvs::sysctl::wanted(release.trim()) {
+            match ProcSysctls.set(path, value) {
+                Ok(()) => text.push_str(&format!("{}={value}\n", crate::sysctl::dotted(path))),
+                Err(e) => {
+                    failed = true;
+                    text.push_str(&format!("{}: not set ({e})\n", crate::sysctl::dotted(path)));
+                }
+            }
+        }
+    }
+    let outcomes = crate::conntrack::settings::apply(&mut ProcSysctls, &args.conntrack.settings());
+    failed |= outcomes.iter().any(|o| o.failed());
+    text.extend(outcomes.iter().map(|o| format!("{o}\n")));
     if let Err(code) = print_stdout(&text) {
         return code;
     }
-    if outcomes.iter().any(|o| o.failed()) {
+    if failed && !args.never_fail {
         ExitCode::from(EXIT_FAILED)
     } else {
         ExitCode::SUCCESS
@@ -860,7 +926,28 @@ mod tests {
         assert!(half.contains("not a whole number of seconds"), "{half}");
         let sysctls = Cli::try_parse_from(["switchyard-agent", "set-sysctls", "--conntrack-max=131072"]);
         match sysctls.map(|cli| cli.command) {
-            Ok(Command::SetSysctls(args)) => assert_eq!(args.settings().max, 131_072),
+            Ok(Command::SetSysctls(args)) => {
+                assert_eq!(args.conntrack.settings().max, 131_072);
+                assert!(
+                    !args.never_fail && !args.load_module && !args.ipvs,
+                    "off unless asked"
+                );
+            }
+            other => panic!("set-sysctls: {other:?}"),
+        }
+        // What the init containers run (config/agent/daemonset.yaml, the IPVS overlay).
+        let init = Cli::try_parse_from([
+            "switchyard-agent",
+            "set-sysctls",
+            "--ipvs",
+            "--load-module",
+            "--never-fail",
+        ]);
+        match init.map(|cli| cli.command) {
+            Ok(Command::SetSysctls(args)) => {
+                assert!(args.never_fail && args.load_module && args.ipvs);
+                assert_eq!(args.conntrack.settings(), ConntrackSettings::default());
+            }
             other => panic!("set-sysctls: {other:?}"),
         }
     }

@@ -562,6 +562,11 @@ impl KubeCluster {
     pub fn kubectl_command(&self) -> Command {
         let mut cmd = Command::new(self.options.binaries.kubectl());
         cmd.arg("--kubeconfig").arg(self.admin_kubeconfig());
+        // Discovery and HTTP caches beside the kubeconfig, not in ~/.kube/cache: they go with the
+        // cluster instead of growing by megabytes per run on a machine kept from day to day.
+        if let Some(dir) = self.admin_kubeconfig().parent() {
+            cmd.arg("--cache-dir").arg(dir.join("kubectl-cache"));
+        }
         cmd
     }
 

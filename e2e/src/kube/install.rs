@@ -219,7 +219,7 @@ fn agents_report(cluster: &KubeCluster) -> String {
         "get",
         "pods",
         "-l",
-        "app.kubernetes.io/name=switchyard-agent",
+        "app.kubernetes.io/component=agent",
         "-o",
         "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase} \
          init={.status.initContainerStatuses[*].state} main={.status.containerStatuses[*].state}{\"\\n\"}{end}",
@@ -227,17 +227,36 @@ fn agents_report(cluster: &KubeCluster) -> String {
     let names: Vec<String> = match &pods {
         Ok(text) => {
             report.push_str(text);
-            text.lines().filter_map(|l| l.split_whitespace().next().map(str::to_owned)).collect()
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                .collect()
         }
         Err(error) => {
             report.push_str(&format!("listing the agent pods failed: {error}\n"));
             Vec::new()
         }
     };
+    for what in [
+        &["get", "daemonsets", "-o", "wide"][..],
+        &["get", "events", "--sort-by=.lastTimestamp"][..],
+    ] {
+        let text = cluster
+            .kubectl(&[&namespace[..], what].concat())
+            .unwrap_or_else(|error| format!("(kubectl failed: {error})"));
+        report.push_str(&text);
+    }
     for name in names {
         for container in ["conntrack-sysctls", "agent"] {
             let logs = cluster
-                .kubectl(&[namespace[0], namespace[1], "logs", &name, "-c", container, "--tail=15"])
+                .kubectl(&[
+                    namespace[0],
+                    namespace[1],
+                    "logs",
+                    &name,
+                    "-c",
+                    container,
+                    "--tail=15",
+                ])
                 .unwrap_or_else(|error| format!("(no logs: {error})"));
             report.push_str(&format!("--- {name} {container}:\n{logs}\n"));
         }
