@@ -80,6 +80,9 @@ enum Cmd {
         /// UDP ports to listen on.
         #[arg(long)]
         udp: Vec<u16>,
+        /// TCP ports to serve as an echo: the answer line, then every byte back until the peer closes.
+        #[arg(long)]
+        echo: Vec<u16>,
     },
     /// Run the node agent (`switchyard-agent …`); the lab starts agents through this so tests need no other
     /// binary.
@@ -326,8 +329,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Cmd::Serve { name, bind, tcp, udp } => {
-            let config = serve::ServeConfig { name, bind, tcp, udp };
+        Cmd::Serve {
+            name,
+            bind,
+            tcp,
+            udp,
+            echo,
+        } => {
+            let config = serve::ServeConfig {
+                name,
+                bind,
+                tcp,
+                udp,
+                echo,
+            };
             serve::serve(&config, serve::announce_on_stdout)?;
             Ok(ExitCode::SUCCESS)
         }

@@ -939,7 +939,7 @@ pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: S
                     "192.168.10.200".to_string(),
                 )
             }
-            Place::Fabric => continue,
+            Place::Fabric | Place::Balancer => continue,
         };
         let to = match check.proto {
             Proto::Tcp => format!("{}/tcp", check.to),
