@@ -238,6 +238,8 @@ fn accept(listener: &TcpListener, frontend: Frontend, shared: &Arc<Shared>) {
             Ok(accepted) => accepted,
             Err(error) => {
                 eprintln!("balancer: accepting on {}: {error}", frontend.listen);
+                // An error that persists (out of file descriptors) must not spin a core.
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
