@@ -5,14 +5,17 @@
 //!      one agent per node: `switchyard-lab agent run --plan-file … --status-file …` inside <id>-node-*
 //!      ─► <state>/status/<node>.yaml (the CRD's status struct) ─► wait_applied / table
 //! replan(new description) ─► plan files rewritten ─► agents re-apply (partial syncs) ─► wait_applied
+//! change_node(name, edit) ─► the Node edited in the description (a taint, a deletionTimestamp) ─► replan
+//!                          ─► when the plan files were written, for "within N s of its plan" bounds
 //! ```
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
+use k8s_openapi::api::core::v1::Node;
 use switchyard_api::{NodeForwardingPlan, NodeForwardingPlanStatus, conditions};
 use switchyard_controller::Config;
 
@@ -140,9 +143,35 @@ impl Deployed {
 
     /// Plans `description` and waits until every agent applied it.
     pub fn replan(&mut self, description: ClusterDescription) -> Result<()> {
+        self.replan_at(description).map(drop)
+    }
+
+    /// Edits the Node `name` of the planned description (as the API server would change it: a taint,
+    /// a label, a deletionTimestamp), re-plans, and waits until every agent applied the result.
+    /// Returns when the new plan files began to be written: what a node does "within N s of its plan"
+    /// is measured from there.
+    pub fn change_node(&mut self, name: &str, edit: impl FnOnce(&mut Node)) -> Result<SystemTime> {
+        let mut description = self.description.clone();
+        let node = description
+            .nodes
+            .iter_mut()
+            .find(|node| node.metadata.name.as_deref() == Some(name))
+            .ok_or_else(|| LabError::UnknownPlace {
+                kind: "node",
+                name: name.to_string(),
+                lab: self.lab.id().to_string(),
+            })?;
+        edit(node);
+        self.replan_at(description)
+    }
+
+    /// Plans and writes `description`, waits until it is applied; returns when writing began.
+    fn replan_at(&mut self, description: ClusterDescription) -> Result<SystemTime> {
+        let written = SystemTime::now();
         self.lab.write_plans(&self.plans, &description, &self.config)?;
         self.description = description;
-        self.wait_applied(APPLY_TIMEOUT)
+        self.wait_applied(APPLY_TIMEOUT)?;
+        Ok(written)
     }
 
     /// Writes a plan file as given (for bad-input tests) without waiting.

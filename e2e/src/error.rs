@@ -148,6 +148,17 @@ pub enum LabError {
         /// Why.
         reason: String,
     },
+    /// The outside load balancer was asked for something it cannot do (no frontend, no node, …).
+    #[error("the balancer's configuration: {0}")]
+    BalancerConfig(String),
+    /// A line of the balancer's log is not one of its events.
+    #[error("reading the balancer's log: line {line}: {reason}")]
+    BalancerLog {
+        /// The line number.
+        line: usize,
+        /// Why.
+        reason: String,
+    },
     /// A worker thread of the lab panicked.
     #[error("a lab worker thread panicked while {0}")]
     ThreadPanicked(String),

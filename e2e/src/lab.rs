@@ -131,7 +131,7 @@ impl Lab {
     fn start_servers(&mut self) -> Result<()> {
         let mut pending = Vec::new();
         for pod in &self.layout.pods {
-            if pod.tcp_ports.is_empty() && pod.udp_ports.is_empty() {
+            if pod.tcp_ports.is_empty() && pod.udp_ports.is_empty() && pod.echo_ports.is_empty() {
                 continue;
             }
             let mut argv = vec![
@@ -147,6 +147,9 @@ impl Lab {
             }
             for port in &pod.udp_ports {
                 argv.extend(["--udp".to_owned(), port.to_string()]);
+            }
+            for port in &pod.echo_ports {
+                argv.extend(["--echo".to_owned(), port.to_string()]);
             }
             let label = format!("serve-{}", pod.name);
             let (handle, pipe) = self.supervisor.spawn(&pod.netns, &label, &argv, Stdout::Pipe)?;
@@ -226,6 +229,16 @@ impl Lab {
             Place::Node(name) => &self.layout.node(name)?.netns,
             Place::Pod(name) => &self.layout.pod(name)?.netns,
             Place::Client => &self.layout.client.netns,
+            Place::Balancer => match &self.layout.balancer {
+                Some(balancer) => &balancer.netns,
+                None => {
+                    return Err(LabError::UnknownPlace {
+                        kind: "balancer",
+                        name: "balancer".into(),
+                        lab: self.id().to_owned(),
+                    });
+                }
+            },
             Place::Fabric => &self.layout.fabric_netns,
         })
     }

@@ -3,12 +3,13 @@
 //! ```text
 //! ClusterDescription ─► nodes (InternalIP, podCIDRs, zone)      ─┐
 //!                    ─► pods  (see `pods`: one per endpoint IP)  ─┼─► Layout ─► script (ip batches)
-//!                    ─► client routes (service/external/LB IPs)  ─┘         └─► Lab accessors, servers
+//!                    ─► client routes (service/external/LB IPs)  ─┤         └─► Lab accessors, servers
+//! options.balancer_ip ─► an outside load balancer on the fabric   ─┘
 //! ```
 //!
 //! The layout names every namespace and interface and checks the addressing (one fabric subnet, the
-//! client outside every pod CIDR, pods on known nodes), so a description the lab cannot build fails
-//! here, before any namespace exists.
+//! client and the balancer outside every pod CIDR, pods on known nodes), so a description the lab
+//! cannot build fails here, before any namespace exists.
 
 use std::{
     collections::BTreeSet,
@@ -46,6 +47,18 @@ pub struct Layout {
     pub pods: Vec<LabPod>,
     /// The external client.
     pub client: LabClient,
+    /// The outside load balancer's host, when the options ask for one.
+    pub balancer: Option<LabBalancer>,
+}
+
+/// The outside load balancer's host on the fabric: no routes beyond the fabric, so it reaches the
+/// nodes' own addresses only, as a cloud load balancer reaches NodePorts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabBalancer {
+    /// Its address.
+    pub ip: Ipv4Addr,
+    /// Its namespace.
+    pub netns: String,
 }
 
 /// The external client on the fabric.
@@ -73,6 +86,21 @@ impl Layout {
             &mut netns_names,
         )?;
         let client = plan_client(id, &description.services, &nodes, options)?;
+        let balancer = match options.balancer_ip {
+            Some(ip) if ip == options.client_ip => {
+                return Err(LabError::Layout(format!(
+                    "the balancer address {ip} is the client's"
+                )));
+            }
+            Some(ip) => {
+                check_fabric_host("the balancer", ip, fabric_subnet, &nodes)?;
+                Some(LabBalancer {
+                    ip,
+                    netns: names::balancer_netns(id),
+                })
+            }
+            None => None,
+        };
         Ok(Layout {
             id: id.to_owned(),
             fabric_netns: names::fabric_netns(id),
@@ -80,12 +108,14 @@ impl Layout {
             nodes,
             pods,
             client,
+            balancer,
         })
     }
 
     /// Every namespace of the lab, fabric first.
     pub fn all_netns(&self) -> Vec<String> {
         let mut all = vec![self.fabric_netns.clone(), self.client.netns.clone()];
+        all.extend(self.balancer.iter().map(|balancer| balancer.netns.clone()));
         all.extend(self.nodes.iter().map(|node| node.netns.clone()));
         all.extend(
             self.pods
@@ -222,30 +252,40 @@ fn fabric_subnet(nodes: &[LabNode], options: &LabOptions) -> Result<Ipv4Net> {
                 node.name, node.ip, options.client_ip
             )));
         }
-        if node.ip == options.client_ip {
-            return Err(LabError::Layout(format!(
-                "Node {} has the client's address",
-                node.name
-            )));
-        }
-        if node
-            .pod_cidrs
-            .iter()
-            .any(|cidr| cidr.contains(&options.client_ip))
-        {
-            return Err(LabError::Layout(format!(
-                "the client address {} is inside Node {}'s pod CIDR",
-                options.client_ip, node.name
-            )));
-        }
     }
-    if options.client_ip == subnet.network() || options.client_ip == subnet.broadcast() {
+    check_fabric_host("the client", options.client_ip, subnet, nodes)?;
+    Ok(subnet)
+}
+
+/// A host outside the cluster on the fabric (`what`: "the client", "the balancer") needs an address
+/// of the fabric that no node has and no pod CIDR holds.
+fn check_fabric_host(what: &str, ip: Ipv4Addr, subnet: Ipv4Net, nodes: &[LabNode]) -> Result<()> {
+    if !subnet.contains(&ip) {
         return Err(LabError::Layout(format!(
-            "the client address {} is not a host address",
-            options.client_ip
+            "{what}'s address {ip} is outside the fabric subnet {subnet}"
         )));
     }
-    Ok(subnet)
+    if let Some(node) = nodes.iter().find(|node| node.ip == ip) {
+        return Err(LabError::Layout(format!(
+            "Node {} has {what}'s address",
+            node.name
+        )));
+    }
+    if let Some(node) = nodes
+        .iter()
+        .find(|node| node.pod_cidrs.iter().any(|cidr| cidr.contains(&ip)))
+    {
+        return Err(LabError::Layout(format!(
+            "{what}'s address {ip} is inside Node {}'s pod CIDR",
+            node.name
+        )));
+    }
+    if ip == subnet.network() || ip == subnet.broadcast() {
+        return Err(LabError::Layout(format!(
+            "{what}'s address {ip} is not a host address"
+        )));
+    }
+    Ok(())
 }
 
 fn plan_client(id: &str, services: &[Service], nodes: &[LabNode], options: &LabOptions) -> Result<LabClient> {
@@ -375,6 +415,33 @@ mod tests {
         options.client_ip = Ipv4Addr::new(192, 168, 11, 200);
         let error = Layout::plan("sy0001", &example(), &options).unwrap_err();
         assert!(error.to_string().contains("outside the fabric subnet"), "{error}");
+    }
+
+    #[test]
+    fn a_balancer_gets_its_own_namespace_on_the_fabric_when_asked_for() {
+        assert_eq!(
+            Layout::plan("sy0001", &example(), &options()).unwrap().balancer,
+            None
+        );
+        let mut options = options();
+        options.balancer_ip = Some(Ipv4Addr::new(192, 168, 10, 250));
+        let layout = Layout::plan("sy0001", &example(), &options).unwrap();
+        let balancer = layout.balancer.clone().unwrap();
+        assert_eq!(
+            (balancer.ip, balancer.netns.as_str()),
+            (Ipv4Addr::new(192, 168, 10, 250), "sy0001-balancer")
+        );
+        assert!(layout.all_netns().contains(&balancer.netns));
+        for (ip, why) in [
+            ([192, 168, 10, 12], "Node node-b has the balancer's address"),
+            ([192, 168, 10, 200], "is the client's"),
+            ([192, 168, 11, 250], "outside the fabric subnet"),
+            ([192, 168, 10, 255], "not a host address"),
+        ] {
+            options.balancer_ip = Some(Ipv4Addr::from(ip));
+            let error = Layout::plan("sy0001", &example(), &options).unwrap_err();
+            assert!(error.to_string().contains(why), "{error}");
+        }
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //!                                          │
 //! tests ─► Lab::probe / probe_many (setns thread) ─► ProbeResult { Answered | Refused | TimedOut | Error }
 //!       ─► Lab::spawn_in (agents) / exec_in (iptables-save …) / write_plans (planner hook)
+//!       ─► Lab::start_balancer: an outside load balancer (<id>-balancer) health-checking every node's
+//!          :10256/healthz and spreading new connections over the healthy nodes' NodePorts
 //! drop / SIGINT / SIGTERM / `switchyard-lab gc` ─► manifest ─► kill, delete namespaces
 //! ```
 //!
@@ -18,6 +20,7 @@
 //! behind their node (Calico-style), so all pod traffic crosses the node's netfilter, as on a real node.
 //! Building a lab needs root and iproute2 ([`preflight`]).
 
+pub mod balance;
 pub mod cgroups;
 pub mod checks;
 pub mod cluster;
@@ -29,6 +32,7 @@ pub mod error;
 pub mod kube;
 pub mod lab;
 pub mod layout;
+pub mod long_lived;
 mod members;
 pub mod names;
 pub mod netns;
@@ -52,7 +56,7 @@ pub use cluster::ClusterDescription;
 pub use deployed::Deployed;
 pub use error::{LabError, Result};
 pub use lab::Lab;
-pub use layout::{LabClient, LabNode, LabPod, Layout};
+pub use layout::{LabBalancer, LabClient, LabNode, LabPod, Layout};
 pub use options::LabOptions;
 pub use place::Place;
 pub use probe::{ProbeResult, ProbeTally, Proto, probe, probe_many};

@@ -8,6 +8,7 @@
 //!                              lab, live or kept)
 //! serve …                      the backend run inside each pod namespace
 //! probe …                      one or more probes, JSON on stdout (exit 0 when every probe was answered)
+//! balance …                    the outside load balancer run inside <id>-balancer (JSON events on stdout)
 //! demo [--cluster F] [--keep]  Switchyard on the example cluster: plans, agents, their status, traffic
 //! ```
 
@@ -80,6 +81,26 @@ enum Cmd {
         /// UDP ports to listen on.
         #[arg(long)]
         udp: Vec<u16>,
+        /// TCP ports to serve as an echo: the answer line, then every byte back until the peer closes.
+        #[arg(long)]
+        echo: Vec<u16>,
+    },
+    /// Run as the lab's outside load balancer (inside its namespace): health-check every node's
+    /// kube-proxy port each interval and spread new TCP connections over the healthy nodes' NodePort,
+    /// one JSON event per line on stdout (health changes, each connection's node).
+    Balance {
+        /// ADDR:PORT=NODEPORT: listen at ADDR:PORT, forward to NODEPORT on the picked node (repeatable).
+        #[arg(long = "frontend", required = true)]
+        frontends: Vec<switchyard_e2e::balance::Frontend>,
+        /// The nodes' addresses, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<std::net::Ipv4Addr>,
+        /// The port whose /healthz is checked on every node (kube-proxy's).
+        #[arg(long, default_value_t = switchyard_e2e::balance::HEALTH_PORT)]
+        health_port: u16,
+        /// How often each node is checked (e.g. 1s, 500ms).
+        #[arg(long, default_value = "1s", value_parser = switchyard_agent::cli::parse_duration)]
+        interval: Duration,
     },
     /// Run the node agent (`switchyard-agent …`); the lab starts agents through this so tests need no other
     /// binary.
@@ -326,9 +347,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Cmd::Serve { name, bind, tcp, udp } => {
-            let config = serve::ServeConfig { name, bind, tcp, udp };
+        Cmd::Serve {
+            name,
+            bind,
+            tcp,
+            udp,
+            echo,
+        } => {
+            let config = serve::ServeConfig {
+                name,
+                bind,
+                tcp,
+                udp,
+                echo,
+            };
             serve::serve(&config, serve::announce_on_stdout)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Balance {
+            frontends,
+            nodes,
+            health_port,
+            interval,
+        } => {
+            let config = switchyard_e2e::balance::BalancerConfig {
+                frontends,
+                nodes,
+                health_port,
+                interval,
+            };
+            switchyard_e2e::balance::run(&config)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Probe {

@@ -42,4 +42,6 @@ pub struct LabPod {
     pub tcp_ports: BTreeSet<u16>,
     /// UDP ports it listens on.
     pub udp_ports: BTreeSet<u16>,
+    /// TCP ports it serves as an echo (`appProtocol: switchyard.io/echo`): its answer line, then every byte back.
+    pub echo_ports: BTreeSet<u16>,
 }

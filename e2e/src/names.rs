@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! lab id   sy1a2b                      ("sy" + 4 hex digits, unique per running lab)
-//! netns    sy1a2b-fabric  sy1a2b-client  sy1a2b-node-a  sy1a2b-node-worker1  sy1a2b-pod-web-a1
-//! links    fabric: br0, nd<i> (node i), cl (client)   node: eth0, pv<j> (pod j)   pod/client: eth0
+//! netns    sy1a2b-fabric  sy1a2b-client  sy1a2b-balancer  sy1a2b-node-a  sy1a2b-pod-web-a1
+//! links    fabric: br0, nd<i> (node i), cl (client), lb (balancer)   node: eth0, pv<j> (pod j)
+//!          pod/client/balancer: eth0
 //! ```
 //!
 //! Every namespace name starts with the lab id and a dash, which is how `gc --all` recognises
@@ -56,6 +57,11 @@ pub fn client_netns(id: &str) -> String {
     format!("{id}-client")
 }
 
+/// The outside load balancer's namespace (only in a lab asked for one).
+pub fn balancer_netns(id: &str) -> String {
+    format!("{id}-balancer")
+}
+
 /// The fabric-side port of node number `index`.
 pub fn fabric_port(index: usize) -> String {
     format!("nd{index}")
@@ -63,6 +69,9 @@ pub fn fabric_port(index: usize) -> String {
 
 /// The fabric-side port of the client.
 pub const CLIENT_FABRIC_PORT: &str = "cl";
+
+/// The fabric-side port of the load balancer.
+pub const BALANCER_FABRIC_PORT: &str = "lb";
 
 /// The node-side veth of the `index`-th pod on a node.
 pub fn pod_veth(index: usize) -> String {
@@ -79,7 +88,9 @@ impl NetnsNames {
     /// Starts with the fixed names of lab `id` taken.
     pub fn new(id: &str) -> Self {
         NetnsNames {
-            taken: [fabric_netns(id), client_netns(id)].into_iter().collect(),
+            taken: [fabric_netns(id), client_netns(id), balancer_netns(id)]
+                .into_iter()
+                .collect(),
         }
     }
 

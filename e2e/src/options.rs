@@ -26,6 +26,9 @@ pub struct LabOptions {
     pub fabric_prefix_len: u8,
     /// The node the client routes service, external and load-balancer IPs through (default: the first).
     pub client_gateway: Option<String>,
+    /// An outside load balancer's address on the fabric: the lab then has a `<id>-balancer` namespace
+    /// there (for `Lab::start_balancer`); none by default.
+    pub balancer_ip: Option<Ipv4Addr>,
     /// Directory holding one sub-directory per lab (manifest, logs, plans).
     pub state_dir: PathBuf,
     /// How long `up` waits for every backend to report ready.
@@ -39,6 +42,7 @@ impl Default for LabOptions {
             client_ip: Ipv4Addr::new(192, 168, 10, 200),
             fabric_prefix_len: 24,
             client_gateway: None,
+            balancer_ip: None,
             state_dir: default_state_dir(),
             ready_timeout: Duration::from_secs(10),
         }

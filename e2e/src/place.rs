@@ -1,4 +1,5 @@
-//! Where in a lab something runs: [`Place`] (node, pod, client, fabric) ─► `Lab::netns` ─► a namespace.
+//! Where in a lab something runs: [`Place`] (node, pod, client, balancer, fabric) ─► `Lab::netns` ─► a
+//! namespace.
 
 use std::fmt;
 
@@ -11,6 +12,8 @@ pub enum Place {
     Pod(String),
     /// The external client.
     Client,
+    /// The outside load balancer's host (a lab built with `LabOptions::balancer_ip`).
+    Balancer,
     /// The fabric (the bridge's namespace).
     Fabric,
 }
@@ -33,6 +36,7 @@ impl fmt::Display for Place {
             Place::Node(name) => write!(f, "node/{name}"),
             Place::Pod(name) => write!(f, "pod/{name}"),
             Place::Client => f.write_str("client"),
+            Place::Balancer => f.write_str("balancer"),
             Place::Fabric => f.write_str("fabric"),
         }
     }

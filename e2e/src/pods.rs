@@ -7,7 +7,9 @@
 //! ```
 //!
 //! A pod listens on the union of the ports of every slice it appears in. SCTP ports, ports without a
-//! number, IPv6 and FQDN slices are skipped: the lab is IPv4, TCP and UDP.
+//! number, IPv6 and FQDN slices are skipped: the lab is IPv4, TCP and UDP. A TCP port with
+//! `appProtocol: switchyard.io/echo` is served as an echo (its answer line, then every byte back), for
+//! long-lived connections that exchange data; every other TCP port answers one line and half-closes.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -31,7 +33,19 @@ struct Draft {
     host_network: bool,
     tcp_ports: BTreeSet<u16>,
     udp_ports: BTreeSet<u16>,
+    echo_ports: BTreeSet<u16>,
 }
+
+/// The ports of a slice, by how they are served.
+#[derive(Default)]
+struct SlicePorts {
+    tcp: BTreeSet<u16>,
+    udp: BTreeSet<u16>,
+    echo: BTreeSet<u16>,
+}
+
+/// The `appProtocol` of a slice port that a pod serves as an echo.
+pub(crate) const ECHO_APP_PROTOCOL: &str = "switchyard.io/echo";
 
 /// Plans the pods of `slices` on `nodes`; `fabric` is the node subnet no routed pod may use.
 pub(crate) fn plan_pods(
@@ -43,7 +57,7 @@ pub(crate) fn plan_pods(
 ) -> Result<Vec<LabPod>> {
     let mut drafts: BTreeMap<Ipv4Addr, Draft> = BTreeMap::new();
     for slice in slices.iter().filter(|slice| slice.address_type == "IPv4") {
-        let (tcp, udp) = slice_ports(slice);
+        let ports = slice_ports(slice);
         for endpoint in slice.endpoints.iter().flatten() {
             let Some(ip) = endpoint_ipv4(endpoint) else {
                 continue;
@@ -55,6 +69,7 @@ pub(crate) fn plan_pods(
                 host_network,
                 tcp_ports: BTreeSet::new(),
                 udp_ports: BTreeSet::new(),
+                echo_ports: BTreeSet::new(),
             });
             if draft.name != name || draft.node != node {
                 return Err(LabError::Layout(format!(
@@ -62,28 +77,31 @@ pub(crate) fn plan_pods(
                     draft.name, draft.node
                 )));
             }
-            draft.tcp_ports.extend(&tcp);
-            draft.udp_ports.extend(&udp);
+            draft.tcp_ports.extend(&ports.tcp);
+            draft.udp_ports.extend(&ports.udp);
+            draft.echo_ports.extend(&ports.echo);
         }
     }
     check_unique_names(&drafts)?;
     Ok(assign_names(id, drafts, nodes, netns_names))
 }
 
-/// The TCP and UDP port numbers of a slice.
-fn slice_ports(slice: &EndpointSlice) -> (BTreeSet<u16>, BTreeSet<u16>) {
-    let (mut tcp, mut udp) = (BTreeSet::new(), BTreeSet::new());
+/// The TCP, UDP and echo port numbers of a slice.
+fn slice_ports(slice: &EndpointSlice) -> SlicePorts {
+    let mut ports = SlicePorts::default();
     for port in slice.ports.iter().flatten() {
         let Some(number) = port.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else {
             continue;
         };
+        let echo = port.app_protocol.as_deref() == Some(ECHO_APP_PROTOCOL);
         match port.protocol.as_deref().unwrap_or("TCP") {
-            "TCP" => tcp.insert(number),
-            "UDP" => udp.insert(number),
+            "TCP" if echo => ports.echo.insert(number),
+            "TCP" => ports.tcp.insert(number),
+            "UDP" => ports.udp.insert(number),
             _ => false,
         };
     }
-    (tcp, udp)
+    ports
 }
 
 fn endpoint_ipv4(endpoint: &Endpoint) -> Option<Ipv4Addr> {
@@ -172,8 +190,10 @@ fn assign_names(
                 host_network: draft.host_network,
                 netns,
                 node_veth,
-                tcp_ports: draft.tcp_ports.clone(),
+                // NB: a port one slice names echo is an echo everywhere: one socket serves it.
+                tcp_ports: draft.tcp_ports.difference(&draft.echo_ports).copied().collect(),
                 udp_ports: draft.udp_ports.clone(),
+                echo_ports: draft.echo_ports.clone(),
             });
         }
     }
@@ -182,6 +202,8 @@ fn assign_names(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use crate::{cluster::ClusterDescription, layout::Layout, options::LabOptions};
 
     fn layout_of(yaml: &str) -> crate::error::Result<Layout> {
@@ -247,6 +269,35 @@ endpoints:
             .map(|(ip, node)| (ip.to_string(), node.name.clone()))
             .collect();
         assert_eq!(stray, [("10.77.0.1".to_owned(), "node-c".to_owned())]);
+    }
+
+    #[test]
+    fn a_tcp_port_whose_app_protocol_says_echo_is_served_as_an_echo() {
+        let echo = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo, namespace: default}
+addressType: IPv4
+ports:
+- {name: http, port: 8080}
+- {name: echo, port: 7007, appProtocol: switchyard.io/echo}
+- {name: echo-udp, port: 7008, protocol: UDP, appProtocol: switchyard.io/echo}
+- {name: echo, port: 7009}
+endpoints:
+- addresses: ["10.244.1.10"]
+  targetRef: {kind: Pod, name: web-a1}
+"#;
+        let layout = layout_of(echo).unwrap();
+        let web = layout.pod("web-a1").unwrap();
+        let listed = |ports: &BTreeSet<u16>| ports.iter().copied().collect::<Vec<_>>();
+        assert_eq!(
+            (
+                listed(&web.tcp_ports),
+                listed(&web.echo_ports),
+                listed(&web.udp_ports)
+            ),
+            (vec![7009, 8080], vec![7007], vec![7008])
+        );
     }
 
     #[test]

@@ -216,7 +216,7 @@ fn classify(error: &std::io::Error) -> ProbeResult {
 }
 
 /// Parses `<pod> <ip>:<port>`.
-fn parse_reply(reply: &str) -> ProbeResult {
+pub(crate) fn parse_reply(reply: &str) -> ProbeResult {
     let mut words = reply.split_whitespace();
     match (
         words.next(),

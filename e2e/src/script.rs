@@ -5,6 +5,7 @@
 //! stage 2  fabric        lo up, bridge br0
 //! stage 3  nodes, client eth0 (veth, peer in the fabric), address; pod veths (peer in the pod), /32 routes,
 //!                        other nodes' pod CIDRs via their InternalIPs; client routes to services via a node
+//!          balancer      eth0 and its address only (it reaches the nodes' own addresses on the fabric)
 //! stage 4  fabric        ports enslaved to br0 and up
 //!          pods          address /32, default via 169.254.1.1 onlink, permanent neighbour for the gateway
 //!          nodes         proxy_arp=1, proxy_delay=0 on pod veths
@@ -14,7 +15,7 @@
 //! stages run in order. Links are only ever created inside lab namespaces (`ip -n <netns>`), never in
 //! the host's. Pods are routed, not bridged, so every pod packet crosses its node's netfilter.
 
-use std::fmt;
+use std::{fmt, net::Ipv4Addr};
 
 use crate::{
     layout::{LabNode, Layout},
@@ -46,6 +47,12 @@ impl BuildScript {
         stage1.push(namespace_sysctls(&layout.client.netns, false));
         stage1.extend(
             layout
+                .balancer
+                .iter()
+                .map(|balancer| namespace_sysctls(&balancer.netns, false)),
+        );
+        stage1.extend(
+            layout
                 .nodes
                 .iter()
                 .map(|node| namespace_sysctls(&node.netns, true)),
@@ -67,6 +74,10 @@ impl BuildScript {
             .map(|node| node_uplink(layout, node))
             .collect();
         stage3.push(client_uplink(layout));
+        stage3.extend(layout.balancer.as_ref().map(|balancer| Action::Ip {
+            netns: balancer.netns.clone(),
+            lines: fabric_host_uplink(layout, balancer.ip, names::BALANCER_FABRIC_PORT),
+        }));
 
         let mut stage4 = vec![fabric_attach(layout)];
         stage4.extend(routed_pods(layout).map(|pod| Action::Ip {
@@ -156,22 +167,22 @@ fn node_uplink(layout: &Layout, node: &LabNode) -> Action {
     }
 }
 
-fn client_uplink(layout: &Layout) -> Action {
-    let client = &layout.client;
-    let mut lines = vec![
+/// A host outside the cluster on the fabric: its uplink and address, nothing routed beyond.
+fn fabric_host_uplink(layout: &Layout, ip: Ipv4Addr, fabric_port: &str) -> Vec<String> {
+    vec![
         "link set lo up".to_owned(),
         format!(
-            "link add {UPLINK} type veth peer name {} netns {}",
-            names::CLIENT_FABRIC_PORT,
+            "link add {UPLINK} type veth peer name {fabric_port} netns {}",
             layout.fabric_netns
         ),
-        format!(
-            "addr add {}/{} dev {UPLINK}",
-            client.ip,
-            layout.fabric_subnet.prefix_len()
-        ),
+        format!("addr add {ip}/{} dev {UPLINK}", layout.fabric_subnet.prefix_len()),
         format!("link set {UPLINK} up"),
-    ];
+    ]
+}
+
+fn client_uplink(layout: &Layout) -> Action {
+    let client = &layout.client;
+    let mut lines = fabric_host_uplink(layout, client.ip, names::CLIENT_FABRIC_PORT);
     for (dst, via) in &client.routes {
         if let Ok(node) = layout.node(via) {
             lines.push(format!("route add {dst} via {} dev {UPLINK}", node.ip));
@@ -188,7 +199,8 @@ fn fabric_attach(layout: &Layout) -> Action {
         .nodes
         .iter()
         .map(|node| node.fabric_port.as_str())
-        .chain([names::CLIENT_FABRIC_PORT]);
+        .chain([names::CLIENT_FABRIC_PORT])
+        .chain(layout.balancer.iter().map(|_| names::BALANCER_FABRIC_PORT));
     let mut lines = Vec::new();
     for port in ports {
         lines.push(format!("link set {port} master {BRIDGE}"));
@@ -292,6 +304,28 @@ mod tests {
         assert!(
             !script.contains("sy0001-node-b link add pv1"),
             "host-network pods get no veth"
+        );
+    }
+
+    #[test]
+    fn a_balancer_is_one_more_host_on_the_fabric_with_no_routes() {
+        let description = ClusterDescription::from_yaml(include_str!("../testdata/cluster.yaml")).unwrap();
+        let mut options = LabOptions::with_binary("/bin/false");
+        assert!(!script().contains("balancer"));
+        options.balancer_ip = Some(Ipv4Addr::new(192, 168, 10, 250));
+        let layout = Layout::plan("sy0001", &description, &options).unwrap();
+        let script = BuildScript::for_layout(&layout).to_string();
+        for expected in [
+            "sysctl -n sy0001-balancer net/ipv4/ip_forward=0",
+            "ip -n sy0001-balancer link add eth0 type veth peer name lb netns sy0001-fabric",
+            "ip -n sy0001-balancer addr add 192.168.10.250/24 dev eth0",
+            "ip -n sy0001-fabric link set lb master br0",
+        ] {
+            assert!(script.contains(expected), "missing {expected:?} in\n{script}");
+        }
+        assert!(
+            !script.contains("ip -n sy0001-balancer route"),
+            "the balancer reaches only the fabric:\n{script}"
         );
     }
 

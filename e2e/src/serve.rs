@@ -2,9 +2,10 @@
 //! datagram with one line `<pod-name> <peer-ip>:<peer-port>`.
 //!
 //! ```text
-//! switchyard-lab serve --name web-a1 --bind 10.244.1.10 --tcp 8080 --udp 53   (inside the pod's netns)
-//!   TCP: accept ─► write the line ─► shut down writing ─► drain until the peer closes
-//!   UDP: recv_from ─► send_to the same peer from the same socket
+//! switchyard-lab serve --name web-a1 --bind 10.244.1.10 --tcp 8080 --udp 53 --echo 7007   (in the pod's netns)
+//!   TCP:  accept ─► write the line ─► shut down writing ─► drain until the peer closes
+//!   echo: accept ─► write the line ─► write back every byte read until the peer closes ─► close
+//!   UDP:  recv_from ─► send_to the same peer from the same socket
 //! ```
 //!
 //! The peer address is what the kernel handed the socket, i.e. the source address after any NAT on the
@@ -32,6 +33,8 @@ pub struct ServeConfig {
     pub tcp: Vec<u16>,
     /// UDP ports.
     pub udp: Vec<u16>,
+    /// TCP ports served as an echo (long-lived connections that exchange data).
+    pub echo: Vec<u16>,
 }
 
 impl ServeConfig {
@@ -42,6 +45,7 @@ impl ServeConfig {
             bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             tcp: Vec::new(),
             udp: Vec::new(),
+            echo: Vec::new(),
         }
     }
 }
@@ -66,19 +70,24 @@ pub fn serve(config: &ServeConfig, announce: impl FnOnce() -> std::io::Result<()
         source,
     };
     let mut tcp = Vec::new();
-    for &port in &config.tcp {
+    for (&port, echo) in config
+        .tcp
+        .iter()
+        .map(|port| (port, false))
+        .chain(config.echo.iter().map(|port| (port, true)))
+    {
         let listener =
             TcpListener::bind((config.bind, port)).map_err(|error| bind_error("TCP", port, error))?;
-        tcp.push(listener);
+        tcp.push((listener, echo));
     }
     let mut udp = Vec::new();
     for &port in &config.udp {
         udp.push(UdpSocket::bind((config.bind, port)).map_err(|error| bind_error("UDP", port, error))?);
     }
     let mut workers = Vec::new();
-    for listener in tcp {
+    for (listener, echo) in tcp {
         let name = config.name.clone();
-        workers.push(std::thread::spawn(move || serve_tcp(&name, &listener)));
+        workers.push(std::thread::spawn(move || serve_tcp(&name, &listener, echo)));
     }
     for socket in udp {
         let name = config.name.clone();
@@ -94,9 +103,13 @@ pub fn serve(config: &ServeConfig, announce: impl FnOnce() -> std::io::Result<()
     Ok(())
 }
 
-fn serve_tcp(name: &str, listener: &TcpListener) {
+fn serve_tcp(name: &str, listener: &TcpListener, echo: bool) {
     for stream in listener.incoming() {
         match stream {
+            Ok(stream) if echo => {
+                let name = name.to_owned();
+                std::thread::spawn(move || echo_tcp(&name, stream));
+            }
             Ok(stream) => {
                 let name = name.to_owned();
                 std::thread::spawn(move || answer_tcp(&name, stream));
@@ -119,6 +132,34 @@ fn answer_tcp(name: &str, mut stream: TcpStream) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let mut sink = [0u8; 512];
     while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+/// The answer line, then every byte back until the peer closes: a connection that stays open and
+/// proves, each time its client reads its own bytes back, that the path through the node still works.
+fn echo_tcp(name: &str, mut stream: TcpStream) {
+    let Ok(peer) = stream.peer_addr() else {
+        return;
+    };
+    if let Err(error) = stream.write_all(reply_line(name, peer).as_bytes()) {
+        eprintln!("{name}: writing to {peer}: {error}");
+        return;
+    }
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return,
+            Ok(n) => {
+                if let Err(error) = stream.write_all(&buffer[..n]) {
+                    eprintln!("{name}: echoing to {peer}: {error}");
+                    return;
+                }
+            }
+            Err(error) => {
+                eprintln!("{name}: reading from {peer}: {error}");
+                return;
+            }
+        }
+    }
 }
 
 fn serve_udp(name: &str, socket: &UdpSocket) {

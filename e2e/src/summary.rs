@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use crate::layout::Layout;
 
 impl Layout {
-    /// A human-readable summary: fabric, client and its routes, every node with its pods.
+    /// A human-readable summary: fabric, client and its routes, the balancer, every node with its pods.
     pub fn summary(&self) -> String {
         let mut text = String::new();
         let _ = writeln!(
@@ -17,6 +17,9 @@ impl Layout {
         let _ = writeln!(text, "  client  {:<16} {}", client.netns, client.ip);
         for (dst, via) in &client.routes {
             let _ = writeln!(text, "            route {dst} via {via}");
+        }
+        if let Some(balancer) = &self.balancer {
+            let _ = writeln!(text, "  balancer {:<15} {}", balancer.netns, balancer.ip);
         }
         for node in &self.nodes {
             let cidrs: Vec<String> = node.pod_cidrs.iter().map(ToString::to_string).collect();
@@ -35,6 +38,7 @@ impl Layout {
                     .iter()
                     .map(|p| format!("{p}/tcp"))
                     .chain(pod.udp_ports.iter().map(|p| format!("{p}/udp")))
+                    .chain(pod.echo_ports.iter().map(|p| format!("{p}/echo")))
                     .collect();
                 let kind = if pod.host_network { " (host network)" } else { "" };
                 let _ = writeln!(

@@ -59,7 +59,7 @@ fn every_demo_flow_is_explained_as_its_packets_go() {
                 let node = owner.map_or("node-a".to_string(), |n| n.name.clone());
                 (node, Source::Address(CLIENT.parse().unwrap()))
             }
-            Place::Fabric => continue,
+            Place::Fabric | Place::Balancer => continue,
         };
         let protocol = match check.proto {
             Proto::Tcp => Protocol::TCP,

@@ -5,6 +5,7 @@
 //! tamper with the rules, how to see that cleanup removed them) is in [`Suite`]. Needs root (see
 //! `common::lab_allowed`).
 
+pub mod leaving;
 pub mod traffic;
 pub mod udp;
 
@@ -101,6 +102,12 @@ macro_rules! scenario_suite {
         #[test]
         fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit() {
             scenarios::explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(SUITE);
+        }
+        #[test]
+        fn a_leaving_node_is_drained_by_a_load_balancer_with_no_failed_connection() {
+            scenarios::leaving::a_leaving_node_is_drained_by_a_load_balancer_with_no_failed_connection(
+                SUITE,
+            );
         }
         #[test]
         fn traffic_counters_count_every_connection_by_frontend_endpoint_and_refusal() {
@@ -939,7 +946,7 @@ pub fn explain_kernel_follows_the_installed_rules_and_names_a_hand_edit(suite: S
                     "192.168.10.200".to_string(),
                 )
             }
-            Place::Fabric => continue,
+            Place::Fabric | Place::Balancer => continue,
         };
         let to = match check.proto {
             Proto::Tcp => format!("{}/tcp", check.to),

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! list(protocol, family)  ─► conntrack -L -p tcp|udp|sctp -f ipv4|ipv6 ─► parse_line() per line ─► [Flow]
+//! list_open(…)            ─► the same, without the lines whose state says the connection ended
+//!                            (has_ended: TIME_WAIT, CLOSE, SCTP's CLOSED)
 //! delete_matching(flows)  ─► conntrack -D -p tcp|udp|sctp -f … [--orig-dst] --orig-port-dst
 //!                            --reply-src [--reply-port-src]   (every entry of one endpoint, one exec)
 //! ```
@@ -112,6 +114,15 @@ pub fn parse_line(line: &str) -> Result<Option<Flow>, Error> {
     }
 }
 
+/// Whether a `conntrack -L` line is an entry kept after its connection ended: TCP's TIME_WAIT (two
+/// minutes by default) and CLOSE (after a reset), SCTP's CLOSED. The state is the word before the
+/// first address; UDP has none.
+pub fn has_ended(line: &str) -> bool {
+    line.split_whitespace()
+        .take_while(|word| !word.contains('='))
+        .any(|word| matches!(word, "TIME_WAIT" | "CLOSE" | "CLOSED"))
+}
+
 /// The `conntrack -D` arguments selecting every entry of `flows`.
 pub fn delete_matching_args(flows: &EndpointFlows) -> Vec<String> {
     let protocol = protocol_name(flows.protocol);
@@ -142,8 +153,14 @@ pub fn deleted_count(stderr: &str) -> Option<u64> {
     })
 }
 
-impl Conntrack for CliConntrack {
-    fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error> {
+impl CliConntrack {
+    /// The entries `conntrack -L` lists for `protocol` and `family`, those whose lines `keep` accepts.
+    fn list_lines(
+        &self,
+        protocol: Protocol,
+        family: IpFamily,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Flow>, Error> {
         let stdout = command::stdout_of(Command::new(&self.binary).args([
             "-L",
             "-p",
@@ -152,12 +169,22 @@ impl Conntrack for CliConntrack {
             family_flag(family),
         ]))?;
         let mut flows = Vec::new();
-        for line in stdout.lines() {
+        for line in stdout.lines().filter(|line| keep(line)) {
             if let Some(flow) = parse_line(line)? {
                 flows.push(flow);
             }
         }
         Ok(flows)
+    }
+}
+
+impl Conntrack for CliConntrack {
+    fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error> {
+        self.list_lines(protocol, family, |_| true)
+    }
+
+    fn list_open(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error> {
+        self.list_lines(protocol, family, |line| !has_ended(line))
     }
 
     fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error> {
@@ -176,6 +203,31 @@ impl Conntrack for CliConntrack {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_kept_after_their_connection_ended_are_told_apart() {
+        let flow = "src=192.168.10.250 dst=192.168.10.12 sport=40000 dport=31007 \
+                    src=10.244.1.90 dst=192.168.10.12 sport=7007 dport=40000 [ASSURED] mark=0 use=1";
+        for (state, ended) in [
+            ("ESTABLISHED", false),
+            ("FIN_WAIT", false),
+            ("CLOSE_WAIT", false),
+            ("LAST_ACK", false),
+            ("SYN_SENT", false),
+            ("TIME_WAIT", true),
+            ("CLOSE", true),
+        ] {
+            let line = format!("tcp      6 117 {state} {flow}");
+            assert_eq!(has_ended(&line), ended, "{line}");
+            assert_eq!(
+                has_ended(&format!("ipv4     2 {line}")),
+                ended,
+                "extended: {line}"
+            );
+        }
+        assert!(has_ended(&format!("sctp     132 9 CLOSED {flow}")));
+        assert!(!has_ended(&format!("udp      17 29 {flow}")), "UDP has no state");
+    }
 
     #[test]
     fn plain_and_extended_lines_parse() {

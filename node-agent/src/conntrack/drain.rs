@@ -3,14 +3,16 @@
 //! ```text
 //! spec, skip ─► entrances() ─► Entrances { (external IP | LB IP, port, protocol) → Service,
 //!                                          (NodePort, protocol) → Service }
-//! [Flow] per protocol and family (conntrack -L) ─► count() ─► DrainCount { total, busiest Services }
+//! [Flow] per protocol and family (conntrack -L, open entries: Conntrack::list_open)
+//!   ─► count() ─► DrainCount { total, busiest Services }
 //! ```
 //!
 //! "Through the node" means what a load balancer or an outside client sent to this node: flows to a
 //! NodePort (on any address), an external IP or a load-balancer IP of one of its Services. Those are
 //! the connections a load balancer stops adding once `/healthz` says the node is leaving, and the ones
 //! that break if the node goes before they end. Connections the node's own pods make to ClusterIPs are
-//! not counted: they end with the pods, which the drain evicts anyway.
+//! not counted: they end with the pods, which the drain evicts anyway. Nor are the entries of
+//! connections that have ended (TIME_WAIT, CLOSE): they linger for minutes and carry nothing.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;

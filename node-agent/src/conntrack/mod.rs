@@ -81,6 +81,13 @@ impl Flow {
 pub trait Conntrack: Send {
     /// Every entry of `protocol` and `family`.
     fn list(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error>;
+    /// The entries of `protocol` and `family` whose connection has not ended: a TCP entry in
+    /// TIME_WAIT or CLOSE (SCTP: CLOSED) stays for minutes after its connection closed, to absorb late
+    /// packets, and is no connection that still goes through the node. A table that keeps no states
+    /// (the fake) lists every entry.
+    fn list_open(&mut self, protocol: Protocol, family: IpFamily) -> Result<Vec<Flow>, Error> {
+        self.list(protocol, family)
+    }
     /// Deletes every entry of `flows` (one filter, however many entries match); returns how many.
     fn delete_matching(&mut self, flows: &EndpointFlows) -> Result<u64, Error>;
 }

@@ -9,8 +9,9 @@
 //!            stale endpoint address:port, however many clients hold a flow there)
 //!     Removed: clear_removed (one filter each, or list first past 16) ─► counts
 //!     ─► SyncMetrics (cleared by reason, failures) and the shared total that status reports
-//!     CountDrain (a leaving node, every few seconds): list each protocol and family of its external
-//!            entrances ─► conntrack::drain::count ─► the latest count, taken by the syncer
+//!     CountDrain (a leaving node, every few seconds): list the open entries (not TIME_WAIT or CLOSE)
+//!            of each protocol and family of its external entrances ─► conntrack::drain::count ─► the
+//!            latest count, taken by the syncer
 //! ```
 //!
 //! Jobs run in the order the syncs applied them, each after its rules are in place. Listing and
@@ -208,7 +209,10 @@ impl Worker {
         let mut listings = Vec::new();
         for protocol in entrances.protocols() {
             for family in entrances.families() {
-                match self.conntrack.list(protocol, family) {
+                // NB: only open connections: a closed one's entry lingers (TIME_WAIT: two minutes), and a
+                // node whose load balancer stopped sending it new connections would not look drained
+                // until every short connection's entry expired.
+                match self.conntrack.list_open(protocol, family) {
                     Ok(flows) => listings.push((protocol, flows)),
                     Err(e) => {
                         // No count is better than a low one: the status keeps the last.
@@ -278,6 +282,51 @@ mod tests {
         worker.settle();
         assert_eq!(table.flows(), vec![keep]);
         assert_eq!(worker.cleared(), 1);
+    }
+
+    /// A table whose listing has two entries to a NodePort, of which one is a connection that ended.
+    struct OneEnded(Flow, Flow);
+
+    impl Conntrack for OneEnded {
+        fn list(&mut self, _: Protocol, _: IpFamily) -> Result<Vec<Flow>, crate::error::Error> {
+            Ok(vec![self.0, self.1])
+        }
+        fn list_open(&mut self, _: Protocol, _: IpFamily) -> Result<Vec<Flow>, crate::error::Error> {
+            Ok(vec![self.0])
+        }
+        fn delete_matching(
+            &mut self,
+            _: &crate::conntrack::EndpointFlows,
+        ) -> Result<u64, crate::error::Error> {
+            Ok(0)
+        }
+    }
+
+    #[test]
+    fn a_drain_counts_only_connections_that_have_not_ended() {
+        use switchyard_api::testing::{EntryExt, entry, ep, plan};
+        let mut open = flow("192.168.10.250", "192.168.10.12", "10.244.1.90");
+        open.original.dport = 31080;
+        let ended = Flow {
+            original: Tuple {
+                sport: 40001,
+                ..open.original
+            },
+            ..open
+        };
+        let spec = plan(
+            "node-b",
+            vec![
+                entry("default/shop:http", "10.96.7.80", 80)
+                    .node_port(31080)
+                    .with(ep("10.244.1.90", 8080)),
+            ],
+        );
+        let entrances = crate::conntrack::drain::entrances(&spec, &std::collections::HashSet::new());
+        let worker = ConntrackWorker::start(Box::new(OneEnded(open, ended)), SyncMetrics::default());
+        worker.submit(Job::CountDrain(entrances));
+        worker.settle();
+        assert_eq!(worker.take_drain_count().map(|c| c.total), Some(1));
     }
 
     #[test]
