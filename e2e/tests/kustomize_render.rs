@@ -43,7 +43,7 @@ const PLANS: &str = "nodeforwardingplans";
 const PLAN_STATUS: &str = "nodeforwardingplans/status";
 const SLICES: &str = "forwardingslices";
 /// Every generated CRD file, by the CRD's name (`<plural>.<group>`).
-const CRDS: [&str; 2] = ["forwardingslices", "nodeforwardingplans"];
+const CRDS: [&str; 3] = ["forwardingrollouts", "forwardingslices", "nodeforwardingplans"];
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const CONTROLLER_PORT: i32 = 10262;
 const AGENT_PORT: i32 = 10263;
