@@ -130,24 +130,19 @@ mod tests {
 
     /// Found by the plan file fuzzer (fuzz/corpus/plan_file/found-c86e58e7411242f9): eleven levels of nine
     /// aliases each took the parser's default budget of a million replayed events, 10-20 s per reading
-    /// in a debug build (the agent read such a plan three times).
+    /// in a debug build (the agent read such a plan three times). Five levels (9^5 = 59,049 events) are
+    /// far below the parser's default budget, so only our limit refuses them: no clock needed.
     #[test]
     fn an_alias_bomb_stops_early_and_says_so() {
         let mut bomb = String::from("a: [&a0 [x, x, x, x, x, x, x, x, x]");
-        for level in 1..11 {
+        for level in 1..5 {
             bomb.push_str(&format!(
                 ", &a{level} [{}]",
                 vec![format!("*a{}", level - 1); 9].join(", ")
             ));
         }
         bomb.push_str("]\n");
-        let started = std::time::Instant::now();
         let error = parse(&bomb).unwrap_err();
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
         let said = exceeded_limit(&error).unwrap_or_else(|| panic!("not a limit: {error}"));
         assert!(said.contains("aliases expand to more than 10000 nodes"), "{said}");
         let reused = "ports: &ports [{port: 80}, {port: 443}]\na: *ports\nb: *ports\n";

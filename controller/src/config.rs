@@ -434,23 +434,19 @@ mod tests {
         assert!(Config::parse("masqueradeAll: yes\n").is_err());
     }
 
-    /// Found by the config fuzzer: seven levels of nine aliases as a key took 4 s to refuse.
+    /// Found by the config fuzzer: seven levels of nine aliases as a key took 4 s to refuse. Five levels
+    /// (59,049 events) stay under the parser's default budget of a million, so only our limit refuses
+    /// them: no clock needed.
     #[test]
     fn an_alias_bomb_is_refused_at_once() {
         let mut bomb = String::from("[&a0 [x, x, x, x, x, x, x, x, x]");
-        for level in 1..7 {
+        for level in 1..5 {
             bomb.push_str(&format!(
                 ", &a{level} [{}]",
                 vec![format!("*a{}", level - 1); 9].join(", ")
             ));
         }
-        let started = std::time::Instant::now();
         let problems = Config::parse(&format!("masqueradeBit: 14\n{bomb}]: 1\n")).unwrap_err();
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(1),
-            "{:?}",
-            started.elapsed()
-        );
         assert!(
             problems[0].contains("alias replay limit exceeded"),
             "{problems:?}"

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -124,6 +126,16 @@ pub enum About {
     Undecodable,
 }
 
+impl About {
+    /// The counter of the outcomes of Events about this (metrics know no Events, so the map lives here).
+    pub fn counter(self, metrics: &Metrics) -> &Family<OutcomeLabel, Counter> {
+        match self {
+            About::ServiceProblem => &metrics.service_events,
+            About::Undecodable => &metrics.undecodable_events,
+        }
+    }
+}
+
 /// One Event to publish.
 #[derive(Debug, Clone)]
 pub struct Pending {
@@ -210,8 +222,9 @@ pub async fn publish(
                 "failed"
             }
         };
-        metrics
-            .events(pending.about)
+        pending
+            .about
+            .counter(&metrics)
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.into(),
             })

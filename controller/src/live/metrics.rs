@@ -21,8 +21,6 @@ use prometheus_client::{
 };
 use switchyard_process::http::{Endpoints, Probe};
 
-use super::events::About;
-
 /// Label of per-kind counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -249,14 +247,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The Event counter of what an Event is about.
-    pub fn events(&self, about: About) -> &Family<OutcomeLabel, Counter> {
-        match about {
-            About::ServiceProblem => &self.service_events,
-            About::Undecodable => &self.undecodable_events,
-        }
-    }
-
     /// Counts one of `family` for `kind`.
     pub fn count(family: &Family<KindLabel, Counter>, kind: &str) {
         family.get_or_create(&KindLabel { kind: kind.into() }).inc();

@@ -303,8 +303,8 @@ fn report_problems(
     for event in pending {
         let about = event.about;
         if events.try_send(event).is_err() {
-            metrics
-                .events(about)
+            about
+                .counter(metrics)
                 .get_or_create(&OutcomeLabel {
                     outcome: "dropped".into(),
                 })

@@ -197,12 +197,52 @@ pub fn wait_all_applied(cluster: &KubeCluster, timeout: Duration) -> Result<()> 
         }
         if Instant::now() > deadline {
             return Err(LabError::Timeout {
-                what: format!("every node's plan to be Applied (nodes {nodes:?}, plans: {plans:?})"),
+                what: format!(
+                    "every node's plan to be Applied (nodes {nodes:?}, plans: {plans:?}); the agents:\n{}",
+                    agents_report(cluster)
+                ),
                 waited_ms: timeout.as_millis(),
             });
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// What a failed wait shows about the agents: their pods, their containers' states and their last
+/// log lines (the init container's too), so that a timeout says why and not only that.
+fn agents_report(cluster: &KubeCluster) -> String {
+    let mut report = String::new();
+    let namespace = ["-n", "switchyard-system"];
+    let pods = cluster.kubectl(&[
+        namespace[0],
+        namespace[1],
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=switchyard-agent",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase} \
+         init={.status.initContainerStatuses[*].state} main={.status.containerStatuses[*].state}{\"\\n\"}{end}",
+    ]);
+    let names: Vec<String> = match &pods {
+        Ok(text) => {
+            report.push_str(text);
+            text.lines().filter_map(|l| l.split_whitespace().next().map(str::to_owned)).collect()
+        }
+        Err(error) => {
+            report.push_str(&format!("listing the agent pods failed: {error}\n"));
+            Vec::new()
+        }
+    };
+    for name in names {
+        for container in ["conntrack-sysctls", "agent"] {
+            let logs = cluster
+                .kubectl(&[namespace[0], namespace[1], "logs", &name, "-c", container, "--tail=15"])
+                .unwrap_or_else(|error| format!("(no logs: {error})"));
+            report.push_str(&format!("--- {name} {container}:\n{logs}\n"));
+        }
+    }
+    report
 }
 
 fn ready_nodes(cluster: &KubeCluster) -> Result<Vec<String>> {
