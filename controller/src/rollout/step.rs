@@ -54,6 +54,9 @@ pub struct RolloutEvent {
     pub warning: bool,
     /// Its reason ([`switchyard_api::conditions::rollout_reasons`]).
     pub reason: &'static str,
+    /// The node it is about, if one (its Event's related object, so Events of one reason about
+    /// different nodes stay apart instead of folding into one series).
+    pub node: Option<String>,
     /// What happened, naming the node and the gate.
     pub note: String,
 }
@@ -86,6 +89,17 @@ impl Stepper<'_> {
         self.events.push(RolloutEvent {
             warning,
             reason,
+            node: None,
+            note,
+        });
+    }
+
+    /// An Event about one node (its Event names the Node as the related object).
+    fn node_event(&mut self, node: &str, warning: bool, reason: &'static str, note: String) {
+        self.events.push(RolloutEvent {
+            warning,
+            reason,
+            node: Some(node.to_owned()),
             note,
         });
     }
@@ -268,7 +282,8 @@ impl Stepper<'_> {
                 let node = &mut self.status.nodes[index];
                 node.label_restored = true;
                 node.phase = NodePhase::Reverted;
-                self.event(
+                self.node_event(
+                    &node_name,
                     false,
                     why::REVERTED,
                     format!(
@@ -286,7 +301,8 @@ impl Stepper<'_> {
                     shown(from.as_deref())
                 );
                 if node.phase != NodePhase::Failed {
-                    self.event(
+                    self.node_event(
+                        &node_name,
                         true,
                         why::REVERT_FAILED,
                         format!("{name}: node {node_name}: {message}"),
@@ -318,7 +334,8 @@ impl Stepper<'_> {
             }
             if !self.world.nodes.contains_key(&node.name) {
                 let message = format!("the node left the cluster while {:?}", node.phase);
-                self.event(
+                self.node_event(
+                    &node.name,
                     true,
                     why::SKIPPED,
                     format!(
@@ -349,7 +366,7 @@ impl Stepper<'_> {
                                 "{name}: node {} switched to {target} and passed its verification; baking {} s",
                                 node.name, planned.bake_seconds
                             );
-                            self.event(false, why::BAKING, note);
+                            self.node_event(&node.name, false, why::BAKING, note);
                             self.set_phase(
                                 index,
                                 NodePhase::Baking,
@@ -366,7 +383,8 @@ impl Stepper<'_> {
                     gates::baking(&planned.gates, target, plan, &baseline).map(|()| {
                         let baked = self.world.elapsed(node.since.as_deref()).as_secs();
                         if baked >= i64::from(planned.bake_seconds) {
-                            self.event(
+                            self.node_event(
+                                &node.name,
                                 false,
                                 why::NODE_DONE,
                                 format!(
@@ -392,7 +410,8 @@ impl Stepper<'_> {
                     self.world.label_key,
                     shown(node.from.as_deref())
                 );
-                self.event(
+                self.node_event(
+                    &node.name,
                     true,
                     why::GATE_FAILED,
                     format!("{name}: node {}: {message}", node.name),
@@ -411,7 +430,8 @@ impl Stepper<'_> {
                 continue;
             }
             let node_name = self.status.nodes[index].name.clone();
-            self.event(
+            self.node_event(
+                &node_name,
                 true,
                 why::REVERTED,
                 format!("{name}: node {node_name} reverted: {why_text}"),
@@ -437,7 +457,8 @@ impl Stepper<'_> {
             if label.as_deref() == Some(target.as_str()) {
                 self.set_phase(index, NodePhase::Done, format!("already labelled {target}"));
                 self.status.nodes[index].from = label;
-                self.event(
+                self.node_event(
+                    &node_name,
                     false,
                     why::NODE_DONE,
                     format!("{name}: node {node_name} is already labelled {target}"),
@@ -448,7 +469,8 @@ impl Stepper<'_> {
                 self.set_phase(index, NodePhase::Done, format!("already on {target}; label set"));
                 self.status.nodes[index].from = label;
                 self.label(&node_name, Some(target.as_str()));
-                self.event(
+                self.node_event(
+                    &node_name,
                     false,
                     why::NODE_DONE,
                     format!(
@@ -460,7 +482,8 @@ impl Stepper<'_> {
             self.set_phase(index, NodePhase::Switching, format!("label set to {target}"));
             self.status.nodes[index].from = label.clone();
             self.label(&node_name, Some(target.as_str()));
-            self.event(
+            self.node_event(
+                &node_name,
                 false,
                 why::SWITCHING,
                 format!(
@@ -665,11 +688,36 @@ pub fn step(rollout: RolloutView<'_>, world: &World) -> Step {
 }
 
 impl Stepper<'_> {
-    fn finish(self) -> Step {
+    fn finish(mut self) -> Step {
+        // The API server refuses a status with a longer message (the CRD's maxLength), and a refused
+        // status would stall the rollout: many nodes in flight, or a gate's examples, can exceed it.
+        clip(&mut self.status.message);
+        for node in &mut self.status.nodes {
+            clip(&mut node.message);
+        }
+        for condition in &mut self.status.conditions {
+            let mut message = Some(std::mem::take(&mut condition.message));
+            clip(&mut message);
+            condition.message = message.unwrap_or_default();
+        }
         Step {
             status: self.status,
             labels: self.labels,
             events: self.events,
         }
+    }
+}
+
+/// The most characters a message in a rollout's status may have (the CRD's `maxLength`).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// Cuts `message` to [`MAX_MESSAGE`] characters, `...` marking the cut.
+fn clip(message: &mut Option<String>) {
+    if let Some(text) = message
+        && text.chars().count() > MAX_MESSAGE
+    {
+        let mut cut: String = text.chars().take(MAX_MESSAGE - 3).collect();
+        cut.push_str("...");
+        *text = cut;
     }
 }

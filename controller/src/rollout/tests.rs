@@ -783,3 +783,24 @@ fn a_label_that_cannot_be_restored_is_failed_and_retried_until_it_is() {
     assert_eq!(sim.label("node-a"), Some("iptables"));
     assert!(sim.status.nodes[0].label_restored);
 }
+
+#[test]
+fn messages_stay_within_what_the_api_server_accepts_however_many_nodes_are_in_flight() {
+    let mut spec = spec(Backend::Nftables);
+    spec.max_parallel = 40;
+    let names: Vec<String> = (0..40).map(|i| format!("node-with-a-long-name-{i:03}")).collect();
+    let nodes: Vec<(&str, Option<&str>, Agent)> = names.iter().map(|n| (n.as_str(), None, Silent)).collect();
+    let mut sim = Sim::new(&nodes, spec);
+    sim.run(3);
+    let status = &sim.status;
+    assert_eq!(status.phase, Some(RolloutPhase::Progressing));
+    let message = status.message.as_deref().unwrap();
+    assert_eq!(
+        message.chars().count(),
+        super::step::MAX_MESSAGE,
+        "cut, not dropped"
+    );
+    assert!(message.ends_with("..."));
+    let progressing = sim.condition(PROGRESSING).unwrap();
+    assert!(progressing.message.chars().count() <= super::step::MAX_MESSAGE);
+}
