@@ -8,6 +8,9 @@
 //! steady prober on ─► install as the README says (crds/, ConfigMap, apply -k overlay) ─► all Applied
 //!   ─► kube-proxy removed (--cleanup) ─► flows again, now through Switchyard; kubectl exec/logs/
 //!   port-forward; pods reach the API server through the kubernetes Service
+//! rollouts (kube/rollout.rs), connections counted throughout: iptables → nftables over every node,
+//!   verdicts unchanged; back to iptables with the controller leader deleted mid-rollout; a first node
+//!   without nft halts a rollout and is reverted; the controller may change only the backend label
 //! life cycle, connections counted throughout: workload rolling update, agent DaemonSet rolling
 //!   update to a new tag, agent pod deleted (cache, no rule ever flushed), controller leader deleted
 //! bad input: unpullable image, NET_ADMIN dropped, an image without nft, no API-server ConfigMap
@@ -19,6 +22,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "kube/rollout.rs"]
+mod rollout;
 
 use std::{
     net::SocketAddr,
@@ -418,6 +423,24 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     step("kubectl get nfp", || {
         eprintln!("{}", cluster.kubectl(&["get", "nfp", "-o", "wide"]).unwrap())
     });
+
+    // --- rollouts between backends, under the steady prober ---
+    step("rollout iptables → nftables over every node", || {
+        rollout::to_nftables_everywhere(&cluster)
+    });
+    step(
+        "rollout back to iptables, the controller leader deleted mid-rollout",
+        || rollout::leader_deleted_mid_rollout(&cluster),
+    );
+    step(
+        "rollout to nftables whose first node lacks nft: reverted, Halted",
+        || rollout::first_node_lacks_nftables(&cluster),
+    );
+    step("the controller may change only a Node's backend label", || {
+        rollout::controller_changes_only_the_backend_label(&cluster)
+    });
+    step("rollouts deleted, labels removed", || rollout::clean_up(&cluster));
+    assert_no_failures("steady Service through the rollouts", &steady.tally());
 
     // --- life cycle under traffic ---
     let web_prober = {
