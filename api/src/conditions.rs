@@ -9,6 +9,50 @@ pub const DEGRADED: &str = "Degraded";
 /// grace period has).
 pub const DRAINED: &str = "Drained";
 
+/// Conditions of a `ForwardingRollout`: nodes are moving.
+pub const PROGRESSING: &str = "Progressing";
+/// Conditions of a `ForwardingRollout`: every selected node moved (or was skipped).
+pub const COMPLETE: &str = "Complete";
+/// Conditions of a `ForwardingRollout`: it stopped for good (a gate failed, it was aborted, another
+/// rollout holds its nodes).
+pub const HALTED: &str = "Halted";
+
+/// Reasons of a `ForwardingRollout`'s conditions and Events.
+pub mod rollout_reasons {
+    /// Planned: the nodes and their order are fixed.
+    pub const PLANNED: &str = "Planned";
+    /// A node's label was set to the target.
+    pub const SWITCHING: &str = "NodeSwitching";
+    /// A node switched and passed its verification; its bake started.
+    pub const BAKING: &str = "NodeBaking";
+    /// A node baked without a failed gate.
+    pub const NODE_DONE: &str = "NodeDone";
+    /// A node's gate failed: its label goes back.
+    pub const GATE_FAILED: &str = "GateFailed";
+    /// A node's label was restored.
+    pub const REVERTED: &str = "NodeReverted";
+    /// A node's label could not be restored.
+    pub const REVERT_FAILED: &str = "RevertFailed";
+    /// A node left the cluster before it moved.
+    pub const SKIPPED: &str = "NodeSkipped";
+    /// spec.paused is true.
+    pub const PAUSED: &str = "Paused";
+    /// A failure paused the rollout (onFailure: Pause).
+    pub const PAUSED_BY_FAILURE: &str = "PausedByFailure";
+    /// spec.paused went back to false.
+    pub const RESUMED: &str = "Resumed";
+    /// spec.abort is true: the nodes in flight were reverted.
+    pub const ABORTED: &str = "Aborted";
+    /// Every node moved.
+    pub const COMPLETE: &str = "Complete";
+    /// A node it selects is in another active rollout.
+    pub const NODE_HELD: &str = "NodeHeldByAnotherRollout";
+    /// The spec changed in a field that cannot change; the rollout keeps its planned spec.
+    pub const SPEC_CHANGE_REFUSED: &str = "SpecChangeRefused";
+    /// The rollout selects no node.
+    pub const NO_NODES: &str = "NoNodes";
+}
+
 /// Condition status strings (Kubernetes convention).
 pub mod status {
     /// The condition holds.
@@ -36,6 +80,10 @@ pub mod reasons {
     pub const INVALID_SLICE: &str = "InvalidSlice";
     /// The backend the plan asks for is unavailable; another one is in use.
     pub const BACKEND_FALLBACK: &str = "BackendFallback";
+    /// The plan asks for another backend, but that backend's rendering of the plan gives some frontend
+    /// another verdict than the one in use: the switch is refused before anything changes (the message
+    /// names the Service), and the backend in use stays.
+    pub const BACKEND_SWITCH_REFUSED: &str = "BackendSwitchRefused";
     /// Nothing is wrong.
     pub const HEALTHY: &str = "Healthy";
     /// The plan was deleted; the rules stay until the grace period ends.

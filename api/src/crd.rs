@@ -8,16 +8,19 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
-use crate::{Error, plan::NodeForwardingPlan, slice::ForwardingSlice};
+use crate::{Error, plan::NodeForwardingPlan, rollout::ForwardingRollout, slice::ForwardingSlice};
 
 /// File name of the generated NodeForwardingPlan CRD in `crds/` and `config/crd/`.
 pub const CRD_FILE: &str = "nodeforwardingplans.switchyard.io.yaml";
 /// File name of the generated ForwardingSlice CRD in `crds/` and `config/crd/`.
 pub const SLICE_CRD_FILE: &str = "forwardingslices.switchyard.io.yaml";
+/// File name of the generated ForwardingRollout CRD in `crds/` and `config/crd/`.
+pub const ROLLOUT_CRD_FILE: &str = "forwardingrollouts.switchyard.io.yaml";
 
 const HEADER: &str =
     "# Generated from api/src/plan.rs and api/src/status.rs by `make generate`. Do not edit.\n";
 const SLICE_HEADER: &str = "# Generated from api/src/slice.rs by `make generate`. Do not edit.\n";
+const ROLLOUT_HEADER: &str = "# Generated from api/src/rollout.rs by `make generate`. Do not edit.\n";
 
 /// Integer formats the API server recognises; schemars' `uint8`/`uint16`/… are dropped because the API
 /// server does not know them (the explicit minimum/maximum carry the range instead).
@@ -31,6 +34,11 @@ pub fn crd() -> CustomResourceDefinition {
 /// The ForwardingSlice CRD object.
 pub fn slice_crd() -> CustomResourceDefinition {
     tidy(ForwardingSlice::crd())
+}
+
+/// The ForwardingRollout CRD object.
+pub fn rollout_crd() -> CustomResourceDefinition {
+    tidy(ForwardingRollout::crd())
 }
 
 fn tidy(crd: CustomResourceDefinition) -> CustomResourceDefinition {
@@ -68,6 +76,11 @@ pub fn slice_printer_columns() -> Vec<CustomResourceColumnDefinition> {
     columns_of(slice_crd())
 }
 
+/// The ForwardingRollout printer columns (what `kubectl get fwr` shows).
+pub fn rollout_printer_columns() -> Vec<CustomResourceColumnDefinition> {
+    columns_of(rollout_crd())
+}
+
 fn columns_of(crd: CustomResourceDefinition) -> Vec<CustomResourceColumnDefinition> {
     crd.spec
         .versions
@@ -86,9 +99,11 @@ pub fn crd_yaml() -> Result<String, Error> {
 /// Every generated CRD file: (file name, YAML).
 pub fn crd_files() -> Result<Vec<(&'static str, String)>, Error> {
     let slice = serde_saphyr::to_string(&slice_crd()).map_err(|e| Error::SerializeCrd(e.to_string()))?;
+    let rollout = serde_saphyr::to_string(&rollout_crd()).map_err(|e| Error::SerializeCrd(e.to_string()))?;
     Ok(vec![
         (SLICE_CRD_FILE, format!("{SLICE_HEADER}{slice}")),
         (CRD_FILE, crd_yaml()?),
+        (ROLLOUT_CRD_FILE, format!("{ROLLOUT_HEADER}{rollout}")),
     ])
 }
 
@@ -97,6 +112,11 @@ pub fn crd_files() -> Result<Vec<(&'static str, String)>, Error> {
 /// checked by such a validator; the API server checks them.
 pub fn validation_schema() -> serde_json::Value {
     schema_of(crd())
+}
+
+/// [`validation_schema`] of the ForwardingRollout CRD.
+pub fn rollout_validation_schema() -> serde_json::Value {
+    schema_of(rollout_crd())
 }
 
 /// [`validation_schema`] of the ForwardingSlice CRD.
@@ -236,6 +256,42 @@ mod tests {
             "Age",
         ] {
             assert!(names.iter().any(|n| n == want), "missing column {want}");
+        }
+    }
+
+    #[test]
+    fn the_rollout_crd_is_cluster_scoped_with_status_progress_columns_and_fixed_plan_fields() {
+        let crd = rollout_crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("forwardingrollouts.switchyard.io")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["fwr".to_string()]));
+        assert_eq!(crd.spec.names.categories, Some(vec!["switchyard".to_string()]));
+        let version = &crd.spec.versions[0];
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let columns: Vec<String> = rollout_printer_columns().into_iter().map(|c| c.name).collect();
+        assert_eq!(columns, ["Target", "Done", "Phase", "Message", "Age"]);
+        let spec = version
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|s| s.properties.as_ref())
+            .and_then(|p| p.get("spec"))
+            .and_then(|s| s.properties.clone())
+            .unwrap();
+        // Every field but paused and abort carries a transition rule: the API server refuses edits.
+        for (field, schema) in &spec {
+            let rules = schema.x_kubernetes_validations.as_deref().unwrap_or_default();
+            let fixed = rules.iter().any(|r| r.rule == "self == oldSelf");
+            assert_eq!(fixed, !["paused", "abort"].contains(&field.as_str()), "{field}");
         }
     }
 

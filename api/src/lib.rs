@@ -8,7 +8,8 @@
 //!                                                        └──────────────── NodeForwardingPlanStatus ◄────────────────────────────────┘
 //! ```
 //!
-//! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`](mod@slice), [`status`]),
+//! This crate holds only data and pure functions over it: the CRD types ([`plan`], [`slice`](mod@slice), [`status`],
+//! [`rollout`], [`verification`]),
 //! the generated CRDs ([`crd`]), composing a node's state from its plan and slices ([`compose`]), object
 //! names and labels ([`names`]), the content-hash revisions ([`revision`]), lenient IP parsing shared with
 //! kube-proxy ([`ip`]), validation ([`validate`]) and, with the `runtime` feature, mapping watch events
@@ -26,12 +27,14 @@ pub mod meta;
 pub mod names;
 pub mod plan;
 pub mod revision;
+pub mod rollout;
 pub mod slice;
 pub mod status;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tolerant;
 pub mod validate;
+pub mod verification;
 #[cfg(feature = "runtime")]
 pub mod watch;
 pub mod words;
@@ -42,6 +45,10 @@ pub use plan::{
     Backend, ClusterSettings, DetectLocalMode, EndpointRef, EntryKey, IpFamily, Leaving, LocalEndpoints,
     NodeForwardingPlan, NodeForwardingPlanSpec, PlanEndpoint, PlanSummary, Protocol, ServicePlan,
     TrafficPolicy,
+};
+pub use rollout::{
+    ForwardingRollout, ForwardingRolloutSpec, ForwardingRolloutStatus, NodePhase, OnFailure, RolloutNode,
+    RolloutPhase,
 };
 pub use slice::{ForwardingSlice, ForwardingSliceSpec, View};
 pub use status::{

@@ -6,6 +6,9 @@ pub const GROUP: &str = "switchyard.io";
 pub const CONTROLLER_FIELD_MANAGER: &str = "switchyard-controller";
 /// Field manager of the agent's server-side apply (status only).
 pub const AGENT_FIELD_MANAGER: &str = "switchyard-agent";
+/// Field manager of the controller's rollouts when they set a Node's backend label (server-side apply
+/// of that one label; a ValidatingAdmissionPolicy lets the controller change nothing else on a Node).
+pub const ROLLOUT_FIELD_MANAGER: &str = "switchyard-rollout";
 
 /// Label on every plan object: the node it is for.
 pub const LABEL_NODE: &str = "switchyard.io/node";

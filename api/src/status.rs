@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
+use crate::verification::Verification;
 
 /// The most per-service failures a status lists; `failuresTotal` counts the rest.
 pub const MAX_LISTED_FAILURES: usize = 10;
@@ -65,6 +66,10 @@ pub struct NodeForwardingPlanStatus {
     /// (counted at least every 10 s; the `Drained` condition says when they ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining: Option<DrainStatus>,
+    /// What the agent found when it last checked the backend it switched to (a `ForwardingRollout`'s
+    /// gates read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
 }
 
 /// A leaving node's drain, as its agent sees it.

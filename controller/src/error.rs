@@ -77,6 +77,26 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Server-side apply of a rollout's status failed.
+    #[error("writing the status of ForwardingRollout {name}: {source}")]
+    RolloutStatus {
+        /// The rollout.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// Setting or removing a Node's backend label failed.
+    #[error("setting the label {key} of node {node}: {source}")]
+    NodeLabel {
+        /// The node.
+        node: String,
+        /// The label.
+        key: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
     /// This replica lost the leader lease while writing.
     #[error("not the leader")]
     NotLeader,
@@ -102,6 +122,8 @@ impl Error {
             Self::Delete { .. } => "delete",
             Self::List { .. } => "list",
             Self::GetNode { .. } => "get_node",
+            Self::RolloutStatus { .. } => "rollout_status",
+            Self::NodeLabel { .. } => "node_label",
             Self::NotLeader => "not_leader",
             Self::Connect(_) => "connect",
             Self::Serve(_) => "serve",

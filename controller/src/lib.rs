@@ -9,6 +9,7 @@
 //!                                        output (composed plans, objects) ◄┤
 //!                                        live controller: server-side apply ◄┘
 //!   audit: plans' status vs the current slices ─► which nodes lag
+//!   rollout (pure) + live::rollouts: ForwardingRollouts move nodes between backends via their label
 //! ```
 
 pub mod audit;
@@ -18,6 +19,7 @@ pub mod input;
 pub mod live;
 pub mod output;
 pub mod planner;
+pub mod rollout;
 
 pub use config::Config;
 pub use error::Error;

@@ -11,6 +11,9 @@
 //!   Switchyard; kubectl exec/logs/port-forward; pods reach the API server through the kubernetes
 //!   Service; kube-proxy's URLs from a host-network pod; conntrack's CLOSE_WAIT timeout on every node
 //! a leaving node: Karpenter's taint ─► its /healthz 503, /livez 200, never restarted ─► untainted
+//! rollouts (kube/rollout.rs), connections counted throughout: iptables → nftables over every node,
+//!   verdicts unchanged; back to iptables with the controller leader deleted mid-rollout; a first node
+//!   without nft halts a rollout and is reverted; the controller may change only the backend label
 //! life cycle, connections counted throughout: workload rolling update, agent DaemonSet rolling
 //!   update to a new tag, agent pod deleted (cache, no rule ever flushed), controller leader deleted
 //! bad input: unpullable image, NET_ADMIN dropped, an image without nft, no API-server ConfigMap
@@ -25,6 +28,8 @@
 mod common;
 #[path = "kube/health.rs"]
 mod health;
+#[path = "kube/rollout.rs"]
+mod rollout;
 
 use std::{
     net::SocketAddr,
@@ -439,6 +444,24 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     step("a leaving node: Karpenter's taint, then removed", || {
         health::a_tainted_node_leaves(&cluster)
     });
+
+    // --- rollouts between backends, under the steady prober ---
+    step("rollout iptables → nftables over every node", || {
+        rollout::to_nftables_everywhere(&cluster)
+    });
+    step(
+        "rollout back to iptables, the controller leader deleted mid-rollout",
+        || rollout::leader_deleted_mid_rollout(&cluster),
+    );
+    step(
+        "rollout to nftables whose first node lacks nft: reverted, Halted",
+        || rollout::first_node_lacks_nftables(&cluster),
+    );
+    step("the controller may change only a Node's backend label", || {
+        rollout::controller_changes_only_the_backend_label(&cluster)
+    });
+    step("rollouts deleted, labels removed", || rollout::clean_up(&cluster));
+    assert_no_failures("steady Service through the rollouts", &steady.tally());
 
     // --- life cycle under traffic ---
     let web_prober = {

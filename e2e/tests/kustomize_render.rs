@@ -38,12 +38,17 @@ const AGENT: &str = "switchyard-agent";
 const AGENT_IPVS: &str = "switchyard-agent-ipvs";
 const LEADER_ELECTION: &str = "switchyard-controller-leader-election";
 const POLICY: &str = "switchyard-agent-own-plan-status";
+const NODE_POLICY: &str = "switchyard-controller-node-backend-label";
 const CONFIG_MAP: &str = "switchyard-controller-config";
 const PLANS: &str = "nodeforwardingplans";
 const PLAN_STATUS: &str = "nodeforwardingplans/status";
 const SLICES: &str = "forwardingslices";
+const ROLLOUTS: &str = "forwardingrollouts";
+const ROLLOUT_STATUS: &str = "forwardingrollouts/status";
+/// The node label that moves a node from kube-proxy to Switchyard (config/overlays/beside-kube-proxy).
+const PROXY_LABEL: &str = "switchyard.io/proxy";
 /// Every generated CRD file, by the CRD's name (`<plural>.<group>`).
-const CRDS: [&str; 2] = ["forwardingslices", "nodeforwardingplans"];
+const CRDS: [&str; 3] = ["forwardingrollouts", "forwardingslices", "nodeforwardingplans"];
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 const CONTROLLER_PORT: i32 = 10262;
 const AGENT_PORT: i32 = 10263;
@@ -520,6 +525,7 @@ fn every_yaml_file_under_config_parses_and_belongs_to_a_kustomization() {
         "config/agent",
         "config/default",
         "config/overlays/ipvs",
+        "config/overlays/beside-kube-proxy",
     ] {
         tree.kustomization(dir);
     }
@@ -647,9 +653,16 @@ fn controller_rbac_reads_inputs_writes_plan_and_slice_specs_and_nothing_else() {
         ));
     }
     want.extend(grant("events.k8s.io", "events", &["create", "patch"], None));
+    want.extend(grant(GROUP, ROLLOUTS, &["get", "list", "watch"], None));
+    want.extend(grant(GROUP, ROLLOUT_STATUS, &["patch"], None));
+    want.extend(grant("", "nodes", &["patch"], None));
     assert!(
         verbs_on(&have, GROUP, PLAN_STATUS).is_empty(),
         "the controller must not write plan status"
+    );
+    assert!(
+        !verbs_on(&have, "", "nodes").contains("create") && !verbs_on(&have, "", "nodes").contains("update"),
+        "an apply to a Node that is gone must fail, not create it; nothing replaces a Node"
     );
     assert_eq!(have, want, "ClusterRole {CONTROLLER}");
 
@@ -883,6 +896,83 @@ fn admission_policy_confines_the_agent_to_its_own_nodes_plan_status() {
     assert_eq!(binding.policy_name, POLICY);
     assert_eq!(binding.validation_actions, vec!["Deny".to_string()]);
     assert!(binding.param_ref.is_none());
+}
+
+#[test]
+fn admission_policy_lets_the_controller_change_only_the_backend_label_of_nodes() {
+    let tree = Tree::load();
+    let policy: ValidatingAdmissionPolicy = tree.resource("ValidatingAdmissionPolicy", NODE_POLICY).typed();
+    let spec = policy.spec.expect("spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    assert!(spec.param_kind.is_none(), "no parameters");
+    let rules = spec
+        .match_constraints
+        .and_then(|m| m.resource_rules)
+        .expect("matchConstraints.resourceRules");
+    assert_eq!(rules.len(), 1, "one resource rule");
+    let rule = &rules[0];
+    assert_eq!(rule.api_groups.as_deref(), Some(&[String::new()][..]));
+    assert_eq!(rule.resources.as_deref(), Some(&["nodes".to_string()][..]));
+    assert_eq!(
+        rule.operations.as_deref(),
+        Some(&["UPDATE".to_string()][..]),
+        "PATCH and server-side apply reach admission as UPDATE"
+    );
+    let account = tree.resource("ServiceAccount", CONTROLLER);
+    let username = format!(
+        "system:serviceaccount:{}:{}",
+        account.namespace().unwrap(),
+        account.name()
+    );
+    let conditions = spec.match_conditions.unwrap_or_default();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.expression.contains("request.userInfo.username")
+                && c.expression.contains(&format!("'{username}'"))),
+        "a matchCondition on the controller's username {username}: {conditions:?}"
+    );
+    let validations = spec.validations.unwrap_or_default();
+    let all: String = validations.iter().map(|v| v.expression.clone()).collect();
+    for needle in [
+        format!("k == '{LABEL_BACKEND}'"),
+        "object.metadata.labels".to_string(),
+        "oldObject.metadata.labels".to_string(),
+        "object.metadata.annotations == oldObject.metadata.annotations".to_string(),
+        "object.metadata.finalizers == oldObject.metadata.finalizers".to_string(),
+        "object.spec == oldObject.spec".to_string(),
+        "has(oldObject.metadata.labels)".to_string(),
+    ] {
+        assert!(all.contains(&needle), "the validations check {needle}: {all}");
+    }
+    // Both directions of the labels: none added or changed, none removed.
+    assert!(validations.iter().any(|v| {
+        v.expression
+            .trim_start()
+            .starts_with("!has(object.metadata.labels)")
+    }));
+    assert!(validations.iter().any(|v| {
+        v.expression
+            .trim_start()
+            .starts_with("!has(oldObject.metadata.labels)")
+    }));
+    for validation in &validations {
+        assert!(
+            validation.message.is_some() || validation.message_expression.is_some(),
+            "every validation explains itself: {}",
+            validation.expression
+        );
+        assert_eq!(validation.reason.as_deref(), Some("Forbidden"));
+    }
+    // The configured label is the one the policy allows.
+    let config: Config = Config::load(&tree.root.join("config/controller/config.yaml")).unwrap();
+    assert_eq!(config.backend_node_label, LABEL_BACKEND);
+
+    let binding: ValidatingAdmissionPolicyBinding = tree
+        .resource("ValidatingAdmissionPolicyBinding", NODE_POLICY)
+        .typed();
+    assert_eq!(binding.spec.policy_name, NODE_POLICY);
+    assert_eq!(binding.spec.validation_actions, vec!["Deny".to_string()]);
 }
 
 #[test]
@@ -1316,6 +1406,29 @@ fn ipvs_overlay_gives_ipvs_nodes_their_own_agent() {
     assert_eq!(strings(&term["values"]), vec!["ipvs".to_string()]);
 }
 
+#[test]
+fn beside_kube_proxy_overlay_runs_the_agent_only_on_labelled_nodes() {
+    let tree = Tree::load();
+    let overlay = tree.kustomization("config/overlays/beside-kube-proxy");
+    assert_eq!(strings(&overlay["resources"]), vec!["../../default".to_string()]);
+    let patch = tree.patch("config/overlays/beside-kube-proxy/agent-on-migrated-nodes.yaml");
+    assert_eq!(patch.name(), AGENT);
+    let selector = &patch.value["spec"]["template"]["spec"]["nodeSelector"];
+    assert_eq!(
+        selector.as_object().map(|m| m.len()),
+        Some(1),
+        "the patch adds one key (kustomize merges it into the DaemonSet's nodeSelector: the rendered \
+         test checks kubernetes.io/os stays)"
+    );
+    assert_eq!(selector[PROXY_LABEL], "switchyard");
+    // The guide that goes with it names the same label for kube-proxy's DaemonSet.
+    let guide = std::fs::read_to_string(tree.root.join("docs/migration.md")).unwrap();
+    assert!(
+        guide.contains(&format!("key: {PROXY_LABEL}")) && guide.contains("config/overlays/beside-kube-proxy"),
+        "docs/migration.md gives kube-proxy the opposite affinity"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------
 // (b) Rendered output, with kubectl
 // ---------------------------------------------------------------------------------------------------
@@ -1371,10 +1484,12 @@ fn expected_default() -> BTreeSet<(String, String, Option<String>)> {
     let ns = Some(NAMESPACE.to_string());
     let crd = format!("{PLANS}.{GROUP}");
     let slice_crd = format!("{SLICES}.{GROUP}");
+    let rollout_crd = format!("{ROLLOUTS}.{GROUP}");
     [
         ("Namespace", NAMESPACE, None),
         ("CustomResourceDefinition", crd.as_str(), None),
         ("CustomResourceDefinition", slice_crd.as_str(), None),
+        ("CustomResourceDefinition", rollout_crd.as_str(), None),
         ("ServiceAccount", CONTROLLER, ns.clone()),
         ("ServiceAccount", AGENT, ns.clone()),
         ("ClusterRole", CONTROLLER, None),
@@ -1388,6 +1503,8 @@ fn expected_default() -> BTreeSet<(String, String, Option<String>)> {
         ("DaemonSet", AGENT, ns.clone()),
         ("ValidatingAdmissionPolicy", POLICY, None),
         ("ValidatingAdmissionPolicyBinding", POLICY, None),
+        ("ValidatingAdmissionPolicy", NODE_POLICY, None),
+        ("ValidatingAdmissionPolicyBinding", NODE_POLICY, None),
     ]
     .into_iter()
     .map(|(kind, name, ns)| (kind.to_string(), name.to_string(), ns))
@@ -1642,4 +1759,28 @@ fn kubectl_kustomize_renders_config_overlays_ipvs() {
     assert!(selects(&ipvs_spec, &labels(&ipvs_spec)));
     assert!(!selects(&default_spec, &labels(&ipvs_spec)), "selectors overlap");
     assert!(!selects(&ipvs_spec, &labels(&default_spec)), "selectors overlap");
+}
+
+#[test]
+fn kubectl_kustomize_renders_config_overlays_beside_kube_proxy() {
+    let Some(docs) = kustomize(
+        "kubectl_kustomize_renders_config_overlays_beside_kube_proxy",
+        "config/overlays/beside-kube-proxy",
+    ) else {
+        return;
+    };
+    let by_name = check_rendered(&docs, &expected_default());
+    let (daemonset, _) = agent_image(&by_name, AGENT);
+    let selector = daemonset
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.node_selector)
+        .unwrap_or_default();
+    assert_eq!(
+        selector,
+        BTreeMap::from([
+            ("kubernetes.io/os".to_string(), "linux".to_string()),
+            (PROXY_LABEL.to_string(), "switchyard".to_string()),
+        ])
+    );
 }

@@ -1,12 +1,13 @@
-//! Service problems and objects the watches cannot decode as Kubernetes Events, deduplicated and
-//! rate-limited so that a broken Service — or ten thousand of them, or one rewritten every second —
-//! cannot flood the API server.
+//! Service problems, objects the watches cannot decode and the steps of rollouts as Kubernetes Events,
+//! deduplicated and rate-limited so that a broken Service — or ten thousand of them, or one rewritten
+//! every second — cannot flood the API server.
 //!
 //! ```text
 //! engine.problems()    ─(every second, leader only)─► EventGate::due(now) ─► publisher task ─► Recorder
 //! engine.undecodable() ─(its own gate)──────────────►  │ new (object, reason): now          (events.k8s.io/v1:
 //!                                                      │ still there: again after REPEAT     create, then patch
 //!                                                      └ at most BURST at once, RATE per s   of the series)
+//! rollout steps ─► a queue ─(their own gate: EventGate::take, no deduplication)─► publisher task
 //! ```
 //!
 //! The gate is pure (the caller passes the time); the publisher is the only part that talks to the API
@@ -26,6 +27,7 @@ use switchyard_api::tolerant::Undecodable;
 
 use super::metrics::{Metrics, OutcomeLabel};
 use crate::planner::ServiceProblem;
+use crate::rollout::RolloutEvent;
 
 /// The reason of an Event about an object a watch cannot decode.
 pub const UNDECODABLE: &str = "Undecodable";
@@ -88,13 +90,28 @@ impl EventGate {
         }
     }
 
+    /// Whether one Event may be published at `now` (it takes the token when so). For Events that are
+    /// said once and never repeated (a rollout's steps), which need the rate limit but no deduplication.
+    pub fn take(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * RATE_PER_SECOND).min(f64::from(BURST));
+        self.refilled = now;
+    }
+
     /// The problems of `current` to publish at `now`; the others are deduplicated (published within
     /// [`REPEAT`]) or rate-limited (no token left: they come again on a later call). Returns how many
     /// were held back by the rate limit too.
     pub fn due<'a, T: Notice>(&mut self, now: Instant, current: &'a [T]) -> (Vec<&'a T>, usize) {
-        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * RATE_PER_SECOND).min(f64::from(BURST));
-        self.refilled = now;
+        self.refill(now);
         // Forget what has not been published for longer than REPEAT: it may be published again.
         self.sent
             .retain(|_, at| now.saturating_duration_since(*at) < REPEAT);
@@ -124,6 +141,8 @@ pub enum About {
     ServiceProblem,
     /// An object a watch cannot decode (`undecodable_object_events`).
     Undecodable,
+    /// A rollout's step or failure (`rollout_events`).
+    Rollout,
 }
 
 impl About {
@@ -132,6 +151,7 @@ impl About {
         match self {
             About::ServiceProblem => &metrics.service_events,
             About::Undecodable => &metrics.undecodable_events,
+            About::Rollout => &metrics.rollout_events,
         }
     }
 }
@@ -141,6 +161,8 @@ impl About {
 pub struct Pending {
     /// What it is about.
     pub about: About,
+    /// A Warning (something failed or was refused); otherwise Normal.
+    pub warning: bool,
     /// The object, as the logs name it.
     pub object: String,
     /// The Event's reason.
@@ -149,6 +171,9 @@ pub struct Pending {
     pub note: String,
     /// The object (apiVersion, kind, namespace, name, uid).
     pub regarding: ObjectReference,
+    /// A second object it concerns (a rollout's Node). The Recorder folds Events of one reason on one
+    /// object into a series unless this differs, so it keeps Events about different nodes apart.
+    pub related: Option<ObjectReference>,
 }
 
 impl Pending {
@@ -156,31 +181,26 @@ impl Pending {
     pub fn service_problem(problem: &ServiceProblem, regarding: ObjectReference) -> Self {
         Self {
             about: About::ServiceProblem,
+            warning: true,
             object: problem.service.clone(),
             reason: problem.reason,
             note: problem.message.clone(),
             regarding,
+            related: None,
         }
     }
 
     /// An Event about an object a watch cannot decode, on that object.
     pub fn undecodable(undecodable: &Undecodable) -> Self {
         let meta = &undecodable.metadata;
-        let mut note = format!(
+        let note = clip(format!(
             "switchyard-controller cannot read {}: {}; until it can, the last version it could read (if \
              any) is what it plans from",
             undecodable.path, undecodable.message
-        );
-        if note.len() > MAX_NOTE {
-            let mut end = MAX_NOTE - 3;
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            note.truncate(end);
-            note.push_str("...");
-        }
+        ));
         Self {
             about: About::Undecodable,
+            warning: true,
             object: Notice::object(undecodable),
             reason: UNDECODABLE,
             note,
@@ -192,8 +212,42 @@ impl Pending {
                 uid: meta.uid.clone(),
                 ..ObjectReference::default()
             },
+            related: None,
         }
     }
+}
+
+impl Pending {
+    /// An Event on a ForwardingRollout (`regarding` names it) about one of its steps.
+    pub fn rollout(event: &RolloutEvent, regarding: ObjectReference) -> Self {
+        Self {
+            about: About::Rollout,
+            warning: event.warning,
+            object: format!("ForwardingRollout {}", regarding.name.as_deref().unwrap_or("?")),
+            reason: event.reason,
+            note: clip(event.note.clone()),
+            regarding,
+            related: event.node.as_ref().map(|node| ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.clone()),
+                ..ObjectReference::default()
+            }),
+        }
+    }
+}
+
+/// `note` cut to what the API server accepts ([`MAX_NOTE`] bytes, `...` marking the cut).
+fn clip(mut note: String) -> String {
+    if note.len() > MAX_NOTE {
+        let mut end = MAX_NOTE - 3;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    note
 }
 
 /// Publishes what it receives, one at a time, with kube's [`Recorder`] (a repeat of the same reason for
@@ -205,15 +259,20 @@ pub async fn publish(
 ) {
     while let Some(pending) = queue.recv().await {
         let event = Event {
-            type_: EventType::Warning,
+            type_: if pending.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: pending.reason.to_string(),
             note: Some(pending.note),
             action: match pending.about {
                 About::ServiceProblem => "Proxy",
                 About::Undecodable => "Watch",
+                About::Rollout => "Rollout",
             }
             .to_string(),
-            secondary: None,
+            secondary: pending.related,
         };
         let outcome = match recorder.publish(&event, &pending.regarding).await {
             Ok(()) => "published",
@@ -320,6 +379,51 @@ mod tests {
             ..broken[0].clone()
         };
         assert!(Pending::undecodable(&long).note.len() <= MAX_NOTE);
+    }
+
+    #[test]
+    fn a_rollout_event_names_its_rollout_and_relates_its_node() {
+        let regarding = ObjectReference {
+            kind: Some("ForwardingRollout".into()),
+            name: Some("to-nft".into()),
+            ..ObjectReference::default()
+        };
+        let step = RolloutEvent {
+            warning: true,
+            reason: "GateFailed",
+            node: Some("node-a".into()),
+            note: "x".repeat(3000),
+        };
+        let pending = Pending::rollout(&step, regarding.clone());
+        assert!(pending.warning && pending.about == About::Rollout);
+        assert_eq!(pending.object, "ForwardingRollout to-nft");
+        assert_eq!(pending.regarding, regarding);
+        let related = pending.related.expect("the node");
+        assert_eq!(
+            (related.kind.as_deref(), related.name.as_deref()),
+            (Some("Node"), Some("node-a"))
+        );
+        assert!(pending.note.len() <= MAX_NOTE && pending.note.ends_with("..."));
+        let whole = Pending::rollout(
+            &RolloutEvent {
+                warning: false,
+                node: None,
+                note: "complete".into(),
+                ..step
+            },
+            regarding,
+        );
+        assert!(!whole.warning && whole.related.is_none());
+    }
+
+    #[test]
+    fn take_spends_the_same_tokens_as_due() {
+        let start = Instant::now();
+        let mut gate = EventGate::new(start);
+        let taken = (0..BURST + 5).filter(|_| gate.take(start)).count();
+        assert_eq!(taken, BURST as usize);
+        assert!(!gate.take(start + Duration::from_secs(1)));
+        assert!(gate.take(start + Duration::from_secs(2)));
     }
 
     #[test]

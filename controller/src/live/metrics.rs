@@ -49,6 +49,22 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// Label of the rollout gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// A rollout's phase (`Pending`, `Progressing`, ...) or a node's (`Waiting`, `Switching`, ...).
+    pub phase: String,
+}
+
+/// Label of the rollout write counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabel {
+    /// `status` (a rollout's status) or `label` (a Node's backend label).
+    pub write: String,
+    /// `ok` or `failed`.
+    pub outcome: String,
+}
+
 /// Every metric the controller exports (prefix `switchyard_controller_`).
 #[derive(Debug)]
 pub struct Metrics {
@@ -100,6 +116,16 @@ pub struct Metrics {
     /// Watch failures, by kind: each is retried with backoff, during which no change of that kind
     /// arrives.
     pub watch_errors: Family<KindLabel, Counter>,
+    /// ForwardingRollouts by phase (set on the leader).
+    pub rollouts: Family<PhaseLabel, Gauge>,
+    /// Nodes of the rollouts still running (not Complete or Halted), by node phase.
+    pub rollout_nodes: Family<PhaseLabel, Gauge>,
+    /// Steps of rollouts, by the reason of their Event (`NodeDone`, `GateFailed`, ...).
+    pub rollout_steps: Family<ReasonLabel, Counter>,
+    /// Rollout status and Node label writes, by outcome.
+    pub rollout_writes: Family<WriteLabel, Counter>,
+    /// Events about rollouts, by outcome.
+    pub rollout_events: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -135,6 +161,11 @@ impl Default for Metrics {
             undecodable_objects: Family::default(),
             undecodable_events: Family::default(),
             watch_errors: Family::default(),
+            rollouts: Family::default(),
+            rollout_nodes: Family::default(),
+            rollout_steps: Family::default(),
+            rollout_writes: Family::default(),
+            rollout_events: Family::default(),
         };
         registry.register(
             "plans_written",
@@ -241,6 +272,31 @@ impl Default for Metrics {
             "watch_errors",
             "Watch failures by kind, each retried with backoff",
             m.watch_errors.clone(),
+        );
+        registry.register(
+            "rollouts",
+            "ForwardingRollouts by phase (on the leader)",
+            m.rollouts.clone(),
+        );
+        registry.register(
+            "rollout_nodes",
+            "Nodes of the ForwardingRollouts still running, by node phase (on the leader)",
+            m.rollout_nodes.clone(),
+        );
+        registry.register(
+            "rollout_steps",
+            "Steps of ForwardingRollouts, by the reason of their Event (GateFailed counts failed gates)",
+            m.rollout_steps.clone(),
+        );
+        registry.register(
+            "rollout_writes",
+            "ForwardingRollout status and Node backend label writes, by outcome",
+            m.rollout_writes.clone(),
+        );
+        registry.register(
+            "rollout_events",
+            "Events about ForwardingRollouts, by outcome",
+            m.rollout_events.clone(),
         );
         Self { registry, ..m }
     }

@@ -6,6 +6,7 @@
 //!    leader only: Engine::next ─► ticket ─► reconcile(ticket, ctx) ─► write budget ─► server-side apply
 //!                 Engine::finish(ticket, done) ◄─ applied | deleted | failed: error_policy, backoff
 //!    retired slices ─► delete;  orphan sweep: plan whose Node is gone (GET 404) ─► delete
+//! rollouts (their own watches; leader only): ForwardingRollout steps ─► its status, Node labels, Events
 //! ```
 
 pub mod budget;
@@ -19,6 +20,7 @@ pub mod object;
 mod planning;
 pub mod queue;
 pub mod reconcile;
+pub mod rollouts;
 pub mod run;
 pub mod ticket;
 pub mod tracker;

@@ -124,7 +124,7 @@ impl Context {
 }
 
 /// Runs `call` while `leader` says this replica leads; `None` as soon as it stops.
-async fn while_leading<T>(
+pub async fn while_leading<T>(
     mut leader: watch::Receiver<bool>,
     call: impl std::future::Future<Output = T>,
 ) -> Option<T> {

@@ -8,6 +8,7 @@
 //!                            ─► reconcile (no engine calls) ─► engine.finish(ticket, Done)
 //!                               (on error: stays queued, not before its backoff)
 //! orphan sweep (leader only, periodic and on a Node delete event) ─► GET node 404 ─► delete its plans
+//! rollouts task (rollouts::run: its own watches; leader only) ─► rollout status, Node labels, Events
 //! shutdown ─► stop writing, release the lease
 //! ```
 //!
@@ -35,6 +36,7 @@ use super::{
     metrics::{ControllerEndpoints, Health, KindLabel, Metrics, ModeLabel, OutcomeLabel, ReasonLabel},
     object::ObjectRef,
     reconcile::{API_CALL_TIMEOUT, Action, Context, error_policy, reconcile, sweep_orphans},
+    rollouts,
     ticket::{Done, Next},
     trim::Delivered,
     watch as watches,
@@ -175,6 +177,17 @@ pub async fn run(
         events_rx,
         Arc::clone(&metrics),
     ));
+    let rollouts = tokio::spawn(rollouts::run(
+        rollouts::Context {
+            client: client.clone(),
+            label_key: config.backend_node_label.clone(),
+            api_timeout: options.api_timeout,
+            leader: leader_rx.clone(),
+            metrics: Arc::clone(&metrics),
+            events: events_tx.clone(),
+        },
+        stop_rx.clone(),
+    ));
     let mut last_plan: Option<tokio::time::Instant> = None;
     let mut confirm_after: Option<tokio::time::Instant> = None;
     let mut skipped = SkippedObjects::default();
@@ -249,6 +262,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     wake.notify_one();
     let _ = writer.await;
+    let _ = rollouts.await;
     if let Some(election) = election {
         let _ = election.await;
     }

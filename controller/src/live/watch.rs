@@ -1,47 +1,45 @@
 //! Watches feeding the engine: one kube-runtime watcher per kind, retried with kube's default backoff,
 //! decoded tolerantly ([`super::trim`]: what planning never reads is dropped before decoding, and an
 //! object that still does not decode is delivered as such, so it never fails its watch), forwarded
-//! into one channel so the engine sees a single ordered stream of changes.
+//! into one channel so the engine sees a single ordered stream of changes. The rollouts' watches
+//! ([`super::rollouts`]) are started with the same [`spawn`], with what they read kept instead.
 //!
 //! ```text
-//! watcher(Api<Delivered<K>>) ─► Ok(event) ─► Input ─► channel ─► engine
-//!                            └► Err (the API server, the connection, invalid JSON) ─► watch_errors{kind}
-//!                                 and a warning; the watcher retries with backoff
+//! watcher(Api<Tolerant<K, P>>) ─► Ok(event) ─► wrap (Input) ─► channel ─► engine (or the rollouts)
+//!                              └► Err (the API server, the connection, invalid JSON) ─► watch_errors{kind}
+//!                                   and a warning; the watcher retries with backoff
 //! ```
 
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api, Client, Resource,
     runtime::{WatchStreamExt, watcher},
 };
 use serde::de::DeserializeOwned;
 use switchyard_api::{
-    ForwardingSlice, NodeForwardingPlan,
     names::{LABEL_MANAGED_BY, MANAGED_BY},
-    tolerant::Prune,
+    tolerant::{Prune, Tolerant},
 };
 use tokio::sync::mpsc;
 
-use super::{
-    engine::Input,
-    metrics::Metrics,
-    trim::{Delivered, Unread},
-};
+use super::{engine::Input, metrics::Metrics};
 
-fn spawn<K>(
+/// Watches every `K` (as `config` selects), pruned by `P` and decoded tolerantly, into `tx` as `wrap`
+/// makes them; until `tx` closes.
+pub fn spawn<K, P, T>(
     client: &Client,
     config: watcher::Config,
-    wrap: fn(watcher::Event<Delivered<K>>) -> Input,
-    tx: mpsc::Sender<Input>,
+    wrap: fn(watcher::Event<Tolerant<K, P>>) -> T,
+    tx: mpsc::Sender<T>,
     metrics: Arc<Metrics>,
 ) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    Unread: Prune<K>,
+    P: Prune<K> + 'static,
+    T: Send + 'static,
 {
-    let api: Api<Delivered<K>> = Api::all(client.clone());
+    let api: Api<Tolerant<K, P>> = Api::all(client.clone());
     tokio::spawn(async move {
         let kind = K::kind(&());
         let mut stream = watcher(api, config).default_backoff().boxed();
@@ -66,10 +64,10 @@ fn spawn<K>(
 /// Starts the five watches.
 pub fn start(client: &Client, tx: mpsc::Sender<Input>, metrics: &Arc<Metrics>) {
     let all = watcher::Config::default;
-    spawn::<Service>(client, all(), Input::Service, tx.clone(), Arc::clone(metrics));
-    spawn::<EndpointSlice>(client, all(), Input::Slice, tx.clone(), Arc::clone(metrics));
-    spawn::<Node>(client, all(), Input::Node, tx.clone(), Arc::clone(metrics));
+    spawn(client, all(), Input::Service, tx.clone(), Arc::clone(metrics));
+    spawn(client, all(), Input::Slice, tx.clone(), Arc::clone(metrics));
+    spawn(client, all(), Input::Node, tx.clone(), Arc::clone(metrics));
     let ours = all().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    spawn::<NodeForwardingPlan>(client, ours.clone(), Input::Plan, tx.clone(), Arc::clone(metrics));
-    spawn::<ForwardingSlice>(client, ours, Input::ForwardingSlice, tx, Arc::clone(metrics));
+    spawn(client, ours.clone(), Input::Plan, tx.clone(), Arc::clone(metrics));
+    spawn(client, ours, Input::ForwardingSlice, tx, Arc::clone(metrics));
 }

@@ -8,12 +8,22 @@
 //!                                 │                     again on full syncs only) ─ ok ─► that backend
 //!                                 │                                                  └ failed (reason kept) ─► iptables
 //!                                 ▼
-//!   backend changed since the last sync ─► previous one's cleanup, then a full sync of the new one
-//!   first sync ─► what every other backend left on the host is removed (a migration leaves no rules
-//!                 behind), except what the chosen one's own sync replaces (IPVS rewrites iptables')
+//!   backend changed since the last sync ─► full sync of the new one ─ ok ─► the previous one retired
+//!                                                                   └ failed: the previous one keeps forwarding
+//!   first sync ─► full sync of the chosen one ─ ok ─► what every other backend left on the host is removed
+//!                 (a migration leaves no rules behind), except what the chosen one's sync replaced
 //! fallback_reason ─► "the plan asks for ipvs, but IPVS is unavailable on this node (…); using iptables"
 //!                    (status: backendReason, condition Degraded/BackendFallback)
 //! ```
+//!
+//! **Make before break.** The new backend's rules are in before the old ones go, so no Service is ever
+//! without rules: iptables and nftables rules coexist for that moment (both DNAT new connections the
+//! same way; established ones keep their conntrack entries), and IPVS's virtual servers stay until the
+//! new rules, which DNAT before IPVS sees a packet, are in. Backends that share kernel objects hand them
+//! over instead: IPVS's glue is iptables chains of the iptables backend's names, so a switch to IPVS
+//! rewrites them in its own sync ([`Candidate::replaces`]) and a switch away from it to iptables
+//! removes only the glue's own ([`Dataplane::retire`]). An old backend that cannot be removed is tried
+//! again after every sync until it is.
 //!
 //! A new backend is one [`Candidate`] here: its factory, how to remove what an earlier run of it left
 //! without setting it up (or `None`: set up, then clean up), and which backends' leftovers its own sync
@@ -27,8 +37,10 @@ use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest
 /// Sets a backend up; an error means it cannot run on this node (the message says why).
 pub type Factory = Box<dyn FnMut() -> Result<Box<dyn Dataplane>, Error> + Send>;
 
-/// Removes what an earlier run of a backend left, without setting the backend up (run at most once).
-pub type Leftovers = Box<dyn FnMut() -> Result<Cleanup, Error> + Send>;
+/// Removes what an earlier run of a backend left, without setting the backend up (run at most once),
+/// once the backend given (the one in use) has programmed the plan: what the two share stays
+/// ([`Dataplane::retire`]).
+pub type Leftovers = Box<dyn FnMut(Backend) -> Result<Cleanup, Error> + Send>;
 
 /// A backend besides iptables, as the selector knows it before it is set up.
 pub struct Candidate {
@@ -112,17 +124,17 @@ impl Slot {
         }
     }
 
-    /// Removes what an earlier run of this backend left: its leftover cleanup (once), else its own
-    /// cleanup when it is, or can be, set up.
-    fn remove_leftovers(&mut self) -> Result<Cleanup, Error> {
+    /// Removes what an earlier run of this backend left, now that `successor` programmed the plan: its
+    /// leftover cleanup (once), else its own retirement when it is, or can be, set up.
+    fn remove_leftovers(&mut self, successor: Backend) -> Result<Cleanup, Error> {
         if let Some(mut leftovers) = self.candidate.leftovers.take() {
-            return leftovers();
+            return leftovers(successor);
         }
         if self.cleans_by_setup
             && self.ready(false, true)
             && let Some(dataplane) = self.dataplane.as_mut()
         {
-            return dataplane.cleanup();
+            return dataplane.retire(successor);
         }
         Ok(Cleanup::default())
     }
@@ -136,6 +148,8 @@ pub struct Selector {
     wanted: Option<Backend>,
     /// What the last sync used (`None`: nothing synced yet, or cleaned up since).
     current: Option<Backend>,
+    /// Backends switched away from whose rules could not be removed yet (tried again after each sync).
+    retiring: Vec<Backend>,
 }
 
 impl std::fmt::Debug for Selector {
@@ -164,6 +178,7 @@ impl Selector {
                 .collect(),
             wanted: None,
             current: None,
+            retiring: Vec::new(),
         }
     }
 
@@ -196,8 +211,38 @@ impl Selector {
         Some(other.unwrap_or(&*self.iptables))
     }
 
-    /// Removes what the backends other than `chosen` (and those `chosen` replaces) left on the host;
-    /// failures are only logged: they must not stop forwarding with the chosen backend.
+    /// Whether `successor`'s own sync removed what `previous` programmed.
+    fn replaced(&self, successor: Backend, previous: Backend) -> bool {
+        self.slot(successor)
+            .is_some_and(|slot| slot.candidate.replaces.contains(&previous))
+    }
+
+    /// Removes what the backends in `retiring` programmed now that `current` forwards; those that fail
+    /// stay listed (logged: the old rules coexist with the new ones until then).
+    fn retire_previous(&mut self) {
+        let Some(current) = self.current else { return };
+        for previous in std::mem::take(&mut self.retiring) {
+            if previous == current || self.replaced(current, previous) {
+                continue;
+            }
+            match self.get(previous).retire(current) {
+                Ok(done) => tracing::info!(
+                    backend = %previous,
+                    jumps = done.jumps,
+                    objects = done.objects,
+                    "removed what the previous backend programmed"
+                ),
+                Err(e) => {
+                    tracing::warn!(backend = %previous, error = %e, "cannot remove what the previous backend programmed yet; it keeps coexisting with the new rules and is tried again after the next sync");
+                    self.retiring.push(previous);
+                }
+            }
+        }
+    }
+
+    /// Removes what the backends other than `chosen` (and those `chosen` replaces) left on the host,
+    /// once `chosen` programmed the plan; failures are only logged: they must not stop forwarding with
+    /// the chosen backend.
     fn remove_leftovers(&mut self, chosen: Backend) {
         let replaced: &[Backend] = self.slot(chosen).map_or(&[], |slot| slot.candidate.replaces);
         let mut sides: Vec<Backend> = std::iter::once(Backend::Iptables)
@@ -206,7 +251,7 @@ impl Selector {
         sides.retain(|side| *side != chosen && !replaced.contains(side));
         for side in sides {
             let result = match self.slot_mut(side) {
-                Some(slot) => slot.remove_leftovers(),
+                Some(slot) => slot.remove_leftovers(chosen),
                 None => self.iptables.cleanup(),
             };
             match result {
@@ -237,18 +282,34 @@ impl Dataplane for Selector {
             .slot_mut(wanted)
             .is_some_and(|slot| slot.ready(request.full, false));
         let target = if ready { wanted } else { Backend::Iptables };
-        if self.current != Some(target) {
-            match self.current {
-                Some(previous) => {
-                    tracing::info!(from = %previous, to = %target, "switching backends; removing what the previous one programmed");
-                    self.get(previous).cleanup()?;
-                }
-                None => self.remove_leftovers(target),
-            }
-            self.get(target).forget();
-            self.current = Some(target);
+        if self.current == Some(target) {
+            let outcome = self.get(target).sync(request)?;
+            self.retire_previous();
+            return Ok(outcome);
         }
-        self.get(target).sync(request)
+        let previous = self.current;
+        match previous {
+            Some(previous) => {
+                tracing::info!(from = %previous, to = %target, "switching backends: the new one's rules first, then the previous one's removed")
+            }
+            None => tracing::debug!(backend = %target, "first sync"),
+        }
+        // The new backend's full sync comes first; on failure the previous backend's rules stay in
+        // place and keep forwarding (the syncer retries with a full sync).
+        self.get(target).forget();
+        let outcome = self.get(target).sync(SyncRequest {
+            full: true,
+            ..request
+        })?;
+        self.current = Some(target);
+        match previous {
+            Some(previous) => {
+                self.retiring.push(previous);
+                self.retire_previous();
+            }
+            None => self.remove_leftovers(target),
+        }
+        Ok(outcome)
     }
 
     fn check_drift(&mut self) -> Result<Option<Drift>, Error> {
@@ -260,14 +321,21 @@ impl Dataplane for Selector {
 
     fn cleanup(&mut self) -> Result<Cleanup, Error> {
         if let Some(backend) = self.current.take() {
-            return self.get(backend).cleanup();
+            let mut done = self.get(backend).cleanup()?;
+            for previous in std::mem::take(&mut self.retiring) {
+                let more = self.get(previous).cleanup()?;
+                done.jumps += more.jumps;
+                done.objects += more.objects;
+            }
+            return Ok(done);
         }
         // Nothing synced yet: whatever an earlier run left, of every backend that can tell without
-        // being set up.
+        // being set up. iptables' cleanup runs first, so nothing another backend shares with it is
+        // left for it to keep.
         let mut done = self.iptables.cleanup()?;
         for slot in &mut self.others {
             if let Some(mut leftovers) = slot.candidate.leftovers.take() {
-                let more = leftovers()?;
+                let more = leftovers(Backend::Iptables)?;
                 done.jumps += more.jumps;
                 done.objects += more.objects;
             }
@@ -313,7 +381,23 @@ mod tests {
     use switchyard_api::SyncMode;
     use switchyard_api::testing::{EntryExt, entry, ep, finish, plan};
 
-    type Log = Arc<Mutex<Vec<String>>>;
+    /// What the stand-in backends were asked, and which of their operations fail.
+    #[derive(Default)]
+    struct Journal {
+        ops: Vec<String>,
+        failing: Vec<String>,
+    }
+
+    type Log = Arc<Mutex<Journal>>;
+
+    /// Makes `op` ("nftables sync") fail from now on, or succeed again.
+    fn set_failing(log: &Log, op: &str, failing: bool) {
+        let mut journal = log.lock().unwrap();
+        journal.failing.retain(|o| o != op);
+        if failing {
+            journal.failing.push(op.to_owned());
+        }
+    }
 
     /// A stand-in backend that records what it was asked.
     struct Recorder {
@@ -329,8 +413,16 @@ mod tests {
             })
         }
 
-        fn note(&self, what: &str) {
-            self.log.lock().unwrap().push(format!("{} {what}", self.backend));
+        /// Records `what`; fails when the test made it fail.
+        fn note(&self, what: &str) -> Result<(), Error> {
+            let op = format!("{} {what}", self.backend);
+            let mut journal = self.log.lock().unwrap();
+            if journal.failing.contains(&op) {
+                journal.ops.push(format!("{op} (failed)"));
+                return Err(Error::IpvsUnavailable(format!("{op} fails")));
+            }
+            journal.ops.push(op);
+            Ok(())
         }
     }
 
@@ -339,7 +431,7 @@ mod tests {
             self.backend
         }
         fn sync(&mut self, _: SyncRequest<'_>) -> Result<SyncOutcome, Error> {
-            self.note("sync");
+            self.note("sync")?;
             Ok(SyncOutcome {
                 mode: SyncMode::Full,
                 rules: 1,
@@ -353,7 +445,7 @@ mod tests {
             Ok(None)
         }
         fn cleanup(&mut self) -> Result<Cleanup, Error> {
-            self.note("cleanup");
+            self.note("cleanup")?;
             Ok(Cleanup::default())
         }
         fn forget(&mut self) {}
@@ -401,8 +493,12 @@ mod tests {
             }
         };
         let leftover_log = Arc::clone(log);
-        let leftovers: Leftovers = Box::new(move || {
-            leftover_log.lock().unwrap().push("ipvs leftovers".into());
+        let leftovers: Leftovers = Box::new(move |successor| {
+            leftover_log
+                .lock()
+                .unwrap()
+                .ops
+                .push(format!("ipvs leftovers (for {successor})"));
             Ok(Cleanup::default())
         });
         Selector::new(
@@ -457,21 +553,70 @@ mod tests {
     }
 
     fn taken(log: &Log) -> Vec<String> {
-        std::mem::take(&mut *log.lock().unwrap())
+        std::mem::take(&mut log.lock().unwrap().ops)
     }
 
     #[test]
-    fn the_first_sync_removes_every_other_backends_leftovers_but_those_the_chosen_one_replaces() {
+    fn a_new_backend_that_fails_its_first_sync_leaves_the_previous_one_forwarding() {
+        let log = Log::default();
+        let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables]);
+        sync(&mut select, Backend::Iptables);
+        taken(&log);
+        set_failing(&log, "nftables sync", true);
+        let spec = spec(Backend::Nftables);
+        let request = SyncRequest {
+            spec: &spec,
+            skip: &HashSet::new(),
+            full: false,
+        };
+        assert!(select.sync(request).is_err());
+        assert_eq!(taken(&log), ["nftables sync (failed)"], "iptables untouched");
+        assert_eq!(select.backend(), Backend::Iptables, "still in use");
+        set_failing(&log, "nftables sync", false);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync", "iptables cleanup"]);
+        assert_eq!(select.backend(), Backend::Nftables);
+    }
+
+    #[test]
+    fn a_previous_backend_that_cannot_be_removed_is_tried_again_after_each_sync() {
+        let log = Log::default();
+        let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables]);
+        sync(&mut select, Backend::Iptables);
+        taken(&log);
+        set_failing(&log, "iptables cleanup", true);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync", "iptables cleanup (failed)"]);
+        assert_eq!(select.backend(), Backend::Nftables, "the switch stands");
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync", "iptables cleanup (failed)"]);
+        set_failing(&log, "iptables cleanup", false);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync", "iptables cleanup"]);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync"], "done with it");
+    }
+
+    #[test]
+    fn the_first_sync_syncs_then_removes_every_other_backends_leftovers_but_those_the_chosen_one_replaces() {
         type Case = (Backend, &'static [&'static str]);
         let cases: [Case; 3] = [
             (
                 Backend::Iptables,
-                &["ipvs leftovers", "nftables cleanup", "iptables sync"],
+                &[
+                    "iptables sync",
+                    "ipvs leftovers (for iptables)",
+                    "nftables cleanup",
+                ],
             ),
-            (Backend::Ipvs, &["nftables cleanup", "ipvs sync"]),
+            (Backend::Ipvs, &["ipvs sync", "nftables cleanup"]),
             (
                 Backend::Nftables,
-                &["iptables cleanup", "ipvs leftovers", "nftables sync"],
+                &[
+                    "nftables sync",
+                    "iptables cleanup",
+                    "ipvs leftovers (for nftables)",
+                ],
             ),
         ];
         for (backend, want) in cases {
@@ -487,15 +632,15 @@ mod tests {
     }
 
     #[test]
-    fn a_switch_cleans_up_the_previous_backend_first() {
+    fn a_switch_syncs_the_new_backend_before_it_removes_the_previous_one() {
         let log = Log::default();
         let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables]);
         sync(&mut select, Backend::Nftables);
         taken(&log);
         for (to, want) in [
-            (Backend::Ipvs, ["nftables cleanup", "ipvs sync"]),
-            (Backend::Iptables, ["ipvs cleanup", "iptables sync"]),
-            (Backend::Nftables, ["iptables cleanup", "nftables sync"]),
+            (Backend::Ipvs, ["ipvs sync", "nftables cleanup"]),
+            (Backend::Iptables, ["iptables sync", "ipvs cleanup"]),
+            (Backend::Nftables, ["nftables sync", "iptables cleanup"]),
         ] {
             sync(&mut select, to);
             assert_eq!(select.backend(), to);
@@ -533,7 +678,7 @@ mod tests {
         let log = Log::default();
         let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables]);
         select.cleanup().unwrap();
-        assert_eq!(taken(&log), ["iptables cleanup", "ipvs leftovers"]);
+        assert_eq!(taken(&log), ["iptables cleanup", "ipvs leftovers (for iptables)"]);
         // A leftover cleanup runs once.
         select.cleanup().unwrap();
         assert_eq!(taken(&log), ["iptables cleanup"]);

@@ -10,9 +10,13 @@
 //!      draining, or that failed last time): list its real servers, diff::reconcile, apply the operations
 //!      (a kernel error fails that virtual server only: reported for its entry, retried next sync)
 //!   ─► dummy: remove stale addresses ─► ipset restore: delete stale members and sets ─► model
+//!   (without a model, the first sync or a switch from another backend: the glue last, so the
+//!   iptables backend's chains it replaces keep forwarding until the virtual servers are in)
 //! check_drift ─► finish due drains ─► compare kernel (IPVS, addresses, ipsets, glue) with the model
 //! cleanup ───► our virtual servers (address on the dummy, or a NodePort in our sets), every SWYD chain
 //!              and jump rule, our ipsets, the dummy interface
+//! retire(iptables) ─► the same, but of the SWYD chains only the glue's own (GLUE_ONLY): the iptables
+//!              backend's sync already rewrote the ones they share
 //! ```
 //!
 //! Which virtual servers are ours is read from the kernel, not remembered: those whose address is on
@@ -29,7 +33,7 @@ use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec, ServiceFailure, 
 
 use super::diff::{Current, Draining, Op, reconcile};
 use super::dummy::ServiceAddrs;
-use super::glue::{Glue, jump_rules, owned_chains, payload};
+use super::glue::{GLUE_ONLY, Glue, jump_rules, owned_chains, payload};
 use super::ipset::Ipsets;
 use super::kernel::{Ipvs, Service, VirtualKey};
 use super::render::{Desired, VirtualServer, render};
@@ -42,7 +46,7 @@ use crate::sync::Clock;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status_fields::{MAX_REASON, entry_label, short};
 use crate::sysctl::Sysctls;
-use crate::xtables::cleanup::remove_owned;
+use crate::xtables::cleanup::{remove_owned, remove_owned_matching};
 use crate::xtables::jumps::JumpRule;
 use crate::xtables::kernel::Iptables;
 use crate::xtables::payload::Table;
@@ -189,6 +193,22 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
             .iptables
             .save_lines(family, table, &mut |line| saved.feed(line))?;
         Ok(saved)
+    }
+
+    /// Rewrites the glue of every family whose glue changed since `model` (all of them on a full sync).
+    fn write_changed_glue(
+        &mut self,
+        desired: &Desired,
+        model: Option<&Model>,
+        full: bool,
+    ) -> Result<(), Error> {
+        for (family, glue) in &desired.glue {
+            let unchanged = !full && model.and_then(|m| m.desired.glue.get(family)) == Some(glue);
+            if !unchanged {
+                self.write_glue(*family, glue)?;
+            }
+        }
+        Ok(())
     }
 
     /// Rewrites the glue of `family`: our chains, our jump rules; the other backend's leftovers go.
@@ -451,11 +471,12 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         };
         let (add_members, remove_members) = sets::batches(&desired.sets, &saved_sets);
         self.edges.ipsets.restore(&add_members)?;
-        for (family, glue) in &desired.glue {
-            let unchanged = !full && model.as_ref().and_then(|m| m.desired.glue.get(family)) == Some(glue);
-            if !unchanged {
-                self.write_glue(*family, glue)?;
-            }
+        // Without a model (the first sync, or a switch from another backend) the glue goes in last: the
+        // iptables backend's chains it replaces keep DNATting every new connection, before IPVS sees it,
+        // until the virtual servers are ready to take over (make before break).
+        let glue_last = model.is_none();
+        if !glue_last {
+            self.write_changed_glue(&desired, model.as_ref(), full)?;
         }
         let new_addresses: Vec<IpAddr> = desired.addresses.difference(&bound).copied().collect();
         self.edges.dummy.change(&new_addresses, &[])?;
@@ -508,6 +529,9 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
             }
         }
 
+        if glue_last {
+            self.write_changed_glue(&desired, None, full)?;
+        }
         let stale_addresses: Vec<IpAddr> = bound.difference(&desired.addresses).copied().collect();
         self.edges.dummy.change(&[], &stale_addresses)?;
         self.edges.ipsets.restore(&remove_members)?;
@@ -548,6 +572,25 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         let (services, chains, rest) =
             remove_objects(&mut *edges.ipvs, &mut *edges.ipsets, &mut *edges.dummy, || {
                 remove_owned(&mut edges.iptables)
+            })?;
+        Ok(Cleanup {
+            jumps: chains.jumps,
+            objects: services + chains.objects + rest,
+        })
+    }
+
+    fn retire(&mut self, successor: Backend) -> Result<Cleanup, Error> {
+        if successor != Backend::Iptables {
+            return self.cleanup();
+        }
+        // The iptables backend's full sync rewrote the chains the glue shares with it: only the glue's
+        // own chains (and their jump rules) go, so its forwarding is never interrupted.
+        self.forget();
+        self.draining.clear();
+        let edges = &mut self.edges;
+        let (services, chains, rest) =
+            remove_objects(&mut *edges.ipvs, &mut *edges.ipsets, &mut *edges.dummy, || {
+                remove_owned_matching(&mut edges.iptables, &|chain| GLUE_ONLY.contains(&chain))
             })?;
         Ok(Cleanup {
             jumps: chains.jumps,

@@ -40,6 +40,10 @@ pub const SOURCE_RANGES_FIREWALL: &str = "SWYD-SOURCE-RANGES-FIREWALL";
 /// filter: no-endpoint verdicts, and REJECT of ports no service uses on service IPs.
 pub const IPVS_FILTER: &str = "SWYD-IPVS-FILTER";
 
+/// The glue chains the iptables backend has no chain of the same name for: what a switch to iptables
+/// removes once iptables' sync rewrote the shared ones.
+pub const GLUE_ONLY: [&str; 3] = [LOAD_BALANCER, SOURCE_RANGES_FIREWALL, IPVS_FILTER];
+
 /// What shapes the glue besides the family.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GlueSettings {

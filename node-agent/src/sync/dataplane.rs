@@ -5,6 +5,7 @@
 //! Syncer ─► Dataplane::sync(SyncRequest { spec, skip, full }) ─► SyncOutcome { mode, rules, drift, ... }
 //!        ─► Dataplane::check_drift() ─► Some(Drift { reasons })   (the kernel differs from the model)
 //!        ─► Dataplane::cleanup() ─► Cleanup { removed objects }
+//! Selector (a backend switch, once the new backend synced) ─► Dataplane::retire(successor) ─► Cleanup
 //! ```
 //!
 //! A backend owns its model of what it programmed; it decides whether a partial sync is possible (it
@@ -140,6 +141,14 @@ pub trait Dataplane: Send {
     /// Removes everything the backend owns, whatever the model says (it also works on a fresh agent,
     /// after a crash). Idempotent.
     fn cleanup(&mut self) -> Result<Cleanup, Error>;
+
+    /// Removes what this backend owns once `successor` has programmed the plan (a backend switch, make
+    /// before break): everything but what the two share, which `successor`'s own sync rewrote. Only IPVS
+    /// shares anything (its glue is iptables chains of the iptables backend's names).
+    fn retire(&mut self, successor: Backend) -> Result<Cleanup, Error> {
+        let _ = successor;
+        self.cleanup()
+    }
 
     /// Forgets the model (the next sync is full and re-reads the kernel).
     fn forget(&mut self);

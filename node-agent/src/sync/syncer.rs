@@ -564,6 +564,7 @@ impl Syncer {
             failures,
             failures_total,
             draining: self.drain.as_ref().map(Drain::status),
+            verification: None,
         }
     }
 

@@ -4,7 +4,7 @@
 //! ```text
 //! host_dataplane ─► Selector(iptables: ExecIptables + NetlinkAddrs,
 //!                    ipvs: ipset installed? ─► NetlinkIpvs::connect_or_load ─► dummy ensured ─► IpvsDataplane
-//!                          leftovers: swyd-ipvs0 exists? ─► IpvsDataplane::cleanup (module loaded or not),
+//!                          leftovers: swyd-ipvs0 exists? ─► IpvsDataplane::retire (module loaded or not),
 //!                    nftables: `nft` found ─► NftablesDataplane (leftovers: set up, then cleanup))
 //! render_for_host ─► iptables --version, tcp_be_liberal, local addresses less the dummy's ─► render_text
 //! cleanup ─► iptables variants holding our rules ─► IptablesDataplane::cleanup; nft tables; IPVS objects
@@ -119,7 +119,7 @@ fn ipvs_candidate(iptables: ExecIptables, facts: &HostFacts, grace: Duration) ->
             factory_config.clone(),
         )) as Box<dyn Dataplane>)
     });
-    let leftovers: Leftovers = Box::new(move || {
+    let leftovers: Leftovers = Box::new(move |successor| {
         if !NetlinkDummy.exists()? {
             return Ok(Cleanup::default());
         }
@@ -129,7 +129,7 @@ fn ipvs_candidate(iptables: ExecIptables, facts: &HostFacts, grace: Duration) ->
             Arc::clone(&clock),
             config.clone(),
         )
-        .cleanup()
+        .retire(successor)
     });
     Candidate {
         backend: Backend::Ipvs,

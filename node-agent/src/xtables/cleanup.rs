@@ -21,6 +21,15 @@ use crate::sync::dataplane::Cleanup;
 /// Removes every jump rule into our chains and every chain of ours, IPv6 skipped (with a warning)
 /// where the host has no IPv6 netfilter.
 pub fn remove_owned<I: Iptables + ?Sized>(iptables: &mut I) -> Result<Cleanup, Error> {
+    remove_owned_matching(iptables, &|_| true)
+}
+
+/// [`remove_owned`] for the chains of ours `which` names only (and the jump rules into them): what one
+/// iptables-based backend owns alone, when the other one took over the chains they share.
+pub fn remove_owned_matching<I: Iptables + ?Sized>(
+    iptables: &mut I,
+    which: &dyn Fn(&str) -> bool,
+) -> Result<Cleanup, Error> {
     let mut cleanup = Cleanup::default();
     for family in [IpFamily::IPv4, IpFamily::IPv6] {
         let mut tables = Vec::new();
@@ -37,26 +46,27 @@ pub fn remove_owned<I: Iptables + ?Sized>(iptables: &mut I) -> Result<Cleanup, E
             }
         }
         for (table, saved) in &tables {
-            for jump in &saved.jumps {
+            for jump in saved.jumps.iter().filter(|jump| which(jump.target())) {
                 if iptables.delete_rule(family, *table, jump.chain, &jump.args)? {
                     cleanup.jumps += 1;
                 }
             }
         }
         for (table, saved) in &tables {
-            if saved.owned.is_empty() {
+            let names: Vec<&String> = saved.owned.keys().filter(|name| which(name)).collect();
+            if names.is_empty() {
                 continue;
             }
             let mut payload = format!("*{table}\n");
-            for name in saved.owned.keys() {
+            for name in &names {
                 payload.push_str(&format!(":{name} - [0:0]\n"));
             }
-            for name in saved.owned.keys() {
+            for name in &names {
                 payload.push_str(&format!("-X {name}\n"));
             }
             payload.push_str("COMMIT\n");
             iptables.restore(family, &mut payload)?;
-            cleanup.objects += saved.owned.len();
+            cleanup.objects += names.len();
         }
     }
     Ok(cleanup)

@@ -16,4 +16,6 @@ mod golden;
 #[cfg(test)]
 mod kernel;
 #[cfg(test)]
+mod make_before_break;
+#[cfg(test)]
 mod select;

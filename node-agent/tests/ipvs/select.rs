@@ -175,14 +175,18 @@ fn with_ipvs_the_plan_picks_the_backend_and_a_switch_cleans_up_the_other() {
 }
 
 #[test]
-fn leftovers_of_an_earlier_ipvs_run_are_removed_before_the_first_iptables_sync() {
+fn leftovers_of_an_earlier_ipvs_run_are_removed_after_the_first_iptables_sync() {
     let kernel = Kernel::new();
     let mut ipvs = kernel.dataplane();
     crate::kernel::sync(&mut ipvs, &ipvs_plan(), false);
     assert!(!kernel.ipvs.table().is_empty());
 
     let mut leftover = kernel.dataplane();
-    let dataplane = select_with(&kernel, false, Some(Box::new(move || leftover.cleanup())));
+    let dataplane = select_with(
+        &kernel,
+        false,
+        Some(Box::new(move |successor| leftover.retire(successor))),
+    );
     let mut syncer = syncer(&kernel, dataplane);
     let mut spec = ipvs_plan();
     spec.backend = Backend::Iptables;

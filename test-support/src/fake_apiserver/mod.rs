@@ -130,6 +130,8 @@ pub enum Kind {
     Plan,
     /// switchyard.io/v1alpha2 ForwardingSlices.
     ForwardingSlice,
+    /// switchyard.io/v1alpha2 ForwardingRollouts.
+    Rollout,
     /// coordination.k8s.io/v1 Leases.
     Lease,
     /// events.k8s.io/v1 Events.
@@ -145,7 +147,7 @@ impl Kind {
         match self {
             Self::Service | Self::Node | Self::Namespace => "v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
-            Self::Plan | Self::ForwardingSlice => "switchyard.io/v1alpha2",
+            Self::Plan | Self::ForwardingSlice | Self::Rollout => "switchyard.io/v1alpha2",
             Self::Lease => "coordination.k8s.io/v1",
             Self::Event => "events.k8s.io/v1",
             Self::CustomResourceDefinition => "apiextensions.k8s.io/v1",
@@ -159,6 +161,7 @@ impl Kind {
             Self::Node => "Node",
             Self::Plan => "NodeForwardingPlan",
             Self::ForwardingSlice => "ForwardingSlice",
+            Self::Rollout => "ForwardingRollout",
             Self::Lease => "Lease",
             Self::Event => "Event",
             Self::CustomResourceDefinition => "CustomResourceDefinition",

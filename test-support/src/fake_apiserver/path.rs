@@ -36,6 +36,7 @@ pub(super) fn parse_path(path: &str) -> Option<Target> {
         "nodes" => Kind::Node,
         "nodeforwardingplans" => Kind::Plan,
         "forwardingslices" => Kind::ForwardingSlice,
+        "forwardingrollouts" => Kind::Rollout,
         "leases" => Kind::Lease,
         "events" => Kind::Event,
         "customresourcedefinitions" => Kind::CustomResourceDefinition,
