@@ -192,6 +192,12 @@ struct IptablesArgs {
     /// kernel API) or `legacy` (iptables-legacy, x_tables).
     #[arg(long, default_value = "auto", value_parser = parse_mode)]
     iptables_mode: IptablesMode,
+    /// Refuse a switch to the backend the plan asks for when that backend's rules would forward some
+    /// frontend differently than the backend in use (another endpoint set, share, REJECT or DROP): the
+    /// backend in use stays and the status says Degraded/BackendSwitchRefused, naming the Services.
+    /// `false` switches anyway (moving off IPVS with switchyard.io/ipvs-weights, say).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    backend_switch_gate: bool,
     #[command(flatten)]
     ipvs: IpvsArgs,
 }
@@ -533,7 +539,11 @@ fn real_syncer(args: &IptablesArgs, conntrack: &ConntrackArgs, config: SyncConfi
     let facts = crate::wiring::dataplane::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
     // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
-    let dataplane = crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    let mut dataplane =
+        crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    if args.backend_switch_gate {
+        dataplane = dataplane.with_gate(crate::wiring::dataplane::switch_gate());
+    }
     Ok(Syncer::new(
         Box::new(dataplane),
         Arc::new(SystemClock),

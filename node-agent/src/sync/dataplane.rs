@@ -165,4 +165,10 @@ pub trait Dataplane: Send {
     fn fallback_reason(&self) -> Option<String> {
         None
     }
+
+    /// Why the last sync refused to switch to the backend the plan asks for (the switch gate found a
+    /// frontend the new backend would forward differently), while it does.
+    fn switch_refused(&self) -> Option<String> {
+        None
+    }
 }

@@ -174,6 +174,8 @@ pub struct Syncer {
     failed_reapply: Option<PendingReapply>,
     /// The last copy of each slice that passed validation.
     last_good: LastGood,
+    /// The backend whose switch the dataplane refuses, while it does (each refusal counted once).
+    refused_switch: Option<Backend>,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -219,6 +221,7 @@ impl Syncer {
             drain_count_at: None,
             failed_reapply: None,
             last_good: LastGood::default(),
+            refused_switch: None,
         }
     }
 
@@ -551,7 +554,7 @@ impl Syncer {
             observed_revision: applied.map(|a| a.spec.revision.clone()),
             observed_slices: applied.and_then(|a| a.composed.slices.clone()),
             backend: applied.map(|_| self.dataplane.backend()),
-            backend_reason: self.fallback_reason(),
+            backend_reason: self.backend_problem().map(|(_, why)| why),
             conditions: self.conditions.clone(),
             services: applied.map(|a| a.services),
             endpoints: applied.map(|a| a.endpoints),
@@ -623,6 +626,15 @@ impl Syncer {
         match outcome {
             Ok(outcome) => {
                 entry_failures.extend(self.dataplane.entry_failures());
+                let refused = self
+                    .dataplane
+                    .switch_refused()
+                    .map(|_| spec.backend)
+                    .filter(|wanted| *wanted != self.dataplane.backend());
+                if refused.is_some() && refused != self.refused_switch {
+                    self.metrics.backend_switches_refused.inc();
+                }
+                self.refused_switch = refused;
                 // Entries the kernel refused are as absent as invalid ones: counts, UDP conntrack
                 // cleanup and health-check ports must not claim them.
                 let mut skip = skip;
@@ -778,15 +790,21 @@ impl Syncer {
         }
     }
 
-    /// Why the backend in use is not the one the applied plan asks for.
-    fn fallback_reason(&self) -> Option<String> {
+    /// Why the backend in use is not the one the applied plan asks for, and the Degraded reason that
+    /// says so: the switch was refused (its gate), or the backend cannot run here (a fallback).
+    fn backend_problem(&self) -> Option<(&'static str, String)> {
         let wanted = self.applied.as_ref()?.spec.backend;
         let used = self.dataplane.backend();
-        (wanted != used).then(|| {
-            self.dataplane.fallback_reason().unwrap_or_else(|| {
-                format!("the plan asks for {wanted}; this agent implements only {used} so far")
-            })
-        })
+        if wanted == used {
+            return None;
+        }
+        if let Some(why) = self.dataplane.switch_refused() {
+            return Some((reasons::BACKEND_SWITCH_REFUSED, short(&why, MAX_REASON)));
+        }
+        let why = self.dataplane.fallback_reason().unwrap_or_else(|| {
+            format!("the plan asks for {wanted}; this agent implements only {used} so far")
+        });
+        Some((reasons::BACKEND_FALLBACK, why))
     }
 
     fn update_conditions(&mut self) {
@@ -807,16 +825,17 @@ impl Syncer {
                     .map(|a| a.spec.revision.as_str())
                     .unwrap_or_default();
                 let programmed = format!("revision {revision} is programmed");
-                let fallback = self.fallback_reason();
-                // With failures the reason is PartiallyApplied; the fallback still shows in the message.
-                let also_fallback = fallback
+                let backend = self.backend_problem();
+                // With failures the reason is PartiallyApplied; the backend's problem still shows in the
+                // message.
+                let also_fallback = backend
                     .as_ref()
-                    .map(|f| format!("; backend fallback: {f}"))
+                    .map(|(_, why)| format!("; backend: {why}"))
                     .unwrap_or_default();
-                if let (0, Some(fallback)) = (failures, fallback) {
+                if let (0, Some((reason, why))) = (failures, backend) {
                     (
                         (cond::TRUE, reasons::SYNCED, programmed),
-                        (cond::TRUE, reasons::BACKEND_FALLBACK, fallback),
+                        (cond::TRUE, reason, why),
                     )
                 } else if let (0, Some(problem)) = (failures, &self.cache_problem) {
                     (
