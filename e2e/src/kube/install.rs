@@ -227,7 +227,9 @@ fn agents_report(cluster: &KubeCluster) -> String {
     let names: Vec<String> = match &pods {
         Ok(text) => {
             report.push_str(text);
-            text.lines().filter_map(|l| l.split_whitespace().next().map(str::to_owned)).collect()
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                .collect()
         }
         Err(error) => {
             report.push_str(&format!("listing the agent pods failed: {error}\n"));
@@ -237,7 +239,15 @@ fn agents_report(cluster: &KubeCluster) -> String {
     for name in names {
         for container in ["conntrack-sysctls", "agent"] {
             let logs = cluster
-                .kubectl(&[namespace[0], namespace[1], "logs", &name, "-c", container, "--tail=15"])
+                .kubectl(&[
+                    namespace[0],
+                    namespace[1],
+                    "logs",
+                    &name,
+                    "-c",
+                    container,
+                    "--tail=15",
+                ])
                 .unwrap_or_else(|error| format!("(no logs: {error})"));
             report.push_str(&format!("--- {name} {container}:\n{logs}\n"));
         }
