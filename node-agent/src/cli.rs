@@ -341,9 +341,45 @@ struct RunArgs {
     #[arg(long, default_value_t = 100_000)]
     traffic_max_series: usize,
     #[command(flatten)]
+    verify: VerifyArgs,
+    #[command(flatten)]
     iptables: IptablesArgs,
     #[command(flatten)]
     conntrack: ConntrackArgs,
+}
+
+/// The verification of the backend in use, at start and after every backend switch (status.verification,
+/// which a ForwardingRollout's gates read): the kernel compared with the plan per frontend, TCP probes
+/// from the node, then refused connections the plan does not explain, counted for a while.
+#[derive(Args, Debug)]
+struct VerifyArgs {
+    /// Verify at all.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    verify: bool,
+    /// Probe at most this many ClusterIP frontends with endpoints (TCP connects from the node); 0: no
+    /// probes.
+    #[arg(long, default_value_t = 10)]
+    verify_probes: usize,
+    /// Each probe's timeout.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    verify_probe_timeout: Duration,
+    /// How long after a verification refused connections are counted (0s: not at all).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    verify_refusals_for: Duration,
+    /// How often they are counted meanwhile.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    verify_refusals_every: Duration,
+}
+
+impl VerifyArgs {
+    fn config(&self) -> Option<crate::verify::VerifyConfig> {
+        self.verify.then_some(crate::verify::VerifyConfig {
+            probes: self.verify_probes,
+            probe_timeout: self.verify_probe_timeout,
+            refusals_for: self.verify_refusals_for,
+            refusals_every: self.verify_refusals_every,
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -646,10 +682,14 @@ fn run_command(args: &RunArgs) -> ExitCode {
         missing_capabilities,
         ..SyncConfig::default()
     };
-    let syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
+    let mut syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
+    if let Some(verify) = args.verify.config() {
+        let verifier = crate::wiring::verify::host_verifier(verify, args.iptables.iptables_mode);
+        syncer = syncer.with_verifier(verifier);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

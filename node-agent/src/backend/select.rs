@@ -37,6 +37,7 @@ use switchyard_api::{Backend, NodeForwardingPlanSpec, ServiceFailure};
 
 use crate::error::Error;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
+use crate::verify::kernel::KernelView;
 
 /// Sets a backend up; an error means it cannot run on this node (the message says why).
 pub type Factory = Box<dyn FnMut() -> Result<Box<dyn Dataplane>, Error> + Send>;
@@ -405,6 +406,17 @@ impl Dataplane for Selector {
 
     fn switch_refused(&self) -> Option<String> {
         self.refused.clone()
+    }
+
+    fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {
+        let Some(backend) = self.current else {
+            return Ok(None);
+        };
+        let mut view = self.get(backend).kernel_view()?;
+        if let Some(view) = &mut view {
+            view.leftovers = self.retiring.clone();
+        }
+        Ok(view)
     }
 
     fn fallback_reason(&self) -> Option<String> {

@@ -43,6 +43,8 @@ use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, ConntrackSettings, removed_endpoints, udp_fingerprints, udp_targets};
 use crate::error::Error;
+use crate::verify::Verifier;
+use crate::verify::worker::Subject;
 
 /// Timing of the sync loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +178,8 @@ pub struct Syncer {
     last_good: LastGood,
     /// The backend whose switch the dataplane refuses, while it does (each refusal counted once).
     refused_switch: Option<Backend>,
+    /// Verifies the backend in use after each switch (status.verification).
+    verifier: Option<Verifier>,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -222,6 +226,37 @@ impl Syncer {
             failed_reapply: None,
             last_good: LastGood::default(),
             refused_switch: None,
+            verifier: None,
+        }
+    }
+
+    /// Verifies the backend in use whenever it is not the one verified last (the first sync, a
+    /// switch): the kernel against the plan, probes, then refusals for a while ([`Verifier`]).
+    pub fn with_verifier(mut self, verifier: Verifier) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    /// Takes the verifier's results and queues a refusal count when one is due. True when the
+    /// status' verification changed.
+    pub fn tick_verification(&mut self) -> bool {
+        let (Some(verifier), now, wall) = (&mut self.verifier, self.clock.now(), self.clock.wall()) else {
+            return false;
+        };
+        let (applied, backend) = (&self.applied, self.dataplane.backend());
+        verifier.tick(now, wall, || {
+            applied.as_ref().map(|a| Subject {
+                spec: Arc::clone(&a.spec),
+                skip: Arc::new(a.skip.clone()),
+                backend,
+            })
+        })
+    }
+
+    /// Waits until the verifier's worker has run everything queued so far.
+    pub fn settle_verification(&self) {
+        if let Some(verifier) = &self.verifier {
+            verifier.settle();
         }
     }
 
@@ -535,6 +570,9 @@ impl Syncer {
     /// Removes everything the backend owns, and forgets what was applied.
     pub fn cleanup(&mut self) -> Result<Cleanup, Error> {
         self.applied = None;
+        if let Some(verifier) = &mut self.verifier {
+            verifier.forget();
+        }
         self.need_full = true;
         self.failed_reapply = None;
         self.dataplane.cleanup()
@@ -567,7 +605,7 @@ impl Syncer {
             failures,
             failures_total,
             draining: self.drain.as_ref().map(Drain::status),
-            verification: None,
+            verification: self.verifier.as_ref().and_then(|v| v.current().cloned()),
         }
     }
 
@@ -702,6 +740,15 @@ impl Syncer {
                     duration,
                     mode,
                 });
+                if let Some(verifier) = &mut self.verifier {
+                    let subject = Subject {
+                        spec: Arc::clone(&spec),
+                        skip: Arc::new(skip.clone()),
+                        backend: self.dataplane.backend(),
+                    };
+                    let dataplane = &mut self.dataplane;
+                    verifier.after_sync(subject, now, wall, || dataplane.kernel_view());
+                }
                 self.need_full = false;
                 self.retry_at = None;
                 self.backoff.reset();

@@ -21,3 +21,5 @@ mod make_before_break;
 mod select;
 #[cfg(test)]
 mod switch_gate;
+#[cfg(test)]
+mod verification;
