@@ -27,6 +27,9 @@ pub struct Verifier {
     config: VerifyConfig,
     schedule: Schedule,
     current: Option<Verification>,
+    /// A refusal count is queued and not back yet: no other is queued meanwhile (an iptables-nft save
+    /// of a large table can take longer than the interval).
+    counting: bool,
 }
 
 impl Verifier {
@@ -37,6 +40,7 @@ impl Verifier {
             config,
             schedule: Schedule::default(),
             current: None,
+            counting: false,
         }
     }
 
@@ -80,6 +84,7 @@ impl Verifier {
                     changed = true;
                 }
                 Done::Counted(refused) => {
+                    self.counting = false;
                     if let Some(current) = &mut self.current
                         && current.refused.as_ref() != Some(&refused)
                     {
@@ -89,9 +94,11 @@ impl Verifier {
                 }
             }
         }
-        if self.schedule.count_due(now, &self.config)
+        if !self.counting
+            && self.schedule.count_due(now, &self.config)
             && let Some(subject) = subject()
         {
+            self.counting = true;
             self.worker.submit(Job::Count(subject, rfc3339(wall)));
         }
         changed
