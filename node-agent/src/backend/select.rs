@@ -220,6 +220,15 @@ impl Selector {
                 target
             }
             Err(why) => {
+                // Switching to iptables although the plan asks for another backend: say why too.
+                let why = match self.wanted.filter(|w| *w != target).and_then(|w| self.slot(w)) {
+                    Some(slot) => format!(
+                        "{why} (the plan asks for {}, which cannot run here: {})",
+                        slot.candidate.backend,
+                        slot.unavailable.as_deref().unwrap_or("not set up")
+                    ),
+                    None => why,
+                };
                 if self.refused.as_ref() != Some(&why) {
                     tracing::warn!(from = %current, to = %target, %why, "backend switch refused before anything changed: the backend in use keeps forwarding");
                 }
@@ -755,6 +764,22 @@ mod tests {
         // The same backend again is no switch.
         sync(&mut select, Backend::Nftables);
         assert_eq!(asked.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_refused_switch_to_the_fallback_says_why_the_plans_backend_is_not_the_target() {
+        let log = Log::default();
+        let gate: Gate = Box::new(|_, _, from, to| Err(format!("{from} to {to} differs")));
+        let mut select = selector(&log, &[Backend::Ipvs]).with_gate(gate);
+        sync(&mut select, Backend::Ipvs);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(select.backend(), Backend::Ipvs);
+        let why = select.switch_refused().unwrap();
+        assert!(
+            why.starts_with("ipvs to iptables differs (the plan asks for nftables, which cannot run here: "),
+            "{why}"
+        );
+        assert!(why.contains("no nftables here"), "{why}");
     }
 
     #[test]

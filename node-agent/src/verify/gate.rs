@@ -56,8 +56,8 @@ impl std::fmt::Display for Refused {
         let more = self.services.len().saturating_sub(services.len());
         write!(
             f,
-            "the plan asks for {}, but {} frontend(s) of {} Service(s) ({}{}) would be forwarded differently \
-             than with {}, which stays in use: ",
+            "switching to {} would forward {} frontend(s) of {} Service(s) ({}{}) differently than {}, which \
+             stays in use: ",
             self.to,
             self.frontends,
             self.services.len(),
@@ -289,10 +289,9 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             refused.to_string(),
-            "the plan asks for nftables, but 1 frontend(s) of 1 Service(s) (ns/w) would be forwarded \
-             differently than with ipvs, which stays in use: ns/w:http 10.96.0.2:80/tcp: ipvs forwards to \
-             10.244.2.1:8080 75.0%, 10.244.3.1:8080 25.0% / nftables forwards to 10.244.2.1:8080 50.0%, \
-             10.244.3.1:8080 50.0%"
+            "switching to nftables would forward 1 frontend(s) of 1 Service(s) (ns/w) differently than ipvs, \
+             which stays in use: ns/w:http 10.96.0.2:80/tcp: ipvs forwards to 10.244.2.1:8080 75.0%, \
+             10.244.3.1:8080 25.0% / nftables forwards to 10.244.2.1:8080 50.0%, 10.244.3.1:8080 50.0%"
         );
     }
 
