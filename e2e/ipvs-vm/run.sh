@@ -4,12 +4,13 @@
 #
 #   Debian packages (apt) ─► tools + current kernel .deb (cached) ─► initramfs (busybox, tools with
 #   their libraries, netfilter/IPVS/ipset modules, init.sh) ─► qemu -accel tcg -nic none under timeout
-#   ─► guest: scenarios.sh (the agent binary comes through a 9p share) ─► "ok"/"not ok" lines and
-#   IPVS-VM-RESULT on the serial console, the same in <share>/result.txt ─► "ipvs-vm: N passed, M failed"
+#   ─► guest: scenarios.sh (topology.sh first, switch.sh last; the agent binary comes through a 9p share)
+#   ─► "ok"/"not ok" lines and IPVS-VM-RESULT on the serial console, the same in <share>/result.txt
+#   ─► "ipvs-vm: N passed, M failed"
 #
 # Usage: e2e/ipvs-vm/run.sh [--binary PATH] [--scenarios FILE] [--keep]
 # Environment: SWITCHYARD_LAB_BIN (default target/debug/switchyard-lab), SWITCHYARD_VM_CACHE (default
-# ~/.cache/switchyard/ipvs-vm), SWITCHYARD_VM_TIMEOUT (seconds, default 300), SWITCHYARD_VM_ACCEL (tcg, or
+# ~/.cache/switchyard/ipvs-vm), SWITCHYARD_VM_TIMEOUT (seconds, default 480), SWITCHYARD_VM_ACCEL (tcg, or
 # kvm on a real VT-x/AMD-V host), SWITCHYARD_VM_OFFLINE=1 (no apt at all: use what is installed and cached).
 # Exit: 0 when every scenario passed, 1 when one failed or the VM gave no verdict, 2 when it could not
 # be set up (missing tools or kernel and no apt access).
@@ -20,7 +21,7 @@ root=$(cd "$here/../.." && pwd)
 binary=${SWITCHYARD_LAB_BIN:-$root/target/debug/switchyard-lab}
 scenarios=$here/scenarios.sh
 cache=${SWITCHYARD_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard/ipvs-vm}
-timeout_s=${SWITCHYARD_VM_TIMEOUT:-300}
+timeout_s=${SWITCHYARD_VM_TIMEOUT:-480}
 accel=${SWITCHYARD_VM_ACCEL:-tcg}
 keep=0
 
@@ -51,7 +52,7 @@ trap cleanup EXIT
 # package:file that proves it is installed
 needs=(qemu-system-x86:/usr/bin/qemu-system-x86_64 cpio:/usr/bin/cpio kmod:/usr/bin/kmod
   busybox-static:/bin/busybox ipvsadm:/usr/sbin/ipvsadm ipset:/usr/sbin/ipset iproute2:/usr/sbin/ip
-  iptables:/usr/sbin/xtables-nft-multi netbase:/etc/protocols socat:/usr/bin/socat)
+  iptables:/usr/sbin/xtables-nft-multi netbase:/etc/protocols socat:/usr/bin/socat nftables:/usr/sbin/nft)
 apt_updated=0
 apt_update() {
   ((apt_updated)) && return 0
@@ -146,6 +147,7 @@ copy_with_libs /usr/sbin/ipvsadm
 copy_with_libs /usr/sbin/ipset
 copy_with_libs /usr/bin/socat
 copy_with_libs /usr/bin/kmod
+copy_with_libs /usr/sbin/nft # the nftables backend (backend switches)
 for tool in modprobe insmod lsmod rmmod depmod modinfo; do ln -s ../bin/kmod "$rootfs/usr/sbin/$tool"; done
 copy_with_libs /usr/sbin/xtables-nft-multi
 for tool in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore \
@@ -188,7 +190,7 @@ share=$work/share
 mkdir -p "$share"
 cp "$binary" "$share/switchyard-lab"
 cp "$scenarios" "$share/scenarios.sh"
-cp "$here/lib.sh" "$share/lib.sh"
+cp "$here/lib.sh" "$here/topology.sh" "$here/switch.sh" "$share/"
 say "initramfs $(du -h "$work/initrd.gz" | cut -f1), kernel $kv, ready in $(($(date +%s) - started)) s"
 
 # --- 4. boot -----------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! The IPVS backend on a real kernel: runs `e2e/ipvs-vm/run.sh`, which boots Debian's kernel in qemu
 //! (software emulation) with this package's `switchyard-lab` binary and runs the IPVS scenarios inside
 //! (schedulers, persistence, NodePort, eTP=Local, REJECT/DROP, graceful removal, drift, fallback to
-//! iptables without ip_vs, backend switches, cleanup). This machine's own kernel has no ip_vs.
+//! iptables without ip_vs, backend switches, cleanup; IPVS → nftables and back under traffic and a switch
+//! the verdict gate refuses: `switch.sh`). This machine's own kernel has no ip_vs.
 //!
 //! The script installs what it needs from Debian (root and apt access) and caches the kernel in
 //! `~/.cache/switchyard/ipvs-vm`. Where it cannot be set up the test fails saying so, unless

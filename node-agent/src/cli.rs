@@ -192,6 +192,12 @@ struct IptablesArgs {
     /// kernel API) or `legacy` (iptables-legacy, x_tables).
     #[arg(long, default_value = "auto", value_parser = parse_mode)]
     iptables_mode: IptablesMode,
+    /// Refuse a switch to the backend the plan asks for when that backend's rules would forward some
+    /// frontend differently than the backend in use (another endpoint set, share, REJECT or DROP): the
+    /// backend in use stays and the status says Degraded/BackendSwitchRefused, naming the Services.
+    /// `false` switches anyway (moving off IPVS with switchyard.io/ipvs-weights, say).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    backend_switch_gate: bool,
     #[command(flatten)]
     ipvs: IpvsArgs,
 }
@@ -372,9 +378,45 @@ struct RunArgs {
     #[arg(long, default_value_t = 100_000)]
     traffic_max_series: usize,
     #[command(flatten)]
+    verify: VerifyArgs,
+    #[command(flatten)]
     iptables: IptablesArgs,
     #[command(flatten)]
     conntrack: ConntrackArgs,
+}
+
+/// The verification of the backend in use, at start and after every backend switch (status.verification,
+/// which a ForwardingRollout's gates read): the kernel compared with the plan per frontend, TCP probes
+/// from the node, then refused connections the plan does not explain, counted for a while.
+#[derive(Args, Debug)]
+struct VerifyArgs {
+    /// Verify at all.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    verify: bool,
+    /// Probe at most this many ClusterIP frontends with endpoints (TCP connects from the node); 0: no
+    /// probes.
+    #[arg(long, default_value_t = 10)]
+    verify_probes: usize,
+    /// Each probe's timeout.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    verify_probe_timeout: Duration,
+    /// How long after a verification refused connections are counted (0s: not at all).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    verify_refusals_for: Duration,
+    /// How often they are counted meanwhile.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    verify_refusals_every: Duration,
+}
+
+impl VerifyArgs {
+    fn config(&self) -> Option<crate::verify::VerifyConfig> {
+        self.verify.then_some(crate::verify::VerifyConfig {
+            probes: self.verify_probes,
+            probe_timeout: self.verify_probe_timeout,
+            refusals_for: self.verify_refusals_for,
+            refusals_every: self.verify_refusals_every,
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -570,7 +612,11 @@ fn real_syncer(args: &IptablesArgs, conntrack: &ConntrackArgs, config: SyncConfi
     let facts = crate::wiring::dataplane::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
     // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
-    let dataplane = crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    let mut dataplane =
+        crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    if args.backend_switch_gate {
+        dataplane = dataplane.with_gate(crate::wiring::dataplane::switch_gate());
+    }
     Ok(Syncer::new(
         Box::new(dataplane),
         Arc::new(SystemClock),
@@ -702,10 +748,14 @@ fn run_command(args: &RunArgs) -> ExitCode {
         missing_capabilities,
         ..SyncConfig::default()
     };
-    let syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
+    let mut syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
         Ok(syncer) => syncer,
         Err(e) => return fail(EXIT_FAILED, &e),
     };
+    if let Some(verify) = args.verify.config() {
+        let verifier = crate::wiring::verify::host_verifier(verify, args.iptables.iptables_mode);
+        syncer = syncer.with_verifier(verifier);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

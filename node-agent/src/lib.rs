@@ -55,6 +55,7 @@ pub mod start;
 pub mod status_writer;
 pub mod sync;
 pub mod sysctl;
+pub mod verify;
 pub mod wiring;
 pub mod xtables;
 

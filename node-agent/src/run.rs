@@ -14,7 +14,9 @@
 //!   grace period over ─► Syncer::cleanup (rules removed, cache removed) unless the grace is `never`
 //! a plan arrives ─► AgentHealth::plan_seen(leaving): kube-proxy's /healthz follows at once, before the sync
 //! every tick: kube-proxy ports taken? ─► status Degraded PortUnavailable; leaving ─► Syncer::tick_drain
-//!   (connections counted every 5 s ─► status.draining, Drained) ─► status written; gauges
+//!   (connections counted every 5 s ─► status.draining, Drained); Syncer::tick_verification (the
+//!   backend verified after a switch, refusals counted for a while ─► status.verification)
+//!   ─► status written; gauges
 //! SIGTERM / SIGINT ─► stop serving and exit; the rules stay in the kernel.
 //! ```
 //!
@@ -236,6 +238,7 @@ impl Loop {
         self.published_cleared = cleared;
         changed |= self.syncer.set_port_problem(self.ports.problem());
         changed |= self.syncer.tick_drain();
+        changed |= self.syncer.tick_verification();
         if changed {
             self.publish_status();
             self.after.write_status_file(&self.syncer);

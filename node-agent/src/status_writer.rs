@@ -74,7 +74,7 @@ impl Default for WriterConfig {
 }
 
 /// True when `next` differs from `written` only in what moves on every sync: which slices were
-/// applied, the sync's time, duration and mode, and the counts.
+/// applied, the sync's time, duration and mode, and the counts (and when refusals were last counted).
 pub fn only_progress(written: &StatusReport, next: &StatusReport) -> bool {
     let strip = |report: &StatusReport| {
         let mut status = report.status.clone();
@@ -85,6 +85,11 @@ pub fn only_progress(written: &StatusReport, next: &StatusReport) -> bool {
         status.services = None;
         status.endpoints = None;
         status.rules = None;
+        // Refusals are counted every few seconds after a verification: a count that found nothing new
+        // is progress, a new unexpected refusal is not.
+        if let Some(refused) = status.verification.as_mut().and_then(|v| v.refused.as_mut()) {
+            refused.checked_at.clear();
+        }
         (report.uid.clone(), status)
     };
     strip(written) == strip(next)
@@ -212,6 +217,66 @@ async fn write_loop(
                 tokio::time::sleep(delay).await;
                 retry = true;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_api::Backend;
+    use switchyard_api::verification::{KernelCheck, RefusedCheck, Verification};
+
+    fn report(verification: Option<Verification>) -> StatusReport {
+        StatusReport {
+            uid: Some("u1".into()),
+            status: NodeForwardingPlanStatus {
+                verification,
+                ..NodeForwardingPlanStatus::default()
+            },
+        }
+    }
+
+    fn verified(unexpected: Option<(u64, &str)>) -> Option<Verification> {
+        Some(Verification {
+            backend: Backend::Nftables,
+            revision: "r1".into(),
+            at: "2026-12-03T10:00:00Z".into(),
+            kernel: KernelCheck::default(),
+            probes: None,
+            refused: unexpected.map(|(unexpected, at)| RefusedCheck {
+                unexpected,
+                examples: Vec::new(),
+                checked_at: at.into(),
+            }),
+        })
+    }
+
+    #[test]
+    fn a_verification_is_written_at_once_and_a_quiet_refusal_count_is_progress() {
+        let cases = [
+            ("first verification", report(None), report(verified(None)), false),
+            (
+                "first refusal count",
+                report(verified(None)),
+                report(verified(Some((0, "10:00:05")))),
+                false,
+            ),
+            (
+                "counted again, nothing new",
+                report(verified(Some((0, "10:00:05")))),
+                report(verified(Some((0, "10:00:10")))),
+                true,
+            ),
+            (
+                "an unexpected refusal",
+                report(verified(Some((0, "10:00:10")))),
+                report(verified(Some((2, "10:00:15")))),
+                false,
+            ),
+        ];
+        for (what, written, next, progress) in cases {
+            assert_eq!(only_progress(&written, &next), progress, "{what}");
         }
     }
 }

@@ -8,8 +8,10 @@
 //!                                 │                     again on full syncs only) ─ ok ─► that backend
 //!                                 │                                                  └ failed (reason kept) ─► iptables
 //!                                 ▼
-//!   backend changed since the last sync ─► full sync of the new one ─ ok ─► the previous one retired
-//!                                                                   └ failed: the previous one keeps forwarding
+//!   backend changed since the last sync ─► the switch gate (with_gate: every frontend's verdict the same
+//!     under both renders?) ─ refused ─► the previous one syncs and stays (switch_refused: why)
+//!                           └ passed ─► full sync of the new one ─ ok ─► the previous one retired
+//!                                                                └ failed: the previous one keeps forwarding
 //!   first sync ─► full sync of the chosen one ─ ok ─► what every other backend left on the host is removed
 //!                 (a migration leaves no rules behind), except what the chosen one's sync replaced
 //! fallback_reason ─► "the plan asks for ipvs, but IPVS is unavailable on this node (…); using iptables"
@@ -29,10 +31,13 @@
 //! without setting it up (or `None`: set up, then clean up), and which backends' leftovers its own sync
 //! removes anyway.
 
-use switchyard_api::{Backend, ServiceFailure};
+use std::collections::HashSet;
+
+use switchyard_api::{Backend, NodeForwardingPlanSpec, ServiceFailure};
 
 use crate::error::Error;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, SyncOutcome, SyncRequest};
+use crate::verify::kernel::KernelView;
 
 /// Sets a backend up; an error means it cannot run on this node (the message says why).
 pub type Factory = Box<dyn FnMut() -> Result<Box<dyn Dataplane>, Error> + Send>;
@@ -41,6 +46,11 @@ pub type Factory = Box<dyn FnMut() -> Result<Box<dyn Dataplane>, Error> + Send>;
 /// once the backend given (the one in use) has programmed the plan: what the two share stays
 /// ([`Dataplane::retire`]).
 pub type Leftovers = Box<dyn FnMut(Backend) -> Result<Cleanup, Error> + Send>;
+
+/// Judges a switch from the backend in use (first) to another (second) before anything changes: `Err`
+/// refuses it, saying why, and the backend in use keeps forwarding.
+pub type Gate =
+    Box<dyn FnMut(&NodeForwardingPlanSpec, &HashSet<usize>, Backend, Backend) -> Result<(), String> + Send>;
 
 /// A backend besides iptables, as the selector knows it before it is set up.
 pub struct Candidate {
@@ -150,6 +160,10 @@ pub struct Selector {
     current: Option<Backend>,
     /// Backends switched away from whose rules could not be removed yet (tried again after each sync).
     retiring: Vec<Backend>,
+    /// Judges each switch, when set.
+    gate: Option<Gate>,
+    /// Why the last sync refused the switch the plan asks for.
+    refused: Option<String>,
 }
 
 impl std::fmt::Debug for Selector {
@@ -179,6 +193,48 @@ impl Selector {
             wanted: None,
             current: None,
             retiring: Vec::new(),
+            gate: None,
+            refused: None,
+        }
+    }
+
+    /// Judges every switch with `gate` first (see [`Gate`]).
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The backend this sync programs: `target`, unless the gate refuses the switch to it.
+    fn judged(&mut self, target: Backend, request: &SyncRequest<'_>) -> Backend {
+        let (Some(current), Some(gate)) = (self.current, self.gate.as_mut()) else {
+            self.refused = None;
+            return target;
+        };
+        if current == target {
+            self.refused = None;
+            return target;
+        }
+        match gate(request.spec, request.skip, current, target) {
+            Ok(()) => {
+                self.refused = None;
+                target
+            }
+            Err(why) => {
+                // Switching to iptables although the plan asks for another backend: say why too.
+                let why = match self.wanted.filter(|w| *w != target).and_then(|w| self.slot(w)) {
+                    Some(slot) => format!(
+                        "{why} (the plan asks for {}, which cannot run here: {})",
+                        slot.candidate.backend,
+                        slot.unavailable.as_deref().unwrap_or("not set up")
+                    ),
+                    None => why,
+                };
+                if self.refused.as_ref() != Some(&why) {
+                    tracing::warn!(from = %current, to = %target, %why, "backend switch refused before anything changed: the backend in use keeps forwarding");
+                }
+                self.refused = Some(why);
+                current
+            }
         }
     }
 
@@ -282,6 +338,7 @@ impl Dataplane for Selector {
             .slot_mut(wanted)
             .is_some_and(|slot| slot.ready(request.full, false));
         let target = if ready { wanted } else { Backend::Iptables };
+        let target = self.judged(target, &request);
         if self.current == Some(target) {
             let outcome = self.get(target).sync(request)?;
             self.retire_previous();
@@ -356,9 +413,24 @@ impl Dataplane for Selector {
         }
     }
 
+    fn switch_refused(&self) -> Option<String> {
+        self.refused.clone()
+    }
+
+    fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {
+        let Some(backend) = self.current else {
+            return Ok(None);
+        };
+        let mut view = self.get(backend).kernel_view()?;
+        if let Some(view) = &mut view {
+            view.leftovers = self.retiring.clone();
+        }
+        Ok(view)
+    }
+
     fn fallback_reason(&self) -> Option<String> {
         let wanted = self.wanted?;
-        if self.current != Some(Backend::Iptables) {
+        if self.refused.is_some() || self.current != Some(Backend::Iptables) {
             return None;
         }
         let slot = self.slot(wanted)?;
@@ -650,6 +722,64 @@ mod tests {
         // Cleanup removes what the current backend programmed; the next sync starts afresh.
         select.cleanup().unwrap();
         assert_eq!(taken(&log), ["nftables cleanup"]);
+    }
+
+    #[test]
+    fn a_switch_the_gate_refuses_keeps_the_backend_in_use_until_it_passes() {
+        let log = Log::default();
+        let verdicts = Arc::new(Mutex::new(Err::<(), String>(
+            "ns/w would be forwarded differently".into(),
+        )));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let (judge, seen) = (Arc::clone(&verdicts), Arc::clone(&asked));
+        let gate: Gate = Box::new(move |_, _, from, to| {
+            seen.lock().unwrap().push(format!("{from}->{to}"));
+            judge.lock().unwrap().clone()
+        });
+        let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables]).with_gate(gate);
+        sync(&mut select, Backend::Ipvs);
+        assert!(
+            asked.lock().unwrap().is_empty(),
+            "nothing in use yet: no switch to judge"
+        );
+        taken(&log);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(
+            taken(&log),
+            ["ipvs sync"],
+            "nftables untouched, IPVS kept in sync"
+        );
+        assert_eq!(select.backend(), Backend::Ipvs);
+        assert_eq!(
+            select.switch_refused().as_deref(),
+            Some("ns/w would be forwarded differently")
+        );
+        assert_eq!(select.fallback_reason(), None, "a refusal is no fallback");
+        // Asked again on every sync while the plan asks for the switch; once it passes, it happens.
+        *verdicts.lock().unwrap() = Ok(());
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync", "ipvs cleanup"]);
+        assert_eq!(select.switch_refused(), None);
+        assert_eq!(*asked.lock().unwrap(), ["ipvs->nftables", "ipvs->nftables"]);
+        // The same backend again is no switch.
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(asked.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_refused_switch_to_the_fallback_says_why_the_plans_backend_is_not_the_target() {
+        let log = Log::default();
+        let gate: Gate = Box::new(|_, _, from, to| Err(format!("{from} to {to} differs")));
+        let mut select = selector(&log, &[Backend::Ipvs]).with_gate(gate);
+        sync(&mut select, Backend::Ipvs);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(select.backend(), Backend::Ipvs);
+        let why = select.switch_refused().unwrap();
+        assert!(
+            why.starts_with("ipvs to iptables differs (the plan asks for nftables, which cannot run here: "),
+            "{why}"
+        );
+        assert!(why.contains("no nftables here"), "{why}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ use crate::error::Error;
 use crate::probe::LocalAddrs;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status_fields::{MAX_REASON, entry_label, short};
+use crate::verify::kernel::{Kernel, KernelView};
 use crate::xtables::cleanup::remove_owned;
 use crate::xtables::kernel::Iptables;
 use crate::xtables::payload::Table;
@@ -419,6 +420,24 @@ impl<I: Iptables, A: LocalAddrs> Dataplane for IptablesDataplane<I, A> {
     fn forget(&mut self) {
         self.families.clear();
         self.last = None;
+    }
+
+    fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {
+        let local = self.addrs.local_addrs()?;
+        let families: Vec<IpFamily> = self.families.keys().copied().collect();
+        let mut saves = BTreeMap::new();
+        for family in families {
+            let tables = [Table::Nat, Table::Filter]
+                .into_iter()
+                .map(|table| self.iptables.save(family, table))
+                .collect::<Result<Vec<_>, _>>()?;
+            saves.insert(family, tables);
+        }
+        Ok(Some(KernelView {
+            facts: self.facts.with_local_addrs(local),
+            kernel: Kernel::Iptables(saves),
+            leftovers: Vec::new(),
+        }))
     }
 }
 

@@ -46,6 +46,7 @@ use crate::sync::Clock;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
 use crate::sync::status_fields::{MAX_REASON, entry_label, short};
 use crate::sysctl::Sysctls;
+use crate::verify::kernel::{Kernel, KernelView};
 use crate::xtables::cleanup::{remove_owned, remove_owned_matching};
 use crate::xtables::jumps::JumpRule;
 use crate::xtables::kernel::Iptables;
@@ -602,6 +603,29 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         self.model = None;
         self.failed.clear();
         self.failures.clear();
+    }
+
+    fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {
+        let bound = self.edges.dummy.addresses()?;
+        let local = self
+            .edges
+            .addrs
+            .local_addrs()?
+            .into_iter()
+            .filter(|ip| !bound.contains(ip))
+            .collect();
+        let mut servers = BTreeMap::new();
+        for service in self.edges.ipvs.services()? {
+            if let Some(key) = service.key() {
+                let reals = self.edges.ipvs.destinations(&key)?;
+                servers.insert(key, (service, reals));
+            }
+        }
+        Ok(Some(KernelView {
+            facts: self.config.facts.with_local_addrs(local),
+            kernel: Kernel::Ipvs(servers),
+            leftovers: Vec::new(),
+        }))
     }
 
     fn entry_failures(&self) -> Vec<ServiceFailure> {

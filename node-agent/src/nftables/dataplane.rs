@@ -29,10 +29,11 @@ use super::model::TableState;
 use super::names::TABLE;
 use super::render::render_in;
 use super::transaction::{Op, Transaction};
-use crate::backend::{FamilyEnv, sync_scope};
+use crate::backend::{FamilyEnv, HostFacts, sync_scope};
 use crate::error::Error;
 use crate::probe::LocalAddrs;
 use crate::sync::dataplane::{Cleanup, Dataplane, Drift, DriftReasons, SyncOutcome, SyncRequest};
+use crate::verify::kernel::{Kernel, KernelView};
 
 #[derive(Debug)]
 struct FamilyModel {
@@ -265,5 +266,19 @@ impl<N: Nft, A: LocalAddrs> Dataplane for NftablesDataplane<N, A> {
     fn forget(&mut self) {
         self.families.clear();
         self.last = None;
+    }
+
+    fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {
+        let local = self.addrs.local_addrs()?;
+        let families: Vec<IpFamily> = self.families.keys().copied().collect();
+        let mut tables = BTreeMap::new();
+        for family in families {
+            tables.insert(family, self.nft.read(family)?);
+        }
+        Ok(Some(KernelView {
+            facts: HostFacts::default().with_local_addrs(local),
+            kernel: Kernel::Nftables(tables),
+            leftovers: Vec::new(),
+        }))
     }
 }

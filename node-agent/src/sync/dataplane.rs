@@ -6,6 +6,7 @@
 //!        ─► Dataplane::check_drift() ─► Some(Drift { reasons })   (the kernel differs from the model)
 //!        ─► Dataplane::cleanup() ─► Cleanup { removed objects }
 //! Selector (a backend switch, once the new backend synced) ─► Dataplane::retire(successor) ─► Cleanup
+//! verification ─► Dataplane::kernel_view() ─► what the kernel holds, for verify::kernel::check
 //! ```
 //!
 //! A backend owns its model of what it programmed; it decides whether a partial sync is possible (it
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use switchyard_api::{Backend, NodeForwardingPlanSpec, ServiceFailure, SyncMode};
 
 use crate::error::Error;
+use crate::verify::kernel::KernelView;
 
 /// One sync.
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +165,18 @@ pub trait Dataplane: Send {
     /// Why this backend is in use instead of the one the plan asks for (e.g. IPVS is unavailable on this
     /// node), when the backend knows; `None` leaves the syncer's generic explanation.
     fn fallback_reason(&self) -> Option<String> {
+        None
+    }
+
+    /// What the kernel holds for this backend, read through its own edge for a verification
+    /// ([`crate::verify::kernel::check`]); `None` where the backend cannot say.
+    fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {
+        Ok(None)
+    }
+
+    /// Why the last sync refused to switch to the backend the plan asks for (the switch gate found a
+    /// frontend the new backend would forward differently), while it does.
+    fn switch_refused(&self) -> Option<String> {
         None
     }
 }

@@ -93,6 +93,9 @@ pub struct SyncMetrics {
     pub conntrack_failures: Counter,
     /// Conntrack sysctls that could not be read or set (`crate::conntrack::settings`).
     pub conntrack_sysctl_failures: Counter,
+    /// Backend switches refused by the switch gate (once per refused target, however many syncs it
+    /// stays refused).
+    pub backend_switches_refused: Counter,
 }
 
 impl Default for SyncMetrics {
@@ -134,6 +137,7 @@ impl Default for SyncMetrics {
             },
             conntrack_failures: Counter::default(),
             conntrack_sysctl_failures: Counter::default(),
+            backend_switches_refused: Counter::default(),
         }
     }
 }
@@ -196,6 +200,11 @@ impl SyncMetrics {
             "conntrack_sysctl_failures",
             "Conntrack sysctls (timeouts, table size) that could not be read or set",
             self.conntrack_sysctl_failures.clone(),
+        );
+        registry.register(
+            "backend_switches_refused",
+            "Backend switches refused before anything changed: the new backend's rules would forward some frontend differently",
+            self.backend_switches_refused.clone(),
         );
     }
 }

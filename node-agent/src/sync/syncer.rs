@@ -43,6 +43,8 @@ use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, ConntrackSettings, removed_endpoints, udp_fingerprints, udp_targets};
 use crate::error::Error;
+use crate::verify::Verifier;
+use crate::verify::worker::Subject;
 
 /// Timing of the sync loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +176,10 @@ pub struct Syncer {
     failed_reapply: Option<PendingReapply>,
     /// The last copy of each slice that passed validation.
     last_good: LastGood,
+    /// The backend whose switch the dataplane refuses, while it does (each refusal counted once).
+    refused_switch: Option<Backend>,
+    /// Verifies the backend in use after each switch (status.verification).
+    verifier: Option<Verifier>,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -219,6 +225,38 @@ impl Syncer {
             drain_count_at: None,
             failed_reapply: None,
             last_good: LastGood::default(),
+            refused_switch: None,
+            verifier: None,
+        }
+    }
+
+    /// Verifies the backend in use whenever it is not the one verified last (the first sync, a
+    /// switch): the kernel against the plan, probes, then refusals for a while ([`Verifier`]).
+    pub fn with_verifier(mut self, verifier: Verifier) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    /// Takes the verifier's results and queues a refusal count when one is due. True when the
+    /// status' verification changed.
+    pub fn tick_verification(&mut self) -> bool {
+        let (Some(verifier), now, wall) = (&mut self.verifier, self.clock.now(), self.clock.wall()) else {
+            return false;
+        };
+        let (applied, backend) = (&self.applied, self.dataplane.backend());
+        verifier.tick(now, wall, || {
+            applied.as_ref().map(|a| Subject {
+                spec: Arc::clone(&a.spec),
+                skip: Arc::new(a.skip.clone()),
+                backend,
+            })
+        })
+    }
+
+    /// Waits until the verifier's worker has run everything queued so far.
+    pub fn settle_verification(&self) {
+        if let Some(verifier) = &self.verifier {
+            verifier.settle();
         }
     }
 
@@ -532,6 +570,9 @@ impl Syncer {
     /// Removes everything the backend owns, and forgets what was applied.
     pub fn cleanup(&mut self) -> Result<Cleanup, Error> {
         self.applied = None;
+        if let Some(verifier) = &mut self.verifier {
+            verifier.forget();
+        }
         self.need_full = true;
         self.failed_reapply = None;
         self.dataplane.cleanup()
@@ -551,7 +592,7 @@ impl Syncer {
             observed_revision: applied.map(|a| a.spec.revision.clone()),
             observed_slices: applied.and_then(|a| a.composed.slices.clone()),
             backend: applied.map(|_| self.dataplane.backend()),
-            backend_reason: self.fallback_reason(),
+            backend_reason: self.backend_problem().map(|(_, why)| why),
             conditions: self.conditions.clone(),
             services: applied.map(|a| a.services),
             endpoints: applied.map(|a| a.endpoints),
@@ -564,7 +605,7 @@ impl Syncer {
             failures,
             failures_total,
             draining: self.drain.as_ref().map(Drain::status),
-            verification: None,
+            verification: self.verifier.as_ref().and_then(|v| v.current().cloned()),
         }
     }
 
@@ -623,6 +664,15 @@ impl Syncer {
         match outcome {
             Ok(outcome) => {
                 entry_failures.extend(self.dataplane.entry_failures());
+                let refused = self
+                    .dataplane
+                    .switch_refused()
+                    .map(|_| spec.backend)
+                    .filter(|wanted| *wanted != self.dataplane.backend());
+                if refused.is_some() && refused != self.refused_switch {
+                    self.metrics.backend_switches_refused.inc();
+                }
+                self.refused_switch = refused;
                 // Entries the kernel refused are as absent as invalid ones: counts, UDP conntrack
                 // cleanup and health-check ports must not claim them.
                 let mut skip = skip;
@@ -690,6 +740,15 @@ impl Syncer {
                     duration,
                     mode,
                 });
+                if let Some(verifier) = &mut self.verifier {
+                    let subject = Subject {
+                        spec: Arc::clone(&spec),
+                        skip: Arc::new(skip.clone()),
+                        backend: self.dataplane.backend(),
+                    };
+                    let dataplane = &mut self.dataplane;
+                    verifier.after_sync(subject, now, wall, || dataplane.kernel_view());
+                }
                 self.need_full = false;
                 self.retry_at = None;
                 self.backoff.reset();
@@ -778,15 +837,21 @@ impl Syncer {
         }
     }
 
-    /// Why the backend in use is not the one the applied plan asks for.
-    fn fallback_reason(&self) -> Option<String> {
+    /// Why the backend in use is not the one the applied plan asks for, and the Degraded reason that
+    /// says so: the switch was refused (its gate), or the backend cannot run here (a fallback).
+    fn backend_problem(&self) -> Option<(&'static str, String)> {
         let wanted = self.applied.as_ref()?.spec.backend;
         let used = self.dataplane.backend();
-        (wanted != used).then(|| {
-            self.dataplane.fallback_reason().unwrap_or_else(|| {
-                format!("the plan asks for {wanted}; this agent implements only {used} so far")
-            })
-        })
+        if wanted == used {
+            return None;
+        }
+        if let Some(why) = self.dataplane.switch_refused() {
+            return Some((reasons::BACKEND_SWITCH_REFUSED, short(&why, MAX_REASON)));
+        }
+        let why = self.dataplane.fallback_reason().unwrap_or_else(|| {
+            format!("the plan asks for {wanted}; this agent implements only {used} so far")
+        });
+        Some((reasons::BACKEND_FALLBACK, why))
     }
 
     fn update_conditions(&mut self) {
@@ -807,16 +872,17 @@ impl Syncer {
                     .map(|a| a.spec.revision.as_str())
                     .unwrap_or_default();
                 let programmed = format!("revision {revision} is programmed");
-                let fallback = self.fallback_reason();
-                // With failures the reason is PartiallyApplied; the fallback still shows in the message.
-                let also_fallback = fallback
+                let backend = self.backend_problem();
+                // With failures the reason is PartiallyApplied; the backend's problem still shows in the
+                // message.
+                let also_fallback = backend
                     .as_ref()
-                    .map(|f| format!("; backend fallback: {f}"))
+                    .map(|(_, why)| format!("; backend: {why}"))
                     .unwrap_or_default();
-                if let (0, Some(fallback)) = (failures, fallback) {
+                if let (0, Some((reason, why))) = (failures, backend) {
                     (
                         (cond::TRUE, reasons::SYNCED, programmed),
-                        (cond::TRUE, reasons::BACKEND_FALLBACK, fallback),
+                        (cond::TRUE, reason, why),
                     )
                 } else if let (0, Some(problem)) = (failures, &self.cache_problem) {
                     (

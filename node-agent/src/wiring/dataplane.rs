@@ -2,7 +2,7 @@
 //! with IPVS and nftables as candidates), what `render` prints here, and what `cleanup` removes.
 //!
 //! ```text
-//! host_dataplane ─► Selector(iptables: ExecIptables + NetlinkAddrs,
+//! host_dataplane ─► Selector(iptables: ExecIptables + NetlinkAddrs,   (+ switch_gate: verify::SwitchGate)
 //!                    ipvs: ipset installed? ─► NetlinkIpvs::connect_or_load ─► dummy ensured ─► IpvsDataplane
 //!                          leftovers: swyd-ipvs0 exists? ─► IpvsDataplane::retire (module loaded or not),
 //!                    nftables: `nft` found ─► NftablesDataplane (leftovers: set up, then cleanup))
@@ -19,7 +19,7 @@ use switchyard_api::{Backend, NodeForwardingPlanSpec};
 
 use super::render_text::render_text;
 use crate::backend::HostFacts;
-use crate::backend::select::{Candidate, Factory, Leftovers, Selector};
+use crate::backend::select::{Candidate, Factory, Gate, Leftovers, Selector};
 use crate::command::{find_in_path, stdout_of};
 use crate::error::Error;
 use crate::iptables::dataplane::IptablesDataplane;
@@ -38,6 +38,7 @@ use crate::probe::{
 use crate::sync::dataplane::{Cleanup, Dataplane};
 use crate::sync::{Clock, SystemClock};
 use crate::sysctl::ProcSysctls;
+use crate::verify::SwitchGate;
 use crate::xtables::exec::ExecIptables;
 use crate::xtables::mode::{IptablesMode, Variant};
 
@@ -56,6 +57,16 @@ pub fn discover_facts(iptables_version: Option<&str>) -> HostFacts {
         tcp_be_liberal: read_tcp_be_liberal(std::path::Path::new(TCP_BE_LIBERAL_SYSCTL)),
         local_addrs: Vec::new(),
     }
+}
+
+/// The switch gate of `run`: every frontend's verdict under the old and the new backend's render
+/// ([`crate::verify::SwitchGate`]).
+pub fn switch_gate() -> Gate {
+    let mut gate = SwitchGate::default();
+    Box::new(move |spec, skip, from, to| {
+        gate.check(spec, skip, from, to)
+            .map_err(|refused| refused.to_string())
+    })
 }
 
 /// The dataplane for `apply` and `run`: the plan's backend, falling back to iptables where this host

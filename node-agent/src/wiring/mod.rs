@@ -8,9 +8,11 @@
 //!     ─► dataplane::cleanup ─► every backend's rules and objects removed
 //!     ─► explain::compare_with_kernel ─► the plan's backend's kernel read, compared on the path
 //! run ─► counters::HostCounters ─► the plan's backend's traffic counters (nftables, IPVS)
+//!     ─► verify::host_verifier ─► the backend in use verified after a switch (probes, refusals)
 //! ```
 
 pub mod counters;
 pub mod dataplane;
 pub mod explain;
 pub mod render_text;
+pub mod verify;

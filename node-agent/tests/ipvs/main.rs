@@ -19,3 +19,7 @@ mod kernel;
 mod make_before_break;
 #[cfg(test)]
 mod select;
+#[cfg(test)]
+mod switch_gate;
+#[cfg(test)]
+mod verification;

@@ -17,13 +17,42 @@ pub fn compare_kernel(
     planned: Option<&crate::ipvs::render::VirtualServer>,
     kernel: Option<(&crate::ipvs::kernel::Service, &[crate::ipvs::kernel::Destination])>,
 ) {
+    let drift = drift(planned, kernel);
+    if planned.is_some() && kernel.is_none() {
+        explanation.outcome = Outcome::NotAService;
+    }
+    if let Some((_, reals)) = kernel {
+        let total: u32 = reals.iter().map(|d| d.weight).sum();
+        let endpoints: Vec<Candidate> = reals
+            .iter()
+            .filter(|d| d.weight > 0)
+            .map(|d| Candidate {
+                endpoint: d.real.to_string(),
+                probability: f64::from(d.weight) / f64::from(total.max(1)),
+                weight: u16::try_from(d.weight).ok(),
+                masquerade: matches!(&explanation.outcome, Outcome::Forwarded { endpoints }
+                    if endpoints.iter().all(|c| c.masquerade)),
+                connections: None,
+            })
+            .collect();
+        if !endpoints.is_empty() {
+            explanation.outcome = Outcome::Forwarded { endpoints };
+        }
+    }
+    explanation.drift = Some(drift);
+}
+
+/// Where the kernel's virtual server for a frontend (`kernel`: the service and its real servers)
+/// differs from the one the plan renders (`planned`): its presence, scheduler, persistence, real servers
+/// and weights (a real server at weight 0 that the plan no longer has is draining, not drift).
+pub fn drift(
+    planned: Option<&crate::ipvs::render::VirtualServer>,
+    kernel: Option<(&crate::ipvs::kernel::Service, &[crate::ipvs::kernel::Destination])>,
+) -> Vec<String> {
     let mut drift = Vec::new();
     match (planned, kernel) {
         (None, None) => {}
-        (Some(_), None) => {
-            drift.push("the kernel has no virtual server for this frontend".to_string());
-            explanation.outcome = Outcome::NotAService;
-        }
+        (Some(_), None) => drift.push("the kernel has no virtual server for this frontend".to_string()),
         (None, Some(_)) => drift.push("the kernel has a virtual server the plan does not".to_string()),
         (Some(plan), Some((service, _))) => {
             if plan.scheduler != service.scheduler {
@@ -64,25 +93,7 @@ pub fn compare_kernel(
             ));
         }
     }
-    if let Some((_, reals)) = kernel {
-        let total: u32 = reals.iter().map(|d| d.weight).sum();
-        let endpoints: Vec<Candidate> = reals
-            .iter()
-            .filter(|d| d.weight > 0)
-            .map(|d| Candidate {
-                endpoint: d.real.to_string(),
-                probability: f64::from(d.weight) / f64::from(total.max(1)),
-                weight: u16::try_from(d.weight).ok(),
-                masquerade: matches!(&explanation.outcome, Outcome::Forwarded { endpoints }
-                    if endpoints.iter().all(|c| c.masquerade)),
-                connections: None,
-            })
-            .collect();
-        if !endpoints.is_empty() {
-            explanation.outcome = Outcome::Forwarded { endpoints };
-        }
-    }
-    explanation.drift = Some(drift);
+    drift
 }
 
 #[cfg(test)]

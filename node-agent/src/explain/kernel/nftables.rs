@@ -11,6 +11,7 @@ use switchyard_api::{IpFamily, NodeForwardingPlanSpec};
 use crate::backend::HostFacts;
 use crate::explain::question::node_ips;
 use crate::explain::words::{Explanation, Outcome};
+use crate::nftables::model::{Key, SetId, TableState};
 use crate::xtables::Packet;
 
 /// `--kernel` with the nftables backend: compares what the plan renders with what our table holds, for
@@ -24,16 +25,10 @@ pub fn compare_kernel(
     facts: &HostFacts,
     found: Option<&crate::nftables::model::TableState>,
 ) {
-    use crate::nftables::model::{Key, TableState};
     let family = IpFamily::of(&packet.dest);
-    let Some(found) = found else {
-        explanation.drift = Some(vec![format!(
-            "table {} switchyard is missing: no rule of ours sees this packet",
-            crate::nftables::model::family_keyword(family)
-        )]);
+    if found.is_none() {
         explanation.outcome = Outcome::NotAService;
-        return;
-    };
+    }
     let expected = crate::nftables::render(
         spec,
         facts,
@@ -41,30 +36,56 @@ pub fn compare_kernel(
         &switchyard_api::validate::validate(spec).bad_entries(),
     );
     let local = node_ips(spec).contains(&packet.dest);
-    let on_path = |key: &Key| match *key {
-        Key::Frontend(ip, proto, port) | Key::FrontendSlot(ip, proto, port, _) => {
-            ip == packet.dest && proto == packet.protocol && port == packet.dest_port
+    let drift = drift(&expected, found, packet, local);
+    if found.is_none() {
+        explanation.drift = Some(drift);
+        return;
+    }
+    explanation.steps.push(
+        "kernel (nftables): the elements for this frontend and the chains they lead to were read back and \
+         compared with the plan; the outcome shown is the plan's"
+            .to_string(),
+    );
+    explanation.drift = Some(drift);
+}
+
+/// The elements on `packet`'s path (keyed by its frontend, or by its NodePort when `local`: the
+/// destination is a node address), as (set, key, value), sorted: looked up, not searched, so a caller
+/// may ask for every frontend of a large table.
+fn on_path(state: &TableState, packet: &Packet, local: bool) -> Vec<(String, Key, String)> {
+    let (dest, proto, port) = (packet.dest, packet.protocol, packet.dest_port);
+    let mut list = Vec::new();
+    for (id, elements) in &state.elements {
+        let mut keys = vec![Key::Frontend(dest, proto, port)];
+        if local {
+            keys.push(Key::Port(proto, port));
         }
-        Key::Port(proto, port) | Key::PortSlot(proto, port, _) => {
-            local && proto == packet.protocol && port == packet.dest_port
+        match id {
+            SetId::FastEps(n) => keys.extend((0..*n).map(|slot| Key::FrontendSlot(dest, proto, port, slot))),
+            SetId::FastNpEps(n) if local => keys.extend((0..*n).map(|slot| Key::PortSlot(proto, port, slot))),
+            _ => {}
         }
-        Key::Addr(_) | Key::Hairpin(..) => false,
+        for key in keys {
+            if let Some(claim) = elements.get(&key) {
+                list.push((id.name(), key, claim.value.to_string()));
+            }
+        }
+    }
+    list.sort();
+    list
+}
+
+/// Where the kernel's table (`found`; `None`: there is none) differs from the plan's (`expected`) on
+/// `packet`'s path: the elements keyed by its frontend (or its NodePort, when `local`) and the chains
+/// they lead to.
+pub fn drift(expected: &TableState, found: Option<&TableState>, packet: &Packet, local: bool) -> Vec<String> {
+    let Some(found) = found else {
+        return vec![format!(
+            "table {} switchyard is missing: no rule of ours sees this packet",
+            crate::nftables::model::family_keyword(expected.family)
+        )];
     };
-    let elements = |state: &TableState| {
-        let mut list: Vec<(String, Key, String)> = state
-            .elements
-            .iter()
-            .flat_map(|(id, elements)| {
-                elements
-                    .iter()
-                    .filter(|(key, _)| on_path(key))
-                    .map(move |(key, claim)| (id.name(), *key, claim.value.to_string()))
-            })
-            .collect();
-        list.sort();
-        list
-    };
-    let (want, have) = (elements(&expected), elements(found));
+    let (want, have) = (on_path(expected, packet, local), on_path(found, packet, local));
     let mut drift = Vec::new();
     let mut chains: Vec<String> = Vec::new();
     for (set, key, value) in &want {
@@ -86,7 +107,7 @@ pub fn compare_kernel(
     }
     for chain in chains {
         let summary = |state: &TableState| state.chains.get(&chain).map(|c| c.summary());
-        match (summary(&expected), summary(found)) {
+        match (summary(expected), summary(found)) {
             (Some(_), None) => drift.push(format!("chain {chain} is missing from the kernel")),
             (Some(want), Some(have)) if want != have => drift.push(format!(
                 "chain {chain}: the kernel holds {} rules (digest {}), the plan {} (digest {})",
@@ -98,10 +119,5 @@ pub fn compare_kernel(
             _ => {}
         }
     }
-    explanation.steps.push(
-        "kernel (nftables): the elements for this frontend and the chains they lead to were read back and \
-         compared with the plan; the outcome shown is the plan's"
-            .to_string(),
-    );
-    explanation.drift = Some(drift);
+    drift
 }
