@@ -77,6 +77,8 @@ pub struct ApiLab {
     dir: PathBuf,
     flags: Vec<(String, String)>,
     env: Vec<String>,
+    /// The controller's `minPlanInterval`: short, so single changes land at once.
+    min_plan_interval: Duration,
     /// Held while this cluster lives (dropped last): fault tests run one at a time, so one test's
     /// 10,000-Service restores do not starve another test's timing on a small machine.
     _serial: MutexGuard<'static, ()>,
@@ -122,6 +124,7 @@ impl ApiLab {
                 .map(|(f, v)| (f.to_string(), v.to_string()))
                 .collect(),
             env: env.iter().map(|s| s.to_string()).collect(),
+            min_plan_interval: Duration::from_millis(200),
             _serial: serial,
         };
         api.start_controller();
@@ -145,7 +148,7 @@ impl ApiLab {
         let mut config =
             switchyard_controller::Config::load(&repo("examples/controller-config.yaml")).unwrap();
         config.default_backend = self.backend;
-        config.min_plan_interval = Duration::from_millis(200);
+        config.min_plan_interval = self.min_plan_interval;
         // Writes are not what these faults are about: let a 10,000-Service change land at once.
         config.write_qps = 1000.0;
         config.write_burst = 1000;
@@ -162,6 +165,17 @@ impl ApiLab {
             }
         });
         self.controller = Some((stop, task));
+    }
+
+    /// Restarts the controller with another `minPlanInterval`. A bulk change written faster than one
+    /// round lands in one planning round only when rounds are far enough apart; with 200 ms rounds a
+    /// 10,000-Service change put at a few hundred objects a second (a debug build on a busy machine)
+    /// is spread so thin that fewer than `BATCH` Services of a packed slice change per round, and
+    /// each gets a Service slice of its own: thousands of writes instead of one per packed slice.
+    pub fn set_min_plan_interval(&mut self, interval: Duration) {
+        self.stop_controller();
+        self.min_plan_interval = interval;
+        self.start_controller();
     }
 
     /// Stops the controller (as a rollout of its Deployment would).

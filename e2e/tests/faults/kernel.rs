@@ -85,6 +85,8 @@ fn generation_in_kernel(api: &ApiLab, node: &str, backend: Backend) -> Option<us
     }
 }
 
+static LAST_STORED: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 /// Which generation the stored ForwardingSlices hold for the sample Services (`None`: a mix, or none).
 fn stored_generation(api: &ApiLab) -> Option<usize> {
     // What node-a composes from the stored objects: a changed Service's packed copy stays behind its
@@ -109,6 +111,19 @@ fn stored_generation(api: &ApiLab) -> Option<usize> {
     let holds = |ip: String| text.contains(&format!("\"{ip}\""));
     let old = SAMPLES.iter().filter(|&&s| holds(pod_ip(s, 0, 0))).count();
     let new = SAMPLES.iter().filter(|&&s| holds(pod_ip(s, 0, 1))).count();
+    // Printed when it changes: a wait that times out shows how far the controller got.
+    let seen = format!(
+        "{} Services in node-a's plan ({} slices), {old} old and {new} new samples",
+        composed.spec.services.len(),
+        slices.len()
+    );
+    let mut last = LAST_STORED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *last != seen {
+        eprintln!("stored: {seen}");
+        *last = seen;
+    }
     match (old, new) {
         (n, 0) if n == SAMPLES.len() => Some(0),
         (0, n) if n == SAMPLES.len() => Some(1),
@@ -143,7 +158,19 @@ fn sigkill_in_the_middle_of_a_large_restore(backend: Backend, test: &str) {
         return;
     };
     let node = "node-a";
+    // Each generation is one bulk change: rounds 5 s apart make each land in one or two planning
+    // rounds, so the controller rewrites packed slices (its BATCH rule) and the test does not depend
+    // on how fast this machine puts 20,000 objects.
+    api.set_min_plan_interval(Duration::from_secs(5));
     put_large(&api, 0);
+    // The controller writes the 10,000 Services as ~100 slices over many seconds (a debug build on a
+    // busy machine: minutes), and the agents apply each partial state on the way; "applied" means
+    // something only once the stored objects hold the whole first generation.
+    api.wait_for(
+        "the controller to write every slice of the first generation",
+        Duration::from_secs(300),
+        |api| stored_generation(api) == Some(0),
+    );
     for n in api.nodes() {
         api.wait_applied(&n, Duration::from_secs(300));
     }
