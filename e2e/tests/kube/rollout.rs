@@ -393,7 +393,14 @@ pub fn controller_changes_only_the_backend_label(cluster: &KubeCluster) {
     };
     for denied in [
         &["label", "node", "node-a", "example.com/pool=web"][..],
-        &["cordon", "node-a"][..],
+        // What `kubectl cordon` sends; cordon itself exits 0 when its patch is refused.
+        &[
+            "patch",
+            "node",
+            "node-a",
+            "-p",
+            r#"{"spec":{"unschedulable":true}}"#,
+        ][..],
         &["annotate", "node", "node-a", "example.com/note=x"][..],
     ] {
         let error = as_controller(denied).expect_err("the policy denies it");
