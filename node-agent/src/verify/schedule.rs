@@ -4,7 +4,12 @@
 //! applied sync with backend B ─► B verified last? ─ yes ─► nothing
 //!                                   └ no (a switch, the first sync, after a cleanup) ─► verify now;
 //!                                      count refusals every `every` until `for` has passed
+//!                                      probe only after a switch from a verified backend
 //! ```
+//!
+//! Probes are real connections to the cluster's Services: their backends see them and the per-Service
+//! counters count them. A start (every agent restart, every DaemonSet rollout) checks the kernel only;
+//! a switch, what a rollout's gates judge, is also probed.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +39,17 @@ impl Default for VerifyConfig {
     }
 }
 
+/// What an applied sync calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// The backend was verified already.
+    Nothing,
+    /// The first sync since start or a cleanup: the kernel is checked, nothing probed.
+    Check,
+    /// A switch from another verified backend: checked and probed.
+    CheckAndProbe,
+}
+
 /// The schedule's state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Schedule {
@@ -43,17 +59,19 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// A sync with `backend` in use was applied at `now`: true when it must be verified now (it is
-    /// not the backend verified last), which also starts counting refusals.
-    pub fn applied(&mut self, backend: Backend, now: Instant, config: &VerifyConfig) -> bool {
-        if self.verified == Some(backend) {
-            return false;
-        }
+    /// A sync with `backend` in use was applied at `now`: whether it must be verified now (it is not
+    /// the backend verified last), which also starts counting refusals.
+    pub fn applied(&mut self, backend: Backend, now: Instant, config: &VerifyConfig) -> Due {
+        let due = match self.verified {
+            Some(verified) if verified == backend => return Due::Nothing,
+            Some(_) => Due::CheckAndProbe,
+            None => Due::Check,
+        };
         self.verified = Some(backend);
         let counting = !config.refusals_for.is_zero() && !config.refusals_every.is_zero();
         self.next_count = counting.then(|| now + config.refusals_every);
         self.count_until = counting.then(|| now + config.refusals_for);
-        true
+        due
     }
 
     /// True when refusals are to be counted at `now`; the last count is the first one at or after the
@@ -70,6 +88,12 @@ impl Schedule {
             _ => None,
         };
         true
+    }
+
+    /// The last verification failed: the next applied sync checks the kernel again (without probes),
+    /// whatever its backend.
+    pub fn retry(&mut self) {
+        self.verified = None;
     }
 
     /// The rules are gone (cleanup): the next applied sync is verified whatever its backend.
@@ -92,32 +116,67 @@ mod tests {
         let start = Instant::now();
         let at = |s: u64| start + Duration::from_secs(s);
         let mut schedule = Schedule::default();
-        // (what, second, backend applied (None: a tick), verify?, count?)
-        type Step = (&'static str, u64, Option<Backend>, bool, bool);
+        // (what, second, backend applied (None: a tick), verification due, count?)
+        type Step = (&'static str, u64, Option<Backend>, Due, bool);
         let steps: [Step; 12] = [
-            ("the first sync", 0, Some(Backend::Iptables), true, false),
-            ("the same backend again", 1, Some(Backend::Iptables), false, false),
-            ("before the first count", 4, None, false, false),
-            ("the first count", 5, None, false, true),
-            ("not twice", 6, None, false, false),
-            ("the next", 10, None, false, true),
-            ("a late tick counts once", 17, None, false, true),
-            ("the last, at the end", 22, None, false, true),
-            ("then none", 40, None, false, false),
-            ("a switch", 41, Some(Backend::Nftables), true, false),
-            ("counting again", 46, None, false, true),
-            ("and back", 47, Some(Backend::Iptables), true, false),
+            (
+                "the first sync: no probes",
+                0,
+                Some(Backend::Iptables),
+                Due::Check,
+                false,
+            ),
+            (
+                "the same backend again",
+                1,
+                Some(Backend::Iptables),
+                Due::Nothing,
+                false,
+            ),
+            ("before the first count", 4, None, Due::Nothing, false),
+            ("the first count", 5, None, Due::Nothing, true),
+            ("not twice", 6, None, Due::Nothing, false),
+            ("the next", 10, None, Due::Nothing, true),
+            ("a late tick counts once", 17, None, Due::Nothing, true),
+            ("the last, at the end", 22, None, Due::Nothing, true),
+            ("then none", 40, None, Due::Nothing, false),
+            (
+                "a switch: probed",
+                41,
+                Some(Backend::Nftables),
+                Due::CheckAndProbe,
+                false,
+            ),
+            ("counting again", 46, None, Due::Nothing, true),
+            ("and back", 47, Some(Backend::Iptables), Due::CheckAndProbe, false),
         ];
         for (what, second, backend, verify, count) in steps {
-            let verified = backend.is_some_and(|b| schedule.applied(b, at(second), &config));
+            let verified = backend.map_or(Due::Nothing, |b| schedule.applied(b, at(second), &config));
             assert_eq!(verified, verify, "{what}");
             assert_eq!(schedule.count_due(at(second), &config), count, "{what}");
         }
         schedule.forget();
-        assert!(
+        assert_eq!(
             schedule.applied(Backend::Iptables, at(50), &config),
+            Due::Check,
             "after a cleanup"
         );
+    }
+
+    #[test]
+    fn a_failed_verification_is_checked_again_at_the_next_applied_sync() {
+        let config = VerifyConfig::default();
+        let start = Instant::now();
+        let mut schedule = Schedule::default();
+        assert_eq!(schedule.applied(Backend::Ipvs, start, &config), Due::Check);
+        assert_eq!(schedule.applied(Backend::Ipvs, start, &config), Due::Nothing);
+        schedule.retry();
+        assert_eq!(
+            schedule.applied(Backend::Ipvs, start, &config),
+            Due::Check,
+            "checked again, not probed"
+        );
+        assert_eq!(schedule.applied(Backend::Ipvs, start, &config), Due::Nothing);
     }
 
     #[test]
@@ -128,7 +187,7 @@ mod tests {
         };
         let start = Instant::now();
         let mut schedule = Schedule::default();
-        assert!(schedule.applied(Backend::Ipvs, start, &config));
+        assert_eq!(schedule.applied(Backend::Ipvs, start, &config), Due::Check);
         assert!(!schedule.count_due(start + Duration::from_secs(3600), &config));
     }
 }

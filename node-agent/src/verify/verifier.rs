@@ -15,7 +15,7 @@ use switchyard_api::verification::Verification;
 
 use super::kernel::KernelView;
 use super::probes::sample;
-use super::schedule::{Schedule, VerifyConfig};
+use super::schedule::{Due, Schedule, VerifyConfig};
 use super::worker::{Done, Job, Request, Subject, VerifyEdges, VerifyWorker};
 use crate::error::Error;
 use crate::sync::rfc3339;
@@ -53,11 +53,16 @@ impl Verifier {
         wall: SystemTime,
         view: impl FnOnce() -> Result<Option<KernelView>, Error>,
     ) {
-        if !self.schedule.applied(subject.backend, now, &self.config) {
+        let due = self.schedule.applied(subject.backend, now, &self.config);
+        if due == Due::Nothing {
             return;
         }
         tracing::info!(backend = %subject.backend, revision = %subject.spec.revision, "verifying the backend in use");
-        let probes = sample(&subject.spec, &subject.skip, self.config.probes);
+        let probes = if due == Due::CheckAndProbe {
+            sample(&subject.spec, &subject.skip, self.config.probes)
+        } else {
+            Vec::new()
+        };
         let view = view().map_err(|e| e.to_string());
         self.worker.submit(Job::Verify(Box::new(Request {
             subject,
@@ -80,6 +85,12 @@ impl Verifier {
         for done in self.worker.take() {
             match done {
                 Done::Verified(verification) => {
+                    // A verification that failed is not the last word: a partial apply retried
+                    // later (a kernel error on one entry) would otherwise leave its mismatch in the
+                    // status for as long as the backend stays. The next applied sync checks again.
+                    if !verification.passed() {
+                        self.schedule.retry();
+                    }
                     self.current = Some(verification);
                     changed = true;
                 }
