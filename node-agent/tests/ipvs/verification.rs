@@ -133,14 +133,17 @@ fn every_backends_kernel_agrees_with_the_plan_and_a_hand_edit_is_named() {
 /// Connects to nothing: refuses the addresses listed, answers the rest; keeps every attempt.
 #[derive(Clone, Default)]
 struct Probes {
-    refused: Arc<Mutex<Vec<SocketAddr>>>,
+    /// How many of the next tries are refused.
+    refuse_next: Arc<Mutex<usize>>,
     tried: Arc<Mutex<Vec<SocketAddr>>>,
 }
 
 impl Connector for Probes {
     fn connect(&mut self, to: SocketAddr, _: Duration) -> Result<(), String> {
         self.tried.lock().unwrap().push(to);
-        if self.refused.lock().unwrap().contains(&to) {
+        let mut refuse = self.refuse_next.lock().unwrap();
+        if *refuse > 0 {
+            *refuse -= 1;
             Err("Connection refused (os error 111)".into())
         } else {
             Ok(())
@@ -206,19 +209,20 @@ fn the_syncer_verifies_the_backend_after_every_switch_and_counts_refusals_for_a_
     assert_eq!(first.backend, Backend::Ipvs);
     assert_eq!(first.revision, plan(Backend::Ipvs).revision);
     assert!(first.kernel.passed(), "{first:?}");
-    let sampled = first.probes.clone().unwrap();
-    assert_eq!((sampled.sampled, sampled.failed), (3, 0));
-    assert_eq!(probes.tried.lock().unwrap().len(), 3);
+    assert_eq!(
+        first.probes, None,
+        "a start checks the kernel only: probes are real connections to the Services"
+    );
+    assert!(probes.tried.lock().unwrap().is_empty());
     assert_eq!(first.refused, None, "not counted yet");
 
     // The same backend again: no new verification.
     syncer.sync_plan(&plan(Backend::Ipvs));
     assert!(!settle(&mut syncer));
-    assert_eq!(probes.tried.lock().unwrap().len(), 3);
+    assert!(probes.tried.lock().unwrap().is_empty());
 
-    // A switch, and a probe that fails.
-    let tried: Vec<SocketAddr> = probes.tried.lock().unwrap().drain(..).collect();
-    probes.refused.lock().unwrap().push(tried[0]);
+    // A switch, probed, and a probe that fails.
+    *probes.refuse_next.lock().unwrap() = 1;
     counters.set("ns1/multi:p80", Refusal::NoEndpoints, 7);
     kernel.clock.advance(Duration::from_secs(1));
     syncer.sync_plan(&plan(Backend::Nftables));
@@ -228,6 +232,7 @@ fn the_syncer_verifies_the_backend_after_every_switch_and_counts_refusals_for_a_
     assert!(second.kernel.passed(), "{second:?}");
     let failed = second.probes.clone().unwrap();
     assert_eq!((failed.sampled, failed.failed), (3, 1));
+    assert_eq!(probes.tried.lock().unwrap().len(), 3);
     assert!(
         failed.examples[0].ends_with("Connection refused (os error 111)"),
         "{failed:?}"
@@ -267,4 +272,16 @@ fn the_syncer_verifies_the_backend_after_every_switch_and_counts_refusals_for_a_
         syncer.status().verification.unwrap().refused.unwrap().unexpected,
         3
     );
+
+    // The failed verification is checked again at the next applied sync: the kernel only.
+    kernel.clock.advance(Duration::from_secs(1));
+    syncer.sync_plan(&plan(Backend::Nftables));
+    assert!(settle(&mut syncer), "checked again");
+    let third = syncer.status().verification.unwrap();
+    assert!(third.passed(), "{third:?}");
+    assert_eq!(third.probes, None);
+    assert!(third.at > second.at);
+    // It passed: the next sync verifies nothing.
+    syncer.sync_plan(&plan(Backend::Nftables));
+    assert!(!settle(&mut syncer));
 }
