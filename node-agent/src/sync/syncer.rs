@@ -695,7 +695,8 @@ impl Syncer {
                 if mode == SyncMode::Full {
                     self.last_full = Some(now);
                     if let Some(sysctls) = &mut self.conntrack_sysctls {
-                        self.sysctl_problem = sysctls.reconcile(&self.metrics);
+                        let localhost = spec.cluster.localhost_node_ports;
+                        self.sysctl_problem = sysctls.reconcile(&self.metrics, localhost);
                     }
                 }
                 self.last = Last::Applied;
