@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use switchyard_api::tolerant::Undecodable;
 
 use super::metrics::{Metrics, OutcomeLabel};
-use crate::planner::ServiceProblem;
+use crate::planner::{ServiceProblem, service_cidrs::CidrProblem};
 
 /// The reason of an Event about an object a watch cannot decode.
 pub const UNDECODABLE: &str = "Undecodable";
@@ -44,6 +44,16 @@ pub trait Notice {
 impl Notice for ServiceProblem {
     fn object(&self) -> String {
         self.service.clone()
+    }
+
+    fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl Notice for CidrProblem {
+    fn object(&self) -> String {
+        format!("ServiceCIDR {}", self.name)
     }
 
     fn reason(&self) -> &'static str {
@@ -124,6 +134,8 @@ pub enum About {
     ServiceProblem,
     /// An object a watch cannot decode (`undecodable_object_events`).
     Undecodable,
+    /// An ignored ServiceCIDR (`service_cidr_events`).
+    ServiceCidr,
 }
 
 impl About {
@@ -132,6 +144,7 @@ impl About {
         match self {
             About::ServiceProblem => &metrics.service_events,
             About::Undecodable => &metrics.undecodable_events,
+            About::ServiceCidr => &metrics.service_cidr_events,
         }
     }
 }
@@ -161,6 +174,23 @@ impl Pending {
             note: problem.message.clone(),
             regarding,
         }
+    }
+
+    /// An Event about an ignored ServiceCIDR, on it (`None` for a problem of no one object).
+    pub fn service_cidr(problem: &CidrProblem) -> Option<Self> {
+        (!problem.name.is_empty()).then(|| Self {
+            about: About::ServiceCidr,
+            object: Notice::object(problem),
+            reason: problem.reason,
+            note: problem.message.clone(),
+            regarding: ObjectReference {
+                api_version: Some("networking.k8s.io/v1".into()),
+                kind: Some("ServiceCIDR".into()),
+                name: Some(problem.name.clone()),
+                uid: problem.uid.clone(),
+                ..ObjectReference::default()
+            },
+        })
     }
 
     /// An Event about an object a watch cannot decode, on that object.
@@ -211,6 +241,7 @@ pub async fn publish(
             action: match pending.about {
                 About::ServiceProblem => "Proxy",
                 About::Undecodable => "Watch",
+                About::ServiceCidr => "Plan",
             }
             .to_string(),
             secondary: None,

@@ -12,7 +12,9 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice, networking::v1::ServiceCIDR,
+};
 use kube::{
     Api, Client, Resource,
     runtime::{WatchStreamExt, watcher},
@@ -35,6 +37,7 @@ fn spawn<K>(
     client: &Client,
     config: watcher::Config,
     wrap: fn(watcher::Event<Delivered<K>>) -> Input,
+    on_error: Option<Input>,
     tx: mpsc::Sender<Input>,
     metrics: Arc<Metrics>,
 ) where
@@ -44,6 +47,7 @@ fn spawn<K>(
     let api: Api<Delivered<K>> = Api::all(client.clone());
     tokio::spawn(async move {
         let kind = K::kind(&());
+        let mut on_error = on_error;
         let mut stream = watcher(api, config).default_backoff().boxed();
         while let Some(item) = stream.next().await {
             match item {
@@ -57,19 +61,31 @@ fn spawn<K>(
                 Err(error) => {
                     Metrics::count(&metrics.watch_errors, &kind);
                     tracing::warn!(%kind, %error, "watch failed; retrying");
+                    // Said once, for a kind planning must not wait for.
+                    if let Some(input) = on_error.take()
+                        && tx.send(input).await.is_err()
+                    {
+                        break;
+                    }
                 }
             }
         }
     });
 }
 
-/// Starts the five watches.
+/// Starts the six watches. ServiceCIDRs are optional: an API server without them (before 1.33, or
+/// with the API off) answers the watch with an error, which tells the engine to plan without Service
+/// ranges instead of waiting for them; the watch keeps retrying, and ranges that appear later are
+/// planned then.
 pub fn start(client: &Client, tx: mpsc::Sender<Input>, metrics: &Arc<Metrics>) {
     let all = watcher::Config::default;
-    spawn::<Service>(client, all(), Input::Service, tx.clone(), Arc::clone(metrics));
-    spawn::<EndpointSlice>(client, all(), Input::Slice, tx.clone(), Arc::clone(metrics));
-    spawn::<Node>(client, all(), Input::Node, tx.clone(), Arc::clone(metrics));
+    let m = || Arc::clone(metrics);
+    spawn::<Service>(client, all(), Input::Service, None, tx.clone(), m());
+    spawn::<EndpointSlice>(client, all(), Input::Slice, None, tx.clone(), m());
+    spawn::<Node>(client, all(), Input::Node, None, tx.clone(), m());
+    let unavailable = Some(Input::ServiceCidrsUnavailable);
+    spawn::<ServiceCIDR>(client, all(), Input::ServiceCidr, unavailable, tx.clone(), m());
     let ours = all().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    spawn::<NodeForwardingPlan>(client, ours.clone(), Input::Plan, tx.clone(), Arc::clone(metrics));
-    spawn::<ForwardingSlice>(client, ours, Input::ForwardingSlice, tx, Arc::clone(metrics));
+    spawn::<NodeForwardingPlan>(client, ours.clone(), Input::Plan, None, tx.clone(), m());
+    spawn::<ForwardingSlice>(client, ours, Input::ForwardingSlice, None, tx, m());
 }
