@@ -31,6 +31,37 @@ pub const ANNOTATION_IPVS_WEIGHTS: &str = "switchyard.io/ipvs-weights";
 /// (the agent otherwise clears their conntrack entries, so the next packet meets the rules again).
 pub const ANNOTATION_KEEP_CONNECTIONS: &str = "switchyard.io/keep-connections";
 
+/// Longest interface name Linux accepts (`IFNAMSIZ` − 1).
+pub const MAX_INTERFACE_NAME: usize = 15;
+
+/// Checks an interface name (or name prefix) the way Linux's `dev_valid_name` does — 1 to 15 bytes,
+/// not `.` or `..`, no `/`, `:` or whitespace — and refuses what would change its meaning in a rule:
+/// quotes and backslashes (nft strings), `*` and `+` (the wildcards iptables and nft append to a
+/// prefix), and anything outside printable ASCII. The message says what is wrong, not where.
+pub fn check_interface_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_INTERFACE_NAME {
+        return Err(format!(
+            "is {} bytes; an interface name has at most {MAX_INTERFACE_NAME}",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is not an interface name"));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '/' | ':' | '"' | '\\' | '\'' | '*' | '+'))
+    {
+        return Err(format!(
+            "{name:?} contains {bad:?}, which no interface name may contain"
+        ));
+    }
+    Ok(())
+}
+
 /// Well-known Kubernetes labels and annotations the planner reads.
 pub mod k8s {
     /// Services carrying it belong to another proxy (unless the value is ours).

@@ -325,6 +325,13 @@ pub enum DetectLocalMode {
     ClusterCIDR,
     /// Sources inside this node's pod CIDRs are pods.
     NodeCIDR,
+    /// Packets that arrive on the bridge named by `localTrafficInterface` come from pods (kube-proxy's
+    /// `-i <bridge>` / `iifname "<bridge>"`), whatever their address: for CNIs whose pod IPs lie in no
+    /// cluster CIDR. Matched by name, so rules stay valid while the bridge does not exist yet.
+    BridgeInterface,
+    /// Packets that arrive on an interface whose name starts with `localTrafficInterface` come from
+    /// pods (kube-proxy's `-i <prefix>+` / `iifname "<prefix>*"`), e.g. the veths of a routed CNI.
+    InterfaceNamePrefix,
     /// No detector: no off-cluster ClusterIP masquerade and no pod short-circuit for eTP=Local.
     None,
 }
@@ -340,6 +347,23 @@ pub struct ClusterSettings {
     #[serde(default, rename = "localTrafficCIDRs", skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 2))]
     pub local_traffic_cidrs: Vec<String>,
+    /// With `detectLocal: BridgeInterface` the bridge's name, with `InterfaceNamePrefix` the prefix
+    /// (without a wildcard); absent otherwise. An interface name as Linux allows one (1–15 bytes, no
+    /// `/`, `:`, whitespace or quotes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15))]
+    pub local_traffic_interface: Option<String>,
+    /// The cluster's Service ranges (every `ServiceCIDR` object's `spec.cidrs` the controller accepted),
+    /// sorted. Traffic still addressed inside them after service DNAT is for an unallocated address and
+    /// is dropped on the node (kube-proxy's nftables `cluster-ips-check`). Empty: nothing is dropped.
+    #[serde(default, rename = "serviceCIDRs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub service_cidrs: Vec<String>,
+    /// Serve NodePorts on `127.0.0.0/8` too (iptables backend only; kube-proxy's
+    /// `--iptables-localhost-nodeports`): the agent sets `route_localnet=1` and drops martian packets
+    /// to `127.0.0.0/8` from elsewhere. Off by default (CVE-2020-8558).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub localhost_node_ports: bool,
     /// Masquerade all ClusterIP traffic, not only traffic from outside the cluster.
     #[serde(default)]
     pub masquerade_all: bool,

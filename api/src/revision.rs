@@ -245,6 +245,9 @@ mod tests {
             cluster: ClusterSettings {
                 detect_local: DetectLocalMode::ClusterCIDR,
                 local_traffic_cidrs: vec!["10.0.0.0/8".into()],
+                local_traffic_interface: None,
+                service_cidrs: vec![],
+                localhost_node_ports: false,
                 masquerade_all: false,
                 masquerade_bit: 14,
                 node_port_addresses: vec![],

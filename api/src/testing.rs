@@ -190,6 +190,9 @@ pub fn plan(node: &str, services: Vec<ServicePlan>) -> NodeForwardingPlanSpec {
         cluster: ClusterSettings {
             detect_local: DetectLocalMode::ClusterCIDR,
             local_traffic_cidrs: vec!["10.244.0.0/16".into()],
+            local_traffic_interface: None,
+            service_cidrs: vec![],
+            localhost_node_ports: false,
             masquerade_all: false,
             masquerade_bit: 14,
             node_port_addresses: vec![],

@@ -21,8 +21,8 @@ use std::{collections::HashSet, net::IpAddr, sync::Arc};
 
 use crate::{
     ip::{parse_cidr_strict, parse_ip_strict},
-    names::IPVS_SCHEDULERS,
-    plan::{IpFamily, NodeForwardingPlanSpec, ServicePlan, TrafficPolicy},
+    names::{IPVS_SCHEDULERS, check_interface_name},
+    plan::{DetectLocalMode, IpFamily, NodeForwardingPlanSpec, ServicePlan, TrafficPolicy},
     slice::{ForwardingSliceSpec, MAX_SLICES_PER_VIEW, View},
 };
 
@@ -394,6 +394,35 @@ fn validate_header(spec: &NodeForwardingPlanSpec, problems: &mut Vec<Problem>) {
     {
         c.cidr(format_args!("cluster.localTrafficCIDRs[{i}]"), cidr, None);
     }
+    match (spec.cluster.detect_local, &spec.cluster.local_traffic_interface) {
+        (DetectLocalMode::BridgeInterface | DetectLocalMode::InterfaceNamePrefix, None) => c.push(
+            "cluster.localTrafficInterface",
+            format!(
+                "detectLocal {:?} needs an interface name",
+                spec.cluster.detect_local
+            ),
+        ),
+        (DetectLocalMode::BridgeInterface | DetectLocalMode::InterfaceNamePrefix, Some(name)) => {
+            if let Err(why) = check_interface_name(name) {
+                c.push("cluster.localTrafficInterface", format!("{} {why}", Start(name)));
+            }
+        }
+        (_, Some(_)) => c.push(
+            "cluster.localTrafficInterface",
+            format!("detectLocal {:?} reads no interface", spec.cluster.detect_local),
+        ),
+        (_, None) => {}
+    }
+    if !c.count(
+        "cluster.serviceCIDRs",
+        "CIDRs",
+        spec.cluster.service_cidrs.len(),
+        64,
+    ) {
+        for (i, cidr) in spec.cluster.service_cidrs.iter().enumerate() {
+            c.cidr(format_args!("cluster.serviceCIDRs[{i}]"), cidr, None);
+        }
+    }
     if spec.cluster.masquerade_bit > 31 {
         c.push(
             "cluster.masqueradeBit",
@@ -708,6 +737,9 @@ mod tests {
             cluster: ClusterSettings {
                 detect_local: DetectLocalMode::ClusterCIDR,
                 local_traffic_cidrs: vec!["10.0.0.0/8".into()],
+                local_traffic_interface: None,
+                service_cidrs: vec![],
+                localhost_node_ports: false,
                 masquerade_all: false,
                 masquerade_bit: 14,
                 node_port_addresses: vec![],
@@ -892,6 +924,29 @@ mod tests {
                 "spec.cluster.localTrafficCIDRs[0]",
             ),
             (|s| s.cluster.masquerade_bit = 40, "spec.cluster.masqueradeBit"),
+            (
+                |s| s.cluster.detect_local = DetectLocalMode::BridgeInterface,
+                "spec.cluster.localTrafficInterface",
+            ),
+            (
+                |s| {
+                    s.cluster.detect_local = DetectLocalMode::InterfaceNamePrefix;
+                    s.cluster.local_traffic_interface = Some("veth\"; drop".into());
+                },
+                "spec.cluster.localTrafficInterface",
+            ),
+            (
+                |s| s.cluster.local_traffic_interface = Some("cbr0".into()),
+                "spec.cluster.localTrafficInterface",
+            ),
+            (
+                |s| s.cluster.service_cidrs = vec!["10.96.0.1/12".into()],
+                "spec.cluster.serviceCIDRs[0]",
+            ),
+            (
+                |s| s.cluster.service_cidrs = vec!["10.96.0.0/12".into(); 65],
+                "spec.cluster.serviceCIDRs",
+            ),
             (
                 |s| s.cluster.node_port_addresses = vec!["everything".into()],
                 "spec.cluster.nodePortAddresses[0]",

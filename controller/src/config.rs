@@ -3,10 +3,18 @@
 //! ```yaml
 //! # switchyard-controller configuration (all fields optional; these are the defaults)
 //! clusterCIDRs: []                 # pod CIDRs of the cluster, at most one per family (local-traffic detector)
-//! detectLocalMode: ClusterCIDR     # ClusterCIDR | NodeCIDR | None (ClusterCIDR without clusterCIDRs = no detector)
+//! detectLocalMode: ClusterCIDR     # ClusterCIDR | NodeCIDR | BridgeInterface | InterfaceNamePrefix | None
+//!                                  # (ClusterCIDR without clusterCIDRs = no detector)
+//! bridgeInterface: null            # BridgeInterface: the pods' bridge, e.g. cbr0 (matched by name: -i cbr0)
+//! interfaceNamePrefix: null        # InterfaceNamePrefix: the pods' interface prefix, e.g. veth (-i veth+)
 //! masqueradeAll: false             # masquerade all ClusterIP traffic, not only off-cluster sources
 //! masqueradeBit: 14                # mark bit asking for masquerade (0x4000)
-//! nodePortAddresses: []            # [] = every local address; [primary]; or CIDRs
+//! nodePortAddresses: null          # unset: [primary] on nftables nodes (kube-proxy's nftables default),
+//!                                  # every local address elsewhere; [] = every local address on every
+//!                                  # backend; [primary]; or CIDRs
+//! localhostNodePorts: false        # iptables nodes also serve NodePorts on 127.0.0.0/8 (route_localnet=1)
+//! externalIPs: allowAll            # allowAll | deny | {allowCIDRs: [203.0.113.0/24]}: Service externalIPs
+//!                                  # outside the policy get no rules and a Warning Event (CVE-2020-8554)
 //! nodePortRange: null              # e.g. "30000-32767"; when set, NodePorts outside it are rejected
 //! defaultBackend: iptables         # iptables | ipvs | nftables
 //! backendNodeLabel: switchyard.io/backend   # a node label overriding defaultBackend for that node
@@ -34,7 +42,7 @@ use serde::Deserialize;
 use switchyard_api::{
     Backend, DetectLocalMode, IpFamily,
     ip::{is_zero_cidr, parse_cidr_sloppy},
-    names::{IPVS_SCHEDULERS, LABEL_BACKEND},
+    names::{IPVS_SCHEDULERS, LABEL_BACKEND, check_interface_name},
 };
 
 use crate::Error;
@@ -55,10 +63,14 @@ struct RawConfig {
     #[serde(default, rename = "clusterCIDRs")]
     cluster_cidrs: Vec<String>,
     detect_local_mode: Option<DetectLocalMode>,
+    bridge_interface: Option<String>,
+    interface_name_prefix: Option<String>,
     masquerade_all: Option<bool>,
     masquerade_bit: Option<u8>,
-    #[serde(default)]
-    node_port_addresses: Vec<String>,
+    node_port_addresses: Option<Vec<String>>,
+    localhost_node_ports: Option<bool>,
+    #[serde(rename = "externalIPs")]
+    external_ips: Option<RawExternalIps>,
     node_port_range: Option<String>,
     default_backend: Option<String>,
     backend_node_label: Option<String>,
@@ -74,6 +86,56 @@ struct RawConfig {
     drain_grace_period: Option<String>,
 }
 
+/// `externalIPs` as written: `allowAll`, `deny`, or `{allowCIDRs: [...]}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+enum RawExternalIps {
+    AllowAll,
+    Deny,
+    #[serde(rename = "allowCIDRs")]
+    AllowCidrs(Vec<String>),
+}
+
+/// Which Service `externalIPs` get rules (KEP-5707 deprecates them: anyone who may edit a Service can
+/// capture traffic to any address through them, CVE-2020-8554).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ExternalIpPolicy {
+    /// Every externalIP is served (kube-proxy's behaviour, and the default).
+    #[default]
+    AllowAll,
+    /// Only externalIPs inside one of these CIDRs are served.
+    AllowCidrs(Vec<IpNet>),
+    /// No externalIP is served.
+    Deny,
+}
+
+impl ExternalIpPolicy {
+    /// Whether `ip` may be served.
+    pub fn allows(&self, ip: &IpAddr) -> bool {
+        match self {
+            Self::AllowAll => true,
+            Self::AllowCidrs(cidrs) => cidrs.iter().any(|c| c.contains(ip)),
+            Self::Deny => false,
+        }
+    }
+
+    /// The policy as the configuration spells it, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::AllowAll => "allowAll".into(),
+            Self::Deny => "deny".into(),
+            Self::AllowCidrs(cidrs) => format!(
+                "allowCIDRs [{}]",
+                cidrs
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -81,12 +143,23 @@ pub struct Config {
     pub cluster_cidrs: Vec<IpNet>,
     /// Local-traffic detector mode.
     pub detect_local_mode: DetectLocalMode,
+    /// The bridge (BridgeInterface) or interface-name prefix (InterfaceNamePrefix) the detector
+    /// matches; `None` for the other modes.
+    pub detect_local_interface: Option<String>,
     /// Masquerade all ClusterIP traffic.
     pub masquerade_all: bool,
     /// Masquerade mark bit.
     pub masquerade_bit: u8,
-    /// `nodePortAddresses`, canonical (`primary` or CIDRs).
-    pub node_port_addresses: Vec<String>,
+    /// `nodePortAddresses`, canonical (`primary` or CIDRs); `None`: the backend's default (see
+    /// [`Config::node_port_addresses_for`]).
+    pub node_port_addresses: Option<Vec<String>>,
+    /// Serve NodePorts on localhost too (iptables nodes only).
+    pub localhost_node_ports: bool,
+    /// Which Service externalIPs get rules.
+    pub external_ips: ExternalIpPolicy,
+    /// The Service ranges of the cluster (ServiceCIDR objects), set by whoever reads them — the live
+    /// controller's watch, or the dump `plan` reads — not by the file.
+    pub service_cidrs: Vec<IpNet>,
     /// Accepted NodePort range, inclusive, when configured.
     pub node_port_range: Option<(u16, u16)>,
     /// Backend for nodes without the override label.
@@ -119,9 +192,13 @@ impl Default for Config {
         Self {
             cluster_cidrs: Vec::new(),
             detect_local_mode: DetectLocalMode::ClusterCIDR,
+            detect_local_interface: None,
             masquerade_all: false,
             masquerade_bit: 14,
-            node_port_addresses: Vec::new(),
+            node_port_addresses: None,
+            localhost_node_ports: false,
+            external_ips: ExternalIpPolicy::AllowAll,
+            service_cidrs: Vec::new(),
             node_port_range: None,
             default_backend: Backend::Iptables,
             backend_node_label: LABEL_BACKEND.to_string(),
@@ -180,14 +257,21 @@ impl Config {
             }
         }
         let detect_local_mode = raw.detect_local_mode.unwrap_or(defaults.detect_local_mode);
+        let detect_local_interface = detect_local_interface(
+            detect_local_mode,
+            raw.bridge_interface.as_deref(),
+            raw.interface_name_prefix.as_deref(),
+            &mut problems,
+        );
         let masquerade_bit = raw.masquerade_bit.unwrap_or(defaults.masquerade_bit);
         if masquerade_bit > 31 {
             problems.push(format!("masqueradeBit: {masquerade_bit} is not in 0..31"));
         }
         let mut node_port_addresses = Vec::new();
-        for (i, text) in raw.node_port_addresses.iter().enumerate() {
+        let written = raw.node_port_addresses.as_deref().unwrap_or_default();
+        for (i, text) in written.iter().enumerate() {
             if text == "primary" {
-                if raw.node_port_addresses.len() > 1 {
+                if written.len() > 1 {
                     problems.push("nodePortAddresses: `primary` cannot be combined with CIDRs".to_string());
                 }
                 node_port_addresses.push(text.clone());
@@ -200,6 +284,26 @@ impl Config {
                 }
             }
         }
+        let node_port_addresses = raw.node_port_addresses.is_some().then_some(node_port_addresses);
+        let external_ips = match raw.external_ips {
+            None | Some(RawExternalIps::AllowAll) => ExternalIpPolicy::AllowAll,
+            Some(RawExternalIps::Deny) => ExternalIpPolicy::Deny,
+            Some(RawExternalIps::AllowCidrs(texts)) => {
+                if texts.is_empty() {
+                    problems.push(
+                        "externalIPs.allowCIDRs: empty; write `externalIPs: deny` to serve none".to_string(),
+                    );
+                }
+                let mut cidrs = Vec::new();
+                for (i, text) in texts.iter().enumerate() {
+                    match parse_cidr_sloppy(text) {
+                        Some(net) => cidrs.push(net.trunc()),
+                        None => problems.push(format!("externalIPs.allowCIDRs[{i}]: {text:?} is not a CIDR")),
+                    }
+                }
+                ExternalIpPolicy::AllowCidrs(cidrs)
+            }
+        };
         let node_port_range = raw.node_port_range.as_deref().and_then(|text| {
             let parsed = text
                 .split_once('-')
@@ -290,9 +394,13 @@ impl Config {
         Ok(Self {
             cluster_cidrs,
             detect_local_mode,
+            detect_local_interface,
             masquerade_all: raw.masquerade_all.unwrap_or(defaults.masquerade_all),
             masquerade_bit,
             node_port_addresses,
+            localhost_node_ports: raw.localhost_node_ports.unwrap_or(defaults.localhost_node_ports),
+            external_ips,
+            service_cidrs: Vec::new(),
             node_port_range,
             default_backend,
             backend_node_label,
@@ -308,9 +416,58 @@ impl Config {
         })
     }
 
+    /// The `nodePortAddresses` a node of `backend` gets: as configured, else kube-proxy's default for
+    /// that backend — `primary` on nftables (KEP-3866: NodePorts on every local address expose them on
+    /// interfaces nobody meant, e.g. a VPN or a docker bridge), every local address elsewhere.
+    pub fn node_port_addresses_for(&self, backend: Backend) -> Vec<String> {
+        match &self.node_port_addresses {
+            Some(addresses) => addresses.clone(),
+            None if backend == Backend::Nftables => vec!["primary".to_string()],
+            None => Vec::new(),
+        }
+    }
+
     /// The cluster CIDR of a family, when configured.
     pub fn cluster_cidr(&self, family_wanted: IpFamily) -> Option<&IpNet> {
         self.cluster_cidrs.iter().find(|c| family(c) == family_wanted)
+    }
+}
+
+/// The detector's interface for `mode`, checked; a name given for a mode that does not read it is a
+/// problem too (it would silently do nothing).
+fn detect_local_interface(
+    mode: DetectLocalMode,
+    bridge: Option<&str>,
+    prefix: Option<&str>,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let (field, wanted, other) = match mode {
+        DetectLocalMode::BridgeInterface => ("bridgeInterface", bridge, ("interfaceNamePrefix", prefix)),
+        DetectLocalMode::InterfaceNamePrefix => ("interfaceNamePrefix", prefix, ("bridgeInterface", bridge)),
+        _ => {
+            for (field, value) in [("bridgeInterface", bridge), ("interfaceNamePrefix", prefix)] {
+                if value.is_some() {
+                    problems.push(format!("{field}: detectLocalMode {mode:?} does not read it"));
+                }
+            }
+            return None;
+        }
+    };
+    if other.1.is_some() {
+        problems.push(format!("{}: detectLocalMode {mode:?} does not read it", other.0));
+    }
+    match wanted {
+        None => {
+            problems.push(format!("{field}: detectLocalMode {mode:?} needs it"));
+            None
+        }
+        Some(name) => match check_interface_name(name) {
+            Ok(()) => Some(name.to_string()),
+            Err(why) => {
+                problems.push(format!("{field}: {why}"));
+                None
+            }
+        },
     }
 }
 
@@ -425,6 +582,83 @@ mod tests {
                 problems.iter().any(|p| p.contains(want)),
                 "missing {want} in {problems:?}"
             );
+        }
+    }
+
+    /// Each bad exposure or detector setting is refused at start, naming its field.
+    #[test]
+    fn bad_detector_and_exposure_settings_name_their_field() {
+        let cases = [
+            (
+                "detectLocalMode: BridgeInterface\n",
+                "bridgeInterface: detectLocalMode BridgeInterface needs it",
+            ),
+            (
+                "detectLocalMode: InterfaceNamePrefix\ninterfaceNamePrefix: \"\"\n",
+                "interfaceNamePrefix: must not be empty",
+            ),
+            (
+                "detectLocalMode: BridgeInterface\nbridgeInterface: a-very-long-bridge0\n",
+                "bridgeInterface: is 19 bytes",
+            ),
+            (
+                "detectLocalMode: BridgeInterface\nbridgeInterface: \"br 0\"\n",
+                "bridgeInterface: \"br 0\" contains ' '",
+            ),
+            (
+                "detectLocalMode: InterfaceNamePrefix\ninterfaceNamePrefix: \"veth*\"\n",
+                "interfaceNamePrefix: \"veth*\" contains '*'",
+            ),
+            (
+                "bridgeInterface: cbr0\n",
+                "bridgeInterface: detectLocalMode ClusterCIDR does not read it",
+            ),
+            (
+                "externalIPs: {allowCIDRs: [203.0.113.0/24, 198.51.100.0/33]}\n",
+                "externalIPs.allowCIDRs[1]",
+            ),
+            ("externalIPs: {allowCIDRs: []}\n", "externalIPs.allowCIDRs: empty"),
+            ("externalIPs: sometimes\n", "externalIPs"),
+        ];
+        for (text, want) in cases {
+            let problems = Config::parse(text).unwrap_err();
+            assert!(
+                problems.iter().any(|p| p.contains(want)),
+                "{text}: want {want:?} in {problems:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn detector_and_exposure_settings_parse() {
+        let config = Config::parse(
+            "detectLocalMode: InterfaceNamePrefix\ninterfaceNamePrefix: veth\nlocalhostNodePorts: true\n\
+             externalIPs: {allowCIDRs: [203.0.113.7/24]}\nnodePortAddresses: []\n",
+        )
+        .unwrap();
+        assert_eq!(config.detect_local_interface.as_deref(), Some("veth"));
+        assert!(config.localhost_node_ports);
+        let policy = &config.external_ips;
+        assert_eq!(policy.describe(), "allowCIDRs [203.0.113.0/24]");
+        assert!(policy.allows(&"203.0.113.200".parse().unwrap()));
+        assert!(!policy.allows(&"198.51.100.1".parse().unwrap()));
+        assert!(!ExternalIpPolicy::Deny.allows(&"203.0.113.200".parse().unwrap()));
+        assert_eq!(
+            Config::parse("externalIPs: deny\n").unwrap().external_ips,
+            ExternalIpPolicy::Deny
+        );
+        // Written `[]`: every local address, on nftables too (the old behaviour, one setting away).
+        assert_eq!(
+            config.node_port_addresses_for(Backend::Nftables),
+            Vec::<String>::new()
+        );
+        let defaults = Config::default();
+        for (backend, want) in [
+            (Backend::Nftables, vec!["primary".to_string()]),
+            (Backend::Iptables, vec![]),
+            (Backend::Ipvs, vec![]),
+        ] {
+            assert_eq!(defaults.node_port_addresses_for(backend), want, "{backend:?}");
         }
     }
 

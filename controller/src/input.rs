@@ -3,6 +3,7 @@
 //! ```text
 //! file ─► JSON or (multi-document) YAML ─► documents ─► v1 List items flattened ─► kind dispatch
 //!                                                        Service / EndpointSlice / Node ─► Snapshot
+//!                                                        ServiceCIDR ─► the plans' Service ranges
 //!                                                        NodeForwardingPlan / ForwardingSlice ─► audit
 //! ```
 //!
@@ -13,7 +14,9 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice, networking::v1::ServiceCIDR,
+};
 use serde_json::Value;
 use switchyard_api::{ForwardingSlice, NodeForwardingPlan, words};
 
@@ -26,6 +29,8 @@ pub struct Loaded {
     pub snapshot: Snapshot,
     /// NodeForwardingPlans (for `audit`).
     pub plans: Vec<NodeForwardingPlan>,
+    /// ServiceCIDRs (networking.k8s.io/v1), for the plans' Service ranges.
+    pub service_cidrs: Vec<ServiceCIDR>,
     /// ForwardingSlices (for `audit`).
     pub forwarding_slices: Vec<ForwardingSlice>,
     /// `kind` of every ignored object.
@@ -146,6 +151,7 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
         | "ServiceList"
         | "EndpointSliceList"
         | "NodeList"
+        | "ServiceCIDRList"
         | "NodeForwardingPlanList"
         | "ForwardingSliceList" => {
             let items = match value.get("items") {
@@ -185,6 +191,12 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
             let object: Node =
                 words::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
             loaded.snapshot.nodes.push(object);
+        }
+        "ServiceCIDR" => {
+            let what = describe(&value);
+            let object: ServiceCIDR = words::from_value(with_api_version(value, "networking.k8s.io/v1"))
+                .map_err(|e| invalid(what, e))?;
+            loaded.service_cidrs.push(object);
         }
         "NodeForwardingPlan" => {
             let what = describe(&value);

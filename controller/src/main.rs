@@ -14,7 +14,7 @@ use switchyard_controller::{
     input::load_files,
     live::run::{Options, run},
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
-    planner::{Planner, SkipReason, problems, snapshot_problems},
+    planner::{Planner, SkipReason, problems, service_cidrs, snapshot_problems},
 };
 use switchyard_process::http::parse_bind;
 use switchyard_process::{LogFormat, init_logging, shutdown_signal};
@@ -276,6 +276,17 @@ fn plan(
             loaded.ignored_kinds.len()
         );
         return ExitCode::from(2);
+    }
+    // The Service ranges come from the dump's ServiceCIDR objects (`kubectl get servicecidrs -o yaml`).
+    let mut config = config;
+    let pod_cidrs = service_cidrs::pod_cidrs(&loaded.snapshot.nodes, &config);
+    let (ranges, refused) = service_cidrs::accept(&loaded.service_cidrs, &pod_cidrs);
+    config.service_cidrs = ranges;
+    for problem in &refused {
+        eprintln!(
+            "warning: ServiceCIDR {}: {} ({})",
+            problem.name, problem.message, problem.reason
+        );
     }
     let planner = match Planner::build(&loaded.snapshot, &config) {
         Ok(planner) => planner,

@@ -1043,3 +1043,83 @@ async fn a_null_status_condition_never_breaks_the_service_watch() {
     );
     ctl.stop().await;
 }
+
+/// Issue 44: a ServiceCIDR reaches every plan's header; one overlapping the pod CIDR is ignored with a
+/// Warning Event on it, and the Services are planned as before. A Service whose externalIP the policy
+/// refuses gets a Warning Event and no rule for it.
+#[tokio::test]
+async fn service_cidrs_reach_every_plan_and_refused_external_ips_get_an_event() {
+    let server = FakeApiServer::new();
+    seed(&server, &shape());
+    let service_cidr = |name: &str, cidr: &str| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+               "metadata": {"name": name, "uid": format!("uid-{name}")},
+               "spec": {"cidrs": [cidr]}})
+    };
+    server.put(Kind::ServiceCidr, service_cidr("kubernetes", "10.96.0.0/12"));
+    server.put(Kind::ServiceCidr, service_cidr("on-pods", "10.244.0.0/16"));
+    let mut exposed = service(950, &shape());
+    exposed.metadata.name = Some("exposed".into());
+    exposed.spec.as_mut().unwrap().external_ips = Some(vec!["198.51.100.7".into(), "203.0.113.7".into()]);
+    server.put(Kind::Service, &exposed);
+    let mut config = config(48 * 1024);
+    config.cluster_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+    config.external_ips =
+        switchyard_controller::config::ExternalIpPolicy::AllowCidrs(vec!["203.0.113.0/24".parse().unwrap()]);
+    let ctl = Controller::start(&server, Options::new(config)).await;
+    let headers_have_the_range = || {
+        let plans = server.keys(Kind::Plan);
+        !plans.is_empty()
+            && plans.iter().all(|key| {
+                server
+                    .get(Kind::Plan, key)
+                    .is_some_and(|plan| plan["spec"]["cluster"]["serviceCIDRs"] == json!(["10.96.0.0/12"]))
+            })
+    };
+    assert!(eventually(Duration::from_secs(10), headers_have_the_range).await);
+    let event_about = |kind: &str, reason: &str| {
+        server.keys(Kind::Event).iter().find_map(|key| {
+            let event = server.get(Kind::Event, key)?;
+            (event["regarding"]["kind"] == kind && event["reason"] == reason).then_some(event)
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            event_about("ServiceCIDR", "ServiceCIDROverlapsPodCIDR").is_some()
+                && event_about("Service", "ExternalIPNotAllowed").is_some()
+        })
+        .await,
+        "events: {:?}",
+        server.keys(Kind::Event)
+    );
+    let cidr_event = event_about("ServiceCIDR", "ServiceCIDROverlapsPodCIDR").unwrap();
+    assert_eq!(cidr_event["type"], "Warning");
+    assert_eq!(cidr_event["regarding"]["name"], "on-pods");
+    let ip_event = event_about("Service", "ExternalIPNotAllowed").unwrap();
+    assert_eq!(ip_event["regarding"]["name"], "exposed");
+    assert!(
+        ip_event["note"].as_str().unwrap().contains("198.51.100.7"),
+        "{ip_event}"
+    );
+    // The slices hold the allowed externalIP and never the refused one.
+    let slices: Vec<String> = server
+        .keys(Kind::ForwardingSlice)
+        .iter()
+        .filter_map(|key| server.get(Kind::ForwardingSlice, key))
+        .map(|slice| slice.to_string())
+        .collect();
+    assert!(
+        slices.iter().any(|s| s.contains("203.0.113.7")),
+        "the allowed one is served"
+    );
+    assert!(
+        !slices.iter().any(|s| s.contains("198.51.100.7")),
+        "the refused one has no rule"
+    );
+    let text = ctl.running.metrics.render();
+    assert!(
+        text.contains("switchyard_controller_ignored_service_cidrs{reason=\"ServiceCIDROverlapsPodCIDR\"} 1"),
+        "{text}"
+    );
+    ctl.stop().await;
+}

@@ -5,6 +5,7 @@
 //!      one agent per node: `switchyard-lab agent run --plan-file … --status-file …` inside <id>-node-*
 //!      ─► <state>/status/<node>.yaml (the CRD's status struct) ─► wait_applied / table
 //! replan(new description) ─► plan files rewritten ─► agents re-apply (partial syncs) ─► wait_applied
+//! reconfigure(config) ─► the same description planned with another controller configuration
 //! change_node(name, edit) ─► the Node edited in the description (a taint, a deletionTimestamp) ─► replan
 //!                          ─► when the plan files were written, for "within N s of its plan" bounds
 //! ```
@@ -144,6 +145,18 @@ impl Deployed {
     /// Plans `description` and waits until every agent applied it.
     pub fn replan(&mut self, description: ClusterDescription) -> Result<()> {
         self.replan_at(description).map(drop)
+    }
+
+    /// Plans the same description with another controller configuration (a detector mode, the
+    /// Service ranges, an exposure policy) and waits until every agent applied it.
+    pub fn reconfigure(&mut self, config: Config) -> Result<()> {
+        self.config = config;
+        self.replan_at(self.description.clone()).map(drop)
+    }
+
+    /// The controller configuration the plans come from.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Edits the Node `name` of the planned description (as the API server would change it: a taint,

@@ -161,6 +161,23 @@ async fn controller_keeps_plans_current_in_a_real_cluster() {
         .collect();
     let want = offline.composed(&node_names[0]).unwrap().unwrap().spec.services;
     assert_eq!(ours, want);
+    // The API server's default ServiceCIDR (`kubernetes`, from --service-cluster-ip-range; v1.33+)
+    // reaches the plan's header: the agents drop traffic to its unallocated addresses.
+    let cidrs: Api<k8s_openapi::api::networking::v1::ServiceCIDR> = Api::all(client.clone());
+    let mut ranges: Vec<String> = cidrs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .flat_map(|c| c.spec.and_then(|s| s.cidrs).unwrap_or_default())
+        .collect();
+    ranges.sort();
+    assert!(
+        !ranges.is_empty(),
+        "a v1.36 API server has its default ServiceCIDR"
+    );
+    assert_eq!(live.cluster.service_cidrs, ranges);
 
     // `kubectl get nfp` and `kubectl get fws` show the audit columns (kubectl reads the same KUBECONFIG).
     for (args, columns) in [

@@ -644,6 +644,12 @@ fn controller_rbac_reads_inputs_writes_plan_and_slice_specs_and_nothing_else() {
         &["get", "list", "watch"],
         None,
     ));
+    want.extend(grant(
+        "networking.k8s.io",
+        "servicecidrs",
+        &["get", "list", "watch"],
+        None,
+    ));
     for resource in [PLANS, SLICES] {
         want.extend(grant(
             GROUP,

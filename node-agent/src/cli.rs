@@ -251,6 +251,10 @@ struct SetSysctlsArgs {
     /// init container; the unprivileged agent cannot write /proc/sys).
     #[arg(long)]
     ipvs: bool,
+    /// Also set `net.ipv4.conf.all.route_localnet=1`, which localhost NodePorts need (iptables nodes
+    /// whose plan has `localhostNodePorts`; the unprivileged agent cannot write /proc/sys).
+    #[arg(long)]
+    route_localnet: bool,
 }
 
 /// The modules IPVS mode loads up front: the core and every scheduler a Service may name.
@@ -277,6 +281,7 @@ impl ConntrackArgs {
             tcp_timeout_close_wait: self.conntrack_tcp_timeout_close_wait,
             max: self.conntrack_max,
             lower: self.conntrack_lower_host_values,
+            route_localnet: false,
         }
     }
 }
@@ -656,7 +661,11 @@ fn set_sysctls_command(args: &SetSysctlsArgs) -> ExitCode {
             }
         }
     }
-    let outcomes = crate::conntrack::settings::apply(&mut ProcSysctls, &args.conntrack.settings());
+    let settings = ConntrackSettings {
+        route_localnet: args.route_localnet,
+        ..args.conntrack.settings()
+    };
+    let outcomes = crate::conntrack::settings::apply(&mut ProcSysctls, &settings);
     failed |= outcomes.iter().any(|o| o.failed());
     text.extend(outcomes.iter().map(|o| format!("{o}\n")));
     if let Err(code) = print_stdout(&text) {
@@ -970,6 +979,7 @@ mod tests {
                 tcp_timeout_close_wait: 5400,
                 max: 1_048_576,
                 lower: true,
+                route_localnet: false,
             })
         );
         let half = settings(&["--conntrack-tcp-timeout-close-wait=1.5s"]).unwrap_err();

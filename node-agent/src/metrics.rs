@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 use switchyard_api::SyncMode;
 
 use crate::sync::SyncMetrics;
-use crate::sync::metrics::ModeLabel;
+use crate::sync::metrics::ModeFamilyLabel;
 
 /// The live agent's metrics. Clones share the same values.
 #[derive(Clone, Debug)]
@@ -214,7 +214,9 @@ pub fn registry(
     traffic: Option<crate::counters::TrafficCollector>,
 ) -> Registry {
     for mode in [SyncMode::Full, SyncMode::Partial] {
-        let _ = sync.sync_duration.get_or_create(&ModeLabel::of(mode));
+        let _ = sync
+            .sync_duration
+            .get_or_create(&ModeFamilyLabel::of(mode, switchyard_api::IpFamily::IPv4));
     }
     let mut registry = Registry::default();
     let agent = registry.sub_registry_with_prefix("switchyard_agent");

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::{
-    api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice},
+    api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice, networking::v1::ServiceCIDR},
     jiff::Timestamp,
 };
 use kube::runtime::watcher;
@@ -54,6 +54,7 @@ use crate::{
     planner::{
         Changes, Diagnostics, NodeInfo, Planner, ServiceChange, ServiceProblem, SliceChange,
         problems::{problems_by_service, service_problems},
+        service_cidrs::{self, CidrProblem},
         service_of,
     },
 };
@@ -70,6 +71,10 @@ pub enum Input {
     Slice(watcher::Event<Delivered<EndpointSlice>>),
     /// Nodes.
     Node(watcher::Event<Delivered<Node>>),
+    /// ServiceCIDRs.
+    ServiceCidr(watcher::Event<Delivered<ServiceCIDR>>),
+    /// The ServiceCIDR watch failed before it listed (an API server without them).
+    ServiceCidrsUnavailable,
     /// Our own plan objects.
     Plan(watcher::Event<Delivered<NodeForwardingPlan>>),
     /// Our own ForwardingSlices.
@@ -138,6 +143,7 @@ impl Engine {
         self.intake.services.synced()
             && self.intake.slices.synced()
             && self.intake.nodes.synced()
+            && (self.intake.service_cidrs.synced() || self.intake.service_cidrs_unavailable)
             && self.intake.plans.synced
             && self.intake.fws.synced
     }
@@ -280,9 +286,50 @@ impl Engine {
                 Applied::Kept { undecodable, fresh } => self.kept(undecodable, fresh),
                 Applied::Nothing => {}
             },
+            Input::ServiceCidr(event) => match self
+                .intake
+                .service_cidrs
+                .apply(map_event(event, Delivered::into_result))
+            {
+                // Every plan's header carries the ranges: re-planned whole (rare: ServiceCIDRs change
+                // when a cluster's Service range is extended).
+                Applied::One { .. } | Applied::Relisted { .. } => self.intake.rebuild = true,
+                Applied::Kept { undecodable, fresh } => self.kept(undecodable, fresh),
+                Applied::Nothing => {}
+            },
+            Input::ServiceCidrsUnavailable => {
+                if !self.intake.service_cidrs.synced() {
+                    self.intake.service_cidrs_unavailable = true;
+                }
+            }
             Input::Plan(event) => self.observe_ours(Ours::Plans, map_event(event, Seen::plan)),
             Input::ForwardingSlice(event) => self.observe_ours(Ours::Slices, map_event(event, Seen::slice)),
         }
+    }
+
+    /// The Service ranges the plans carry, from the ServiceCIDRs and the pod CIDRs as now known (at
+    /// every rebuild: a Node's new pod CIDR can make a range overlap).
+    fn resolve_service_cidrs(&mut self) {
+        let pod_cidrs = service_cidrs::pod_cidrs(self.intake.nodes.values(), &self.config);
+        let (ranges, problems) = service_cidrs::accept(self.intake.service_cidrs.values(), &pod_cidrs);
+        for problem in problems
+            .iter()
+            .filter(|p| !self.planning.cidr_problems.contains(p))
+        {
+            tracing::warn!(
+                servicecidr = %problem.name,
+                reason = problem.reason,
+                "{}",
+                problem.message
+            );
+        }
+        self.config.service_cidrs = ranges;
+        self.planning.cidr_problems = problems;
+    }
+
+    /// ServiceCIDRs ignored at the last rebuild, and why.
+    pub fn service_cidr_problems(&self) -> &[CidrProblem] {
+        &self.planning.cidr_problems
     }
 
     /// A watched object's latest version did not decode; its last good version stays, so nothing needs
@@ -301,6 +348,7 @@ impl Engine {
         services
             .chain(slices)
             .chain(self.intake.nodes.undecodable())
+            .chain(self.intake.service_cidrs.undecodable())
             .collect()
     }
 
@@ -525,6 +573,7 @@ impl Engine {
                     .previous
                     .take()
                     .or_else(|| self.planning.planner.take().map(|p| p.previous()));
+                self.resolve_service_cidrs();
                 let services: Vec<&Service> = self.intake.services.values().collect();
                 let slices: Vec<&EndpointSlice> = self.intake.slices.values().collect();
                 self.planning.problems =
@@ -818,11 +867,86 @@ mod tests {
             engine.observe(Input::Node(Event::InitApply(node.into())));
         }
         engine.observe(Input::Node(Event::InitDone));
+        engine.observe(Input::ServiceCidr(Event::Init));
+        engine.observe(Input::ServiceCidr(Event::InitDone));
         engine.observe(Input::Plan(Event::Init));
         engine.observe(Input::Plan(Event::InitDone));
         engine.observe(Input::ForwardingSlice(Event::Init));
         engine.observe(Input::ForwardingSlice(Event::InitDone));
         engine
+    }
+
+    fn service_cidr(name: &str, cidrs: &[&str]) -> Delivered<ServiceCIDR> {
+        ServiceCIDR {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::networking::v1::ServiceCIDRSpec {
+                cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
+            }),
+            status: None,
+        }
+        .into()
+    }
+
+    fn header_cidrs(engine: &Engine, node: &str) -> Vec<String> {
+        let planner = engine.planner().expect("planned");
+        planner.node_plan(node).expect("plan").cluster.service_cidrs
+    }
+
+    /// ServiceCIDRs reach every plan's header; one overlapping a pod CIDR is ignored with a problem
+    /// (its Event) and changes nothing else; an API server without ServiceCIDRs does not hold planning.
+    #[test]
+    fn service_cidrs_reach_every_plan_and_a_bad_one_is_ignored() {
+        let mut engine = synced_engine();
+        engine.plan().unwrap();
+        assert!(header_cidrs(&engine, "node-a").is_empty());
+        engine.observe(Input::ServiceCidr(Event::Apply(service_cidr(
+            "kubernetes",
+            &["10.96.0.0/16"],
+        ))));
+        engine.observe(Input::ServiceCidr(Event::Apply(service_cidr(
+            "pods",
+            &["10.244.0.0/16"],
+        ))));
+        assert!(engine.dirty());
+        let outcome = engine.plan().unwrap();
+        assert!(outcome.full);
+        assert_eq!(
+            outcome.changed.len(),
+            3,
+            "every plan's header changed: {outcome:?}"
+        );
+        for node in ["node-a", "node-b", "node-c"] {
+            assert_eq!(header_cidrs(&engine, node), ["10.96.0.0/16"], "{node}");
+        }
+        let problems = engine.service_cidr_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].name, "pods");
+        assert_eq!(problems[0].reason, "ServiceCIDROverlapsPodCIDR");
+
+        let mut bare = Engine::new(Config::default());
+        for input in [
+            Input::Service(Event::Init),
+            Input::Service(Event::InitDone),
+            Input::Slice(Event::Init),
+            Input::Slice(Event::InitDone),
+            Input::Node(Event::Init),
+            Input::Node(Event::InitDone),
+            Input::Plan(Event::Init),
+            Input::Plan(Event::InitDone),
+            Input::ForwardingSlice(Event::Init),
+            Input::ForwardingSlice(Event::InitDone),
+        ] {
+            bare.observe(input);
+        }
+        assert!(!bare.synced(), "waits for the ServiceCIDR list");
+        bare.observe(Input::ServiceCidrsUnavailable);
+        assert!(
+            bare.synced(),
+            "an API server without ServiceCIDRs does not hold planning"
+        );
     }
 
     fn plan_ref(node: &str) -> ObjectRef {
@@ -1241,6 +1365,8 @@ mod tests {
             Input::Slice(Event::InitDone),
             Input::Node(Event::Init),
             Input::Node(Event::InitDone),
+            Input::ServiceCidr(Event::Init),
+            Input::ServiceCidr(Event::InitDone),
             Input::Plan(Event::Init),
             Input::Plan(Event::InitDone),
             Input::ForwardingSlice(Event::Init),

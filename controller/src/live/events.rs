@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use switchyard_api::tolerant::Undecodable;
 
 use super::metrics::{Metrics, OutcomeLabel};
-use crate::planner::ServiceProblem;
+use crate::planner::{ServiceProblem, service_cidrs::CidrProblem};
 use crate::rollout::RolloutEvent;
 
 /// The reason of an Event about an object a watch cannot decode.
@@ -46,6 +46,16 @@ pub trait Notice {
 impl Notice for ServiceProblem {
     fn object(&self) -> String {
         self.service.clone()
+    }
+
+    fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl Notice for CidrProblem {
+    fn object(&self) -> String {
+        format!("ServiceCIDR {}", self.name)
     }
 
     fn reason(&self) -> &'static str {
@@ -143,6 +153,8 @@ pub enum About {
     Undecodable,
     /// A rollout's step or failure (`rollout_events`).
     Rollout,
+    /// An ignored ServiceCIDR (`service_cidr_events`).
+    ServiceCidr,
 }
 
 impl About {
@@ -152,6 +164,7 @@ impl About {
             About::ServiceProblem => &metrics.service_events,
             About::Undecodable => &metrics.undecodable_events,
             About::Rollout => &metrics.rollout_events,
+            About::ServiceCidr => &metrics.service_cidr_events,
         }
     }
 }
@@ -188,6 +201,25 @@ impl Pending {
             regarding,
             related: None,
         }
+    }
+
+    /// An Event about an ignored ServiceCIDR, on it (`None` for a problem of no one object).
+    pub fn service_cidr(problem: &CidrProblem) -> Option<Self> {
+        (!problem.name.is_empty()).then(|| Self {
+            about: About::ServiceCidr,
+            warning: true,
+            object: Notice::object(problem),
+            reason: problem.reason,
+            note: problem.message.clone(),
+            regarding: ObjectReference {
+                api_version: Some("networking.k8s.io/v1".into()),
+                kind: Some("ServiceCIDR".into()),
+                name: Some(problem.name.clone()),
+                uid: problem.uid.clone(),
+                ..ObjectReference::default()
+            },
+            related: None,
+        })
     }
 
     /// An Event about an object a watch cannot decode, on that object.
@@ -270,6 +302,7 @@ pub async fn publish(
                 About::ServiceProblem => "Proxy",
                 About::Undecodable => "Watch",
                 About::Rollout => "Rollout",
+                About::ServiceCidr => "Plan",
             }
             .to_string(),
             secondary: pending.related,

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::{
-    api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice},
+    api::{core::v1::Node, core::v1::Service, discovery::v1::EndpointSlice, networking::v1::ServiceCIDR},
     jiff::Timestamp,
 };
 use switchyard_api::{
@@ -45,6 +45,11 @@ pub(super) struct Intake {
     pub(super) services: ObjectCache<Service>,
     pub(super) slices: ObjectCache<EndpointSlice>,
     pub(super) nodes: ObjectCache<Node>,
+    /// ServiceCIDRs (the plans' Service ranges).
+    pub(super) service_cidrs: ObjectCache<ServiceCIDR>,
+    /// The API server has no ServiceCIDRs (their watch failed before listing): plan without waiting
+    /// for them.
+    pub(super) service_cidrs_unavailable: bool,
     /// Our plans, as their watch shows them.
     pub(super) plans: Watched,
     /// Our ForwardingSlices, as their watch shows them.
@@ -68,6 +73,8 @@ impl Intake {
             services: ObjectCache::new(namespaced),
             slices: ObjectCache::new(namespaced),
             nodes: ObjectCache::new(cluster),
+            service_cidrs: ObjectCache::new(cluster),
+            service_cidrs_unavailable: false,
             plans: Watched::default(),
             fws: Watched::default(),
             dirty_services: BTreeMap::new(),

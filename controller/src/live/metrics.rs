@@ -113,6 +113,10 @@ pub struct Metrics {
     pub undecodable_objects: Family<KindLabel, Counter>,
     /// Events about objects that did not decode, by outcome.
     pub undecodable_events: Family<OutcomeLabel, Counter>,
+    /// ServiceCIDRs ignored now (invalid, or overlapping a pod CIDR), by reason.
+    pub ignored_service_cidrs: Family<ReasonLabel, Gauge>,
+    /// Events about ignored ServiceCIDRs, by outcome.
+    pub service_cidr_events: Family<OutcomeLabel, Counter>,
     /// Watch failures, by kind: each is retried with backoff, during which no change of that kind
     /// arrives.
     pub watch_errors: Family<KindLabel, Counter>,
@@ -160,6 +164,8 @@ impl Default for Metrics {
             service_events: Family::default(),
             undecodable_objects: Family::default(),
             undecodable_events: Family::default(),
+            ignored_service_cidrs: Family::default(),
+            service_cidr_events: Family::default(),
             watch_errors: Family::default(),
             rollouts: Family::default(),
             rollout_nodes: Family::default(),
@@ -267,6 +273,16 @@ impl Default for Metrics {
             "undecodable_object_events",
             "Warning Events about watched objects that did not decode, by outcome",
             m.undecodable_events.clone(),
+        );
+        registry.register(
+            "ignored_service_cidrs",
+            "ServiceCIDR objects ignored (invalid, or overlapping a pod CIDR), by reason",
+            m.ignored_service_cidrs.clone(),
+        );
+        registry.register(
+            "service_cidr_events",
+            "Warning Events about ignored ServiceCIDRs, by outcome",
+            m.service_cidr_events.clone(),
         );
         registry.register(
             "watch_errors",

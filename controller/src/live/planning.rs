@@ -25,4 +25,6 @@ pub(super) struct Planning {
     pub(super) changed_at: HashMap<String, Instant>,
     /// No fold before this (one packed slice per [`super::engine::FOLD_EVERY`]).
     pub(super) next_fold: Option<Instant>,
+    /// ServiceCIDRs ignored at the last rebuild, and why.
+    pub(super) cidr_problems: Vec<crate::planner::service_cidrs::CidrProblem>,
 }

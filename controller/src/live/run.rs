@@ -170,6 +170,7 @@ pub async fn run(
     let mut gates = Gates {
         problems: EventGate::new(tokio::time::Instant::now()),
         undecodable: EventGate::new(tokio::time::Instant::now()),
+        service_cidrs: EventGate::new(tokio::time::Instant::now()),
     };
     let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(events::publish(
@@ -277,6 +278,7 @@ const EVENT_QUEUE: usize = 256;
 struct Gates {
     problems: EventGate,
     undecodable: EventGate,
+    service_cidrs: EventGate,
 }
 
 /// Sets the problem gauges and, on the leader, hands the problems and the objects that do not decode
@@ -299,6 +301,16 @@ fn report_problems(
             })
             .inc();
     }
+    let cidr_problems = engine.service_cidr_problems().to_vec();
+    metrics.ignored_service_cidrs.clear();
+    for problem in &cidr_problems {
+        metrics
+            .ignored_service_cidrs
+            .get_or_create(&ReasonLabel {
+                reason: problem.reason.into(),
+            })
+            .inc();
+    }
     if !leading {
         return;
     }
@@ -314,6 +326,8 @@ fn report_problems(
     let undecodable: Vec<Undecodable> = engine.undecodable().into_iter().cloned().collect();
     let (due, _) = gates.undecodable.due(now, &undecodable);
     pending.extend(due.into_iter().map(events::Pending::undecodable));
+    let (due, _) = gates.service_cidrs.due(now, &cidr_problems);
+    pending.extend(due.into_iter().filter_map(events::Pending::service_cidr));
     for event in pending {
         let about = event.about;
         if events.try_send(event).is_err() {

@@ -18,6 +18,7 @@
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use serde_json::{Map, Value};
 use switchyard_api::{
@@ -68,6 +69,14 @@ impl Prune<Node> for Unread {
         if let Some(status) = field(object, "status") {
             status.retain(|key, _| key == "addresses");
         }
+    }
+}
+
+/// A ServiceCIDR: metadata bookkeeping and its status (conditions the controller never reads).
+impl Prune<ServiceCIDR> for Unread {
+    fn prune(object: &mut Map<String, Value>) {
+        metadata(object);
+        object.remove("status");
     }
 }
 

@@ -27,11 +27,12 @@ use tokio::sync::mpsc;
 use super::{engine::Input, metrics::Metrics};
 
 /// Watches every `K` (as `config` selects), pruned by `P` and decoded tolerantly, into `tx` as `wrap`
-/// makes them; until `tx` closes.
+/// makes them; until `tx` closes. `on_error` is sent once, at the watch's first failure.
 pub fn spawn<K, P, T>(
     client: &Client,
     config: watcher::Config,
     wrap: fn(watcher::Event<Tolerant<K, P>>) -> T,
+    on_error: Option<T>,
     tx: mpsc::Sender<T>,
     metrics: Arc<Metrics>,
 ) where
@@ -42,6 +43,7 @@ pub fn spawn<K, P, T>(
     let api: Api<Tolerant<K, P>> = Api::all(client.clone());
     tokio::spawn(async move {
         let kind = K::kind(&());
+        let mut on_error = on_error;
         let mut stream = watcher(api, config).default_backoff().boxed();
         while let Some(item) = stream.next().await {
             match item {
@@ -55,19 +57,31 @@ pub fn spawn<K, P, T>(
                 Err(error) => {
                     Metrics::count(&metrics.watch_errors, &kind);
                     tracing::warn!(%kind, %error, "watch failed; retrying");
+                    // Said once, for a kind planning must not wait for.
+                    if let Some(input) = on_error.take()
+                        && tx.send(input).await.is_err()
+                    {
+                        break;
+                    }
                 }
             }
         }
     });
 }
 
-/// Starts the five watches.
+/// Starts the six watches. ServiceCIDRs are optional: an API server without them (before 1.33, or
+/// with the API off) answers the watch with an error, which tells the engine to plan without Service
+/// ranges instead of waiting for them; the watch keeps retrying, and ranges that appear later are
+/// planned then.
 pub fn start(client: &Client, tx: mpsc::Sender<Input>, metrics: &Arc<Metrics>) {
     let all = watcher::Config::default;
-    spawn(client, all(), Input::Service, tx.clone(), Arc::clone(metrics));
-    spawn(client, all(), Input::Slice, tx.clone(), Arc::clone(metrics));
-    spawn(client, all(), Input::Node, tx.clone(), Arc::clone(metrics));
+    let m = || Arc::clone(metrics);
+    spawn(client, all(), Input::Service, None, tx.clone(), m());
+    spawn(client, all(), Input::Slice, None, tx.clone(), m());
+    spawn(client, all(), Input::Node, None, tx.clone(), m());
+    let unavailable = Some(Input::ServiceCidrsUnavailable);
+    spawn(client, all(), Input::ServiceCidr, unavailable, tx.clone(), m());
     let ours = all().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    spawn(client, ours.clone(), Input::Plan, tx.clone(), Arc::clone(metrics));
-    spawn(client, ours, Input::ForwardingSlice, tx, Arc::clone(metrics));
+    spawn(client, ours.clone(), Input::Plan, None, tx.clone(), m());
+    spawn(client, ours, Input::ForwardingSlice, None, tx, m());
 }

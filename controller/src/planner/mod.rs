@@ -28,6 +28,7 @@ pub mod leaving;
 mod nodes;
 mod plans;
 pub mod problems;
+pub mod service_cidrs;
 mod services;
 mod slices;
 pub mod topology;

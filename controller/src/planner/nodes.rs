@@ -110,6 +110,9 @@ pub fn local_traffic_cidrs(node: &NodeInfo, config: &Config) -> Vec<IpNet> {
     match config.detect_local_mode {
         DetectLocalMode::ClusterCIDR => config.cluster_cidrs.clone(),
         DetectLocalMode::NodeCIDR => node.pod_cidrs.clone(),
-        DetectLocalMode::None => Vec::new(),
+        // The interface detectors match by name, not address.
+        DetectLocalMode::BridgeInterface | DetectLocalMode::InterfaceNamePrefix | DetectLocalMode::None => {
+            Vec::new()
+        }
     }
 }

@@ -51,9 +51,15 @@ pub fn header(node: &NodeInfo, config: &Config) -> NodeForwardingPlanSpec {
                 .iter()
                 .map(ToString::to_string)
                 .collect(),
+            local_traffic_interface: config.detect_local_interface.clone(),
+            service_cidrs: config.service_cidrs.iter().map(ToString::to_string).collect(),
+            // Only the iptables backend has localhost NodePorts (kube-proxy's nftables mode never had
+            // them; IPVS's glue does not either), so other nodes' plans do not change with it.
+            localhost_node_ports: config.localhost_node_ports
+                && node.backend == switchyard_api::Backend::Iptables,
             masquerade_all: config.masquerade_all,
             masquerade_bit: config.masquerade_bit,
-            node_port_addresses: config.node_port_addresses.clone(),
+            node_port_addresses: config.node_port_addresses_for(node.backend),
             ipvs_scheduler: (node.backend == switchyard_api::Backend::Ipvs)
                 .then(|| config.ipvs_scheduler.clone()),
         },

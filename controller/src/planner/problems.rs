@@ -38,6 +38,8 @@ pub mod reasons {
     /// externalTrafficPolicy Local, and no ready endpoint is on a known node: every node drops
     /// external traffic.
     pub const NO_NODE_FOR_LOCAL_POLICY: &str = "NoNodeForLocalPolicy";
+    /// externalIPs the controller's `externalIPs` policy refuses: they get no rules on any node.
+    pub const EXTERNAL_IP_NOT_ALLOWED: &str = "ExternalIPNotAllowed";
 }
 
 /// One problem of one Service.
@@ -127,6 +129,25 @@ pub fn service_problems(
                 ),
             );
         }
+    }
+    let refused: Vec<&str> = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter(|text| {
+            switchyard_api::ip::parse_ip_sloppy(text).is_some_and(|ip| !config.external_ips.allows(&ip))
+        })
+        .map(String::as_str)
+        .collect();
+    if !refused.is_empty() && !templates.is_empty() {
+        problem(
+            reasons::EXTERNAL_IP_NOT_ALLOWED,
+            format!(
+                "externalIPs {} are refused by the controller's externalIPs policy ({}): no node forwards them",
+                refused.join(", "),
+                config.external_ips.describe()
+            ),
+        );
     }
     if templates.is_empty() {
         problems.sort();

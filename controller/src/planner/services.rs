@@ -172,6 +172,8 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
     )
     .iter()
     .map(IpNet::addr)
+    // Refused by the externalIPs policy: no rules (the Service's Warning Event comes from problems.rs).
+    .filter(|ip| config.external_ips.allows(ip))
     .collect();
     let ingress: Vec<&str> = service
         .status

@@ -5,6 +5,7 @@
 //! tamper with the rules, how to see that cleanup removed them) is in [`Suite`]. Needs root (see
 //! `common::lab_allowed`).
 
+pub mod exposure;
 pub mod leaving;
 pub mod traffic;
 pub mod udp;
@@ -108,6 +109,28 @@ macro_rules! scenario_suite {
             scenarios::leaving::a_leaving_node_is_drained_by_a_load_balancer_with_no_failed_connection(
                 SUITE,
             );
+        }
+        #[test]
+        fn pods_outside_the_cluster_cidr_are_told_apart_by_bridge_and_interface_prefix() {
+            scenarios::exposure::pods_outside_the_cluster_cidr_are_told_apart_by_bridge_and_interface_prefix(
+                SUITE,
+            );
+        }
+        #[test]
+        fn unallocated_service_addresses_are_dropped_on_the_node() {
+            scenarios::exposure::unallocated_service_addresses_are_dropped_on_the_node(SUITE);
+        }
+        #[test]
+        fn exposure_defaults_close_what_kube_proxy_closes() {
+            scenarios::exposure::exposure_defaults_close_what_kube_proxy_closes(SUITE);
+        }
+        #[test]
+        fn a_pod_reaches_an_etp_local_external_ip_without_a_local_endpoint() {
+            scenarios::exposure::a_pod_reaches_an_etp_local_external_ip_without_a_local_endpoint(SUITE);
+        }
+        #[test]
+        fn an_agent_started_over_an_older_layout_keeps_nothing_stale() {
+            scenarios::exposure::an_agent_started_over_an_older_layout_keeps_nothing_stale(SUITE);
         }
         #[test]
         fn traffic_counters_count_every_connection_by_frontend_endpoint_and_refusal() {

@@ -409,7 +409,10 @@ pub fn iptables_full_payload(spec: &NodeForwardingPlanSpec) -> (Duration, Vec<u8
         facts: &facts,
         family: IpFamily::IPv4,
         skip: &skip,
-        mode: StreamMode::Full { existing: &existing },
+        mode: StreamMode::Full {
+            existing: &existing,
+            existing_filter: &existing,
+        },
         jumps: &[],
     };
     let mut payload = Vec::new();

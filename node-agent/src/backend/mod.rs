@@ -16,6 +16,6 @@ pub mod facts;
 pub mod scope;
 pub mod select;
 
-pub use facts::{FamilyEnv, HostFacts};
+pub use facts::{FamilyEnv, HostFacts, LocalDetector};
 pub use scope::{families_of, node_port_ips, sync_scope};
 pub use select::{Candidate, Selector};

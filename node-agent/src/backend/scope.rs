@@ -56,7 +56,9 @@ pub fn sync_scope(
 /// CIDRs, with `primary` standing for the node's planned IPs of the family as /32 or /128. A family
 /// left with no CIDR, or with a /0, is served on every local address (`None`). Otherwise the result is
 /// the local addresses inside the CIDRs, sorted, loopback excluded: we do not serve NodePorts on
-/// localhost (that needs `route_localnet`, CVE-2020-8558), like kube-proxy's nftables mode.
+/// localhost (that needs `route_localnet`, CVE-2020-8558), like kube-proxy's nftables mode. The
+/// iptables render serves localhost only when the plan opts in (`localhostNodePorts`) and NodePorts
+/// are on every local address (`None`).
 pub fn node_port_ips(
     spec: &NodeForwardingPlanSpec,
     family: IpFamily,

@@ -36,6 +36,9 @@ pub const TCP_TIMEOUT_ESTABLISHED: &str = "net/netfilter/nf_conntrack_tcp_timeou
 pub const TCP_TIMEOUT_CLOSE_WAIT: &str = "net/netfilter/nf_conntrack_tcp_timeout_close_wait";
 /// `nf_conntrack_max`, under `/proc/sys`.
 pub const MAX: &str = "net/netfilter/nf_conntrack_max";
+/// `route_localnet` of every interface, under `/proc/sys`: lets packets to `127.0.0.0/8` be routed
+/// after DNAT (localhost NodePorts; not a conntrack value, but kept by the same machinery).
+pub const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
 
 /// kube-proxy's `conntrack.tcpEstablishedTimeout` (24 h), in seconds.
 pub const DEFAULT_TCP_TIMEOUT_ESTABLISHED: u64 = 86_400;
@@ -53,6 +56,9 @@ pub struct ConntrackSettings {
     pub max: u64,
     /// Set each value exactly, lowering a higher one the host has.
     pub lower: bool,
+    /// Set `route_localnet=1` (the plan asks for localhost NodePorts; never unset once set, as
+    /// kube-proxy).
+    pub route_localnet: bool,
 }
 
 impl Default for ConntrackSettings {
@@ -62,6 +68,7 @@ impl Default for ConntrackSettings {
             tcp_timeout_close_wait: DEFAULT_TCP_TIMEOUT_CLOSE_WAIT,
             max: 0,
             lower: false,
+            route_localnet: false,
         }
     }
 }
@@ -73,6 +80,7 @@ impl ConntrackSettings {
             (MAX, self.max),
             (TCP_TIMEOUT_ESTABLISHED, self.tcp_timeout_established),
             (TCP_TIMEOUT_CLOSE_WAIT, self.tcp_timeout_close_wait),
+            (ROUTE_LOCALNET, u64::from(self.route_localnet)),
         ]
         .into_iter()
         .filter(|(_, value)| *value > 0)
@@ -291,5 +299,27 @@ mod tests {
         let outcomes = apply(&mut missing, &ConntrackSettings::default());
         assert!(outcomes.iter().all(|o| o.failed() && o.found.is_none()));
         assert_eq!(missing.values().len(), 1, "nothing written blind");
+    }
+
+    #[test]
+    fn route_localnet_is_raised_when_asked_and_never_lowered() {
+        let mut sysctls = stock_kernel();
+        sysctls.put(ROUTE_LOCALNET, "0");
+        let asked = ConntrackSettings {
+            route_localnet: true,
+            lower: true,
+            ..ConntrackSettings::default()
+        };
+        let lines: Vec<String> = apply(&mut sysctls, &asked)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            lines.contains(&"net.ipv4.conf.all.route_localnet: raised from 0 to 1".to_string()),
+            "{lines:?}"
+        );
+        // Not asked: left as it is (another component may rely on it).
+        apply(&mut sysctls, &ConntrackSettings::default());
+        assert_eq!(sysctls.values()[ROUTE_LOCALNET], "1");
     }
 }

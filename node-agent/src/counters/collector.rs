@@ -25,7 +25,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use super::{Accumulator, CounterSource, Series, What};
+use super::{Accumulator, CounterSource, NodeCounter, Series, What};
 
 /// The label a family adds to a series, or `None` when the series is not of that family.
 type LabelOf = fn(&What) -> Option<(&'static str, String)>;
@@ -111,6 +111,9 @@ impl TrafficCollector {
                 Vec::new()
             }
         };
+        // The node-wide counters are a handful of series: never cut.
+        let (node, all): (Vec<Series>, Vec<Series>) =
+            all.into_iter().partition(|s| matches!(s.what, What::Node(_)));
         let (mut series, endpoints): (Vec<Series>, Vec<Series>) = all
             .into_iter()
             .partition(|s| !matches!(s.what, What::Endpoint(_)));
@@ -119,6 +122,7 @@ impl TrafficCollector {
         }
         let omitted = series.len().saturating_sub(self.config.max_series);
         series.truncate(self.config.max_series);
+        series.extend(node);
         Scrape {
             series,
             omitted,
@@ -173,6 +177,20 @@ impl Collector for TrafficCollector {
                     (key, value.as_str()),
                 ];
                 ConstCounter::new(series.value).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        for counter in [NodeCounter::InvalidDropped, NodeCounter::LocalhostNodePorts] {
+            let total: u64 = scrape
+                .series
+                .iter()
+                .filter(|s| s.what == What::Node(counter))
+                .map(|s| s.value)
+                .sum();
+            // Only where the kernel has the rule (the iptables backend; localhost NodePorts opted in).
+            if scrape.series.iter().any(|s| s.what == What::Node(counter)) {
+                let (name, help) = counter.metric();
+                let value = ConstCounter::new(total);
+                value.encode(encoder.encode_descriptor(name, help, None, value.metric_type())?)?;
             }
         }
         let omitted = ConstGauge::new(scrape.omitted as i64);

@@ -82,6 +82,33 @@ impl Refusal {
     }
 }
 
+/// A node-wide counter kube-proxy's iptables mode keeps with nfacct (no Service's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NodeCounter {
+    /// Forwarded packets dropped in conntrack state INVALID (`iptables_ct_state_invalid_dropped_packets_total`).
+    InvalidDropped,
+    /// Connections accepted on a localhost NodePort (`iptables_localhost_nodeports_accepted_packets_total`).
+    LocalhostNodePorts,
+}
+
+impl NodeCounter {
+    /// The metric's name (without `_total`) and help.
+    pub fn metric(self) -> (&'static str, &'static str) {
+        match self {
+            Self::InvalidDropped => (
+                "switchyard_agent_iptables_ct_state_invalid_dropped_packets",
+                "Forwarded packets the iptables backend dropped in conntrack state INVALID (kube-proxy's \
+                 iptables_ct_state_invalid_dropped_packets_total)",
+            ),
+            Self::LocalhostNodePorts => (
+                "switchyard_agent_iptables_localhost_nodeports_accepted_packets",
+                "Connections the iptables backend accepted on a NodePort at 127.0.0.0/8 (kube-proxy's \
+                 iptables_localhost_nodeports_accepted_packets_total; 0 says nothing depends on them)",
+            ),
+        }
+    }
+}
+
 /// What a kernel counter counts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum What {
@@ -91,6 +118,8 @@ pub enum What {
     Endpoint(String),
     /// Connections refused.
     Refused(Refusal),
+    /// A node-wide counter (its sample's Service port is the one the rule belongs to, or none).
+    Node(NodeCounter),
 }
 
 /// The Service port a counter belongs to: kube-proxy's ServicePortName and the protocol.

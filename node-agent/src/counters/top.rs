@@ -54,6 +54,7 @@ pub fn busiest(series: &[Series], limit: usize) -> Vec<TopRow> {
                 *row.frontends.entry(Frontend::label(*kind)).or_default() += s.value;
             }
             What::Refused(_) => row.refused += s.value,
+            What::Node(_) => {}
             What::Endpoint(endpoint) => {
                 row.endpoints += 1;
                 if row.busiest_endpoint.as_ref().is_none_or(|(_, n)| s.value > *n) {

@@ -29,7 +29,7 @@ use switchyard_api::{IpFamily, NodeForwardingPlanSpec, Protocol};
 
 use super::names;
 use crate::counters::frontends::{Frontends, applied_entries, service_port};
-use crate::counters::{Refusal, Sample, ServicePort, What, element_id};
+use crate::counters::{NodeCounter, Refusal, Sample, ServicePort, What, element_id};
 use crate::error::Error;
 use crate::xtables::exec::ExecIptables;
 use crate::xtables::payload::Table;
@@ -96,13 +96,13 @@ impl CountedRule<'_> {
         text.split_once('/').map_or(text, |(a, _)| a).parse().ok()
     }
 
-    /// The Service port and frontend kind this rule's match names: an address frontend, or (no `-d`) a
-    /// NodePort.
+    /// The Service port and frontend kind this rule's match names: an address frontend, or (no `-d`,
+    /// or a localhost NodePort's `-d 127.0.0.0/8`) a NodePort.
     fn frontend<'i>(&self, index: &'i Frontends) -> Option<(&'i ServicePort, crate::counters::Frontend)> {
         let (protocol, port) = (self.protocol()?, self.port()?);
         match self.destination() {
-            Some(address) => index.address(address, protocol, port),
-            None => index.node_port(protocol, port),
+            Some(address) if !address.is_loopback() => index.address(address, protocol, port),
+            _ => index.node_port(protocol, port),
         }
     }
 }
@@ -161,13 +161,40 @@ pub fn samples(
             }
             continue;
         }
+        if rule.chain == names::NODEPORTS
+            && rule.destination().is_some_and(|ip| ip.is_loopback())
+            && let Some((service, _)) = rule.frontend(&index)
+        {
+            push(
+                Table::Nat,
+                &rule,
+                service,
+                What::Node(NodeCounter::LocalhostNodePorts),
+            );
+        }
         let frontend_rule = (rule.chain == names::SERVICES || rule.chain == names::NODEPORTS)
             && names::is_service_chain(target);
         if frontend_rule && let Some((service, kind)) = rule.frontend(&index) {
             push(Table::Nat, &rule, service, What::Frontend(kind));
         }
     }
+    let node = ServicePort {
+        name: "".into(),
+        protocol: Protocol::TCP,
+    };
     for rule in filter.lines().filter_map(counted_rule) {
+        if rule.chain == names::FORWARD
+            && rule.target() == Some("DROP")
+            && rule.value("--ctstate") == Some("INVALID")
+        {
+            push(
+                Table::Filter,
+                &rule,
+                &node,
+                What::Node(NodeCounter::InvalidDropped),
+            );
+            continue;
+        }
         let refusal = match (rule.chain, rule.target()) {
             (names::SERVICES | names::EXTERNAL_SERVICES, Some("REJECT")) => Refusal::NoEndpoints,
             (names::SERVICES | names::EXTERNAL_SERVICES, Some("DROP")) => Refusal::NoLocalEndpoints,
@@ -249,6 +276,7 @@ mod tests {
              [7:420] -A SWYD-SERVICES -d 10.96.0.1/32 -p tcp -m comment --comment \"ns1/web:http cluster IP\" -m tcp --dport 80 -j {svc}\n\
              [2:120] -A SWYD-SERVICES -d 198.51.100.1/32 -p tcp -m tcp --dport 80 -j SWYD-FW-X\n\
              [3:180] -A SWYD-NODEPORTS -p tcp -m tcp --dport 30080 -j SWYD-EXT-X\n\
+             [11:660] -A SWYD-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"ns1/web:http localhost nodeport\" -m tcp --dport 30080 -j SWYD-EXT-X\n\
              [9:540] -A SWYD-SERVICES -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j SWYD-NODEPORTS\n\
              [4:240] -A {svc} -p tcp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.244.1.5:8080\n\
              [5:300] -A {svc} -p tcp -j {sep}\n\
@@ -260,6 +288,7 @@ mod tests {
              [6:360] -A SWYD-SERVICES -d 10.96.0.2/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable\n\
              [1:60] -A SWYD-EXTERNAL-SERVICES -p tcp -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j DROP\n\
              [2:120] -A SWYD-PROXY-FIREWALL -d 198.51.100.1/32 -p tcp -m tcp --dport 80 -j DROP\n\
+             [13:780] -A SWYD-FORWARD -m conntrack --ctstate INVALID -j DROP\n\
              COMMIT\n";
         let series =
             Accumulator::default().update(samples(&nat, filter, &spec, &HashSet::new(), IpFamily::IPv4));
@@ -272,7 +301,10 @@ mod tests {
         let web = "ns1/web:http";
         assert_eq!(value(web, What::Frontend(Frontend::ClusterIp)), Some(7));
         assert_eq!(value(web, What::Frontend(Frontend::LoadBalancer)), Some(2));
-        assert_eq!(value(web, What::Frontend(Frontend::NodePort)), Some(3));
+        // The localhost NodePort rule counts for the NodePort and for kube-proxy's localhost counter.
+        assert_eq!(value(web, What::Frontend(Frontend::NodePort)), Some(3 + 11));
+        assert_eq!(value(web, What::Node(NodeCounter::LocalhostNodePorts)), Some(11));
+        assert_eq!(value("", What::Node(NodeCounter::InvalidDropped)), Some(13));
         assert_eq!(value(web, What::Endpoint("10.244.1.5:8080".into())), Some(4));
         assert_eq!(value(web, What::Endpoint("10.244.2.5:8080".into())), Some(5));
         assert_eq!(value("ns1/empty", What::Refused(Refusal::NoEndpoints)), Some(6));
@@ -280,7 +312,7 @@ mod tests {
         assert_eq!(value(web, What::Refused(Refusal::SourceRange)), Some(2));
         assert_eq!(
             series.len(),
-            8,
+            10,
             "the NodePorts jump and another tool's chain count for no one: {series:?}"
         );
     }

@@ -231,6 +231,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
         let unchanged =
             |_: usize, entry: &Arc<ServicePlan>| previous_entries.get(&entry.key()) == Some(&entry);
         let existing;
+        let existing_filter;
         let mut missing_jumps = Vec::new();
         let mode = match &partial_model {
             Some(model) => StreamMode::Partial {
@@ -245,15 +246,31 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
                     saved(&mut self.iptables, family, Table::Nat)?,
                     saved(&mut self.iptables, family, Table::Filter)?,
                 );
-                missing_jumps = jump_rules(family)
-                    .into_iter()
+                let wanted = jump_rules(family);
+                missing_jumps = wanted
+                    .iter()
                     .filter(|jump| {
                         let saved = if jump.table == Table::Nat { &nat } else { &filter };
                         !saved.has_jump(jump)
                     })
+                    .cloned()
                     .collect();
+                // Jumps into our chains that no current rule explains (an older layout's, or one with
+                // an older comment) go first: a chain still referenced cannot be deleted, and an old
+                // jump would keep steering packets (kubernetes#132516).
+                for (table, saved) in [(Table::Nat, &nat), (Table::Filter, &filter)] {
+                    for stale in saved.jumps.iter().filter(|j| !wanted.iter().any(|w| j.is(w))) {
+                        self.iptables
+                            .delete_rule(family, table, stale.chain, &stale.args)?;
+                        tracing::info!(?family, %table, chain = stale.chain, target = stale.target(), "deleted stale jump rule");
+                    }
+                }
                 existing = nat.owned.into_keys().collect::<BTreeSet<String>>();
-                StreamMode::Full { existing: &existing }
+                existing_filter = filter.owned.into_keys().collect::<BTreeSet<String>>();
+                StreamMode::Full {
+                    existing: &existing,
+                    existing_filter: &existing_filter,
+                }
             }
         };
         let full = matches!(mode, StreamMode::Full { .. });
@@ -292,7 +309,7 @@ impl<I: Iptables, A: LocalAddrs> IptablesDataplane<I, A> {
             full,
             rules: streamed.programmed.rules(),
             written: streamed.written.len(),
-            removed: streamed.stale.len(),
+            removed: streamed.stale.len() + streamed.stale_filter.len(),
             drift,
         };
         tracing::debug!(
@@ -539,5 +556,47 @@ mod tests {
                 .contains("jump PREROUTING -> SWYD-SERVICES is missing"),
             "{drift}"
         );
+    }
+
+    /// kubernetes#132516: a full sync over tables an older layout wrote leaves none of it: chains of
+    /// ours it does not render, in either table, and the built-in jumps into them.
+    #[test]
+    fn a_full_sync_over_an_older_layout_keeps_nothing_stale() {
+        use crate::probe::FixedAddrs;
+        use crate::xtables::fake::FakeIptables;
+        let local: Vec<std::net::IpAddr> = vec!["192.168.10.11".parse().unwrap()];
+        let fake = FakeIptables::new(&local);
+        fake.restore_text(
+            IpFamily::IPv4,
+            "*nat\n:SWYD-SERVICES - [0:0]\n:SWYD-OLD-DISPATCH - [0:0]\n\
+             -A SWYD-OLD-DISPATCH -p tcp -j DNAT --to-destination 10.244.9.9:80\n\
+             -A SWYD-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -j SWYD-OLD-DISPATCH\n\
+             -A PREROUTING -m comment --comment \"switchyard old layout\" -j SWYD-OLD-DISPATCH\nCOMMIT\n\
+             *filter\n:SWYD-OLD-FIREWALL - [0:0]\n-A SWYD-OLD-FIREWALL -j DROP\n\
+             -A FORWARD -j SWYD-OLD-FIREWALL\nCOMMIT\n",
+        )
+        .unwrap();
+        let mut dp = IptablesDataplane::new(fake.clone(), FixedAddrs(local), HostFacts::default());
+        let mut spec = plan(
+            "node-a",
+            vec![entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80))],
+        );
+        switchyard_api::testing::finish(&mut spec);
+        let spec = Arc::new(spec);
+        dp.sync(SyncRequest {
+            spec: &spec,
+            skip: &HashSet::new(),
+            full: true,
+        })
+        .unwrap();
+        let dump = fake.dump(IpFamily::IPv4);
+        for stale in ["OLD", "10.244.9.9"] {
+            assert!(!dump.contains(stale), "{stale} survived:\n{dump}");
+        }
+        assert!(
+            dump.contains(&names::cluster_policy_chain("ns/a:p", "tcp")),
+            "{dump}"
+        );
+        assert_eq!(dp.check_drift().unwrap(), None);
     }
 }

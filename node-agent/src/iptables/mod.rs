@@ -29,10 +29,18 @@
 //! told apart in one dump.
 //!
 //! Deliberate differences from kube-proxy's iptables mode:
-//! - No localhost NodePorts: `route_localnet` opens CVE-2020-8558, so, like kube-proxy with
-//!   `--iptables-localhost-nodeports=false` (and its nftables mode), the NodePort jump excludes
-//!   `127.0.0.0/8` (`::1` for IPv6), and there is no KUBE-FIREWALL anti-martian rule.
-//! - No nfacct counters on the INVALID-drop rule.
+//! - Localhost NodePorts are opt-in (the plan's `localhostNodePorts`; kube-proxy's default is on):
+//!   `route_localnet` opens CVE-2020-8558. Off, the NodePort jump excludes `127.0.0.0/8` (`::1` for
+//!   IPv6, always), as kube-proxy with `--iptables-localhost-nodeports=false`. On, each NodePort gets a
+//!   `-d 127.0.0.0/8` rule of its own ahead of the general one, and filter `SWYD-NODEPORTS` holds
+//!   kube-proxy's anti-martian DROP (its KUBE-FIREWALL rule).
+//! - No nfacct: kube-proxy's `iptables_ct_state_invalid_dropped_packets_total` and
+//!   `iptables_localhost_nodeports_accepted_packets_total` are read from the rules' own counters
+//!   ([`counters`]).
+//! - One DROP per ServiceCIDR at the end of filter `SWYD-SERVICES` (kube-proxy's iptables mode has
+//!   none; its nftables mode drops the same): after DNAT, what is still addressed inside a Service range
+//!   is for an unallocated address, or for a port no Service defines on a ClusterIP (nftables rejects
+//!   that one; here it is dropped too).
 //! - Large-cluster mode (no per-endpoint comments above [`render::LARGE_CLUSTER_ENDPOINTS`]) counts the
 //!   endpoints of the plan's entries, as kube-proxy counts its endpoints map.
 //! - A canary chain ([`names::CANARY`]) in both tables, written by full syncs only (see [`payload`]).

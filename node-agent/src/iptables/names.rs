@@ -19,6 +19,14 @@ pub use crate::xtables::chains::{
     PROXY_FIREWALL, SERVICES,
 };
 
+/// Comment of the filter rule that drops what is still addressed inside a ServiceCIDR after DNAT.
+pub const UNALLOCATED_COMMENT: &str = "switchyard drop traffic to unallocated ClusterIPs";
+/// Comment of the filter rule that drops martian packets to 127.0.0.0/8 (localhost NodePorts only).
+pub const LOCALNET_COMMENT: &str = "switchyard block incoming localnet connections";
+/// Suffix of the comment of an entry's localhost NodePort rule (`ns/svc:port localhost nodeport`);
+/// the counters read these rules.
+pub const LOCALHOST_NODEPORT_COMMENT: &str = "localhost nodeport";
+
 /// Prefix of the Cluster-policy endpoint dispatch chain.
 pub const SVC_PREFIX: &str = "SWYD-SVC-";
 /// Prefix of the Local-policy endpoint dispatch chain.

@@ -216,8 +216,11 @@ struct Env<'a> {
     base: FamilyEnv,
     /// `0x4000` for bit 14.
     mark: String,
-    /// The local-traffic detector's CIDR for this family; `None` means no detector.
-    local_cidr: Option<String>,
+    /// The local-traffic detector's match for pod traffic (`-s CIDR`, `-i BRIDGE`, `-i PREFIX+`);
+    /// `None` means no detector.
+    local: Option<String>,
+    /// Its negation.
+    not_local: Option<String>,
     /// Per-endpoint rules carry comments (false in a large cluster, see [`large_cluster`]).
     endpoint_comments: bool,
 }
@@ -233,7 +236,8 @@ impl<'a> Env<'a> {
         Self {
             facts,
             mark: format!("{:#x}", base.mark),
-            local_cidr: base.local_cidr.map(|net| net.to_string()),
+            local: base.local.iptables_local(),
+            not_local: base.local.iptables_not_local(),
             endpoint_comments: !large_cluster(spec, family, skip),
             base,
         }
@@ -295,9 +299,16 @@ impl TopLevel {
         // exact destination IPs, and a NodePort on the same port number must not shadow them.
         let last = comment("switchyard service nodeports; NOTE: this must be the last rule in this chain");
         match &env.base.node_port_ips {
+            None if env.base.localhost_node_ports => {
+                // Localhost NodePorts (opt-in, IPv4): loopback is a local address like any other.
+                self.nat.services.push(format!(
+                    "{last} -m addrtype --dst-type LOCAL -j {}",
+                    names::NODEPORTS
+                ));
+            }
             None => {
-                // kube-proxy with localhost NodePorts disabled (we never enable them: route_localnet,
-                // CVE-2020-8558) excludes loopback explicitly; IPv6 never supports them.
+                // kube-proxy with localhost NodePorts disabled excludes loopback explicitly (serving
+                // them needs route_localnet, CVE-2020-8558); IPv6 never supports them.
                 let loopback = match env.base.family {
                     IpFamily::IPv4 => "127.0.0.0/8",
                     IpFamily::IPv6 => "::1/128",
@@ -317,6 +328,26 @@ impl TopLevel {
                         .push(format!("{last} -d {ip} -j {}", names::NODEPORTS));
                 }
             }
+        }
+
+        if env.base.localhost_node_ports && env.base.node_port_ips.is_none() {
+            // With route_localnet=1 the kernel routes 127.0.0.0/8 off loopback; a packet from
+            // elsewhere addressed there is a martian and must not reach local services (kube-proxy's
+            // KUBE-FIREWALL rule, CVE-2020-8558). DNATed localhost NodePort traffic is let through.
+            self.filter_nodeports.push(format!(
+                "{} -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+                comment(names::LOCALNET_COMMENT)
+            ));
+        }
+        for cidr in &env.base.service_cidrs {
+            // Still inside a Service range after DNAT (the nat table DNATs every allocated ClusterIP
+            // port, and the rules above reject or drop those without endpoints): an unallocated
+            // address, or a port no Service defines. Dropped here rather than sent out by the
+            // default route; one rule per ServiceCIDR, whatever its size.
+            self.filter_services.push(format!(
+                "{} -d {cidr} -j DROP",
+                comment(names::UNALLOCATED_COMMENT)
+            ));
         }
 
         // Forwarded packets in state INVALID escape DNAT and are answered with RST (kubernetes#74839);
@@ -487,7 +518,7 @@ fn render_entry(
 ) -> Option<ServiceChains> {
     let shape = Shape::new(entry);
     // The top-level chains are rewritten by every sync; the entry's own chains only when it changed.
-    frontends(entry, &shape, top);
+    frontends(entry, &shape, env, top);
     if !group {
         return None;
     }
@@ -526,7 +557,7 @@ fn render_entry(
 
 /// The entry's frontends in the top-level chains: DNAT jumps in nat, and in filter the verdicts for
 /// traffic no endpoint can serve, the source-range DROP and the health-check ACCEPT.
-fn frontends(entry: &ServicePlan, shape: &Shape<'_>, top: &mut TopLevel) {
+fn frontends(entry: &ServicePlan, shape: &Shape<'_>, env: &Env<'_>, top: &mut TopLevel) {
     let Shape {
         name,
         m_proto,
@@ -588,6 +619,16 @@ fn frontends(entry: &ServicePlan, shape: &Shape<'_>, top: &mut TopLevel) {
     }
 
     if let Some(node_port) = entry.node_port {
+        if has_endpoints && env.base.localhost_node_ports && env.base.node_port_ips.is_none() {
+            // Its own rule, ahead of the general one, so its kernel counter counts the connections
+            // that depend on localhost NodePorts (kube-proxy's nfacct counter
+            // `localhost_nps_accepted_pkts`; read into
+            // switchyard_agent_iptables_localhost_nodeports_accepted_packets_total).
+            top.nat.nodeports.push(format!(
+                "{} {m_proto} -d 127.0.0.0/8 --dport {node_port} -j {ext_chain}",
+                comment(&format!("{name} {}", names::LOCALHOST_NODEPORT_COMMENT))
+            ));
+        }
         if has_endpoints {
             // NodePorts are deliberately not subject to loadBalancerSourceRanges (kube-proxy cannot change
             // that without breaking users, and we match it).
@@ -626,9 +667,9 @@ fn cluster_ip_masquerade(shape: &Shape<'_>, env: &Env<'_>) -> (Vec<String>, Vec<
     } else {
         // Masquerade off-cluster traffic to the ClusterIP: it may have been routed here by a static
         // route for the service range and could otherwise bounce off-node asymmetrically.
-        env.local_cidr
+        env.not_local
             .as_ref()
-            .map(|cidr| format!("{cluster_ip_match} ! -s {cidr} -j {}", names::MARK_MASQ))
+            .map(|not_local| format!("{cluster_ip_match} {not_local} -j {}", names::MARK_MASQ))
     };
     if let Some(rule) = masq {
         if shape.internal_local {
@@ -656,11 +697,11 @@ fn external_chain(shape: &Shape<'_>, env: &Env<'_>) -> Option<Chain> {
             names::MARK_MASQ
         ));
     } else {
-        if let Some(cidr) = &env.local_cidr {
+        if let Some(local) = &env.local {
             // Pod → external destination behaves as if it went out to the load balancer and came
             // back: neither traffic policy applies.
             ext.rules.push(format!(
-                "{} -s {cidr} -j {svc_chain}",
+                "{} {local} -j {svc_chain}",
                 comment(&format!("pod traffic for {name} external destinations"))
             ));
         }

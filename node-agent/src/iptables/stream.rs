@@ -151,11 +151,14 @@ impl Programmed {
 /// Which payload to write.
 #[derive(Clone, Copy)]
 pub enum StreamMode<'a> {
-    /// Every owned chain declared and written, canary included. `existing` are the nat chains the kernel
-    /// holds now (from `iptables-save -t nat`); the per-service ones no longer rendered are deleted.
+    /// Every owned chain declared and written, canary included. `existing` and `existing_filter` are
+    /// our chains the kernel holds now (from `iptables-save`); every one no longer rendered is deleted,
+    /// whatever wrote it (an older layout's chains, kubernetes#132516).
     Full {
-        /// Chains present in the kernel's nat table.
+        /// Our chains present in the kernel's nat table.
         existing: &'a BTreeSet<String>,
+        /// Our chains present in the kernel's filter table.
+        existing_filter: &'a BTreeSet<String>,
     },
     /// The groups of changed entries and the top-level chains whose rules changed; chains `previous`
     /// had that are gone are deleted. The canary is not declared.
@@ -178,6 +181,8 @@ pub struct Streamed {
     pub top_written: Vec<String>,
     /// Chains deleted as stale, sorted.
     pub stale: Vec<String>,
+    /// Filter chains deleted as stale (full syncs only), sorted.
+    pub stale_filter: Vec<String>,
 }
 
 /// One family's payload, ready to be written (as often as needed: writing is deterministic).
@@ -344,16 +349,28 @@ impl PayloadJob<'_> {
         self.write_jumps(out, Table::Nat)?;
         out.write_all(b"COMMIT\n")?;
 
+        if let StreamMode::Full { existing_filter, .. } = self.mode {
+            let live: HashSet<&str> = filter.iter().map(|c| c.name.as_str()).collect();
+            streamed.stale_filter = existing_filter
+                .iter()
+                .filter(|name| !live.contains(name.as_str()))
+                .cloned()
+                .collect();
+        }
         let jumps_into_filter = self.jumps.iter().any(|j| j.table == Table::Filter);
         if full || !filter.is_empty() || jumps_into_filter {
             out.write_all(b"*filter\n")?;
             let mut declared: Vec<&str> = filter.iter().map(|c| c.name.as_str()).collect();
+            declared.extend(streamed.stale_filter.iter().map(String::as_str));
             declared.sort_unstable();
             for name in declared {
                 write_declaration(out, name)?;
             }
             for chain in &filter {
                 write_rules(out, chain)?;
+            }
+            for name in &streamed.stale_filter {
+                writeln!(out, "-X {name}")?;
             }
             self.write_jumps(out, Table::Filter)?;
             out.write_all(b"COMMIT\n")?;
@@ -432,17 +449,26 @@ impl PayloadJob<'_> {
     fn stale(&self, streamed: &Streamed) -> Vec<String> {
         let mut stale: BTreeSet<String> = BTreeSet::new();
         match self.mode {
-            StreamMode::Full { existing } => {
-                // Only worth a set of every live name when the kernel has per-service chains at all
-                // (at 10,000 Services it is the largest allocation of a first sync).
-                if !existing.iter().any(|name| names::is_service_chain(name)) {
+            StreamMode::Full { existing, .. } => {
+                // Only worth a set of every live name when the kernel has chains the fixed ones do not
+                // explain (at 10,000 Services it is the largest allocation of a first sync).
+                let fixed: HashSet<&str> = streamed
+                    .programmed
+                    .top
+                    .keys()
+                    .filter(|(t, _)| *t == Table::Nat)
+                    .map(|(_, name)| name.as_str())
+                    .collect();
+                if existing.iter().all(|name| fixed.contains(name.as_str())) {
                     return Vec::new();
                 }
                 let live: HashSet<&str> = streamed.programmed.names().collect();
+                // Every chain of ours the new model lacks: a Service's that went, or one an older
+                // layout made (kubernetes#132516: stale chains survive upgrades and break later).
                 stale.extend(
                     existing
                         .iter()
-                        .filter(|name| names::is_service_chain(name) && !live.contains(name.as_str()))
+                        .filter(|name| !live.contains(name.as_str()))
                         .cloned(),
                 );
             }
@@ -510,10 +536,15 @@ mod tests {
             facts,
             family: IpFamily::IPv4,
             skip: none(),
-            mode: StreamMode::Full { existing },
+            mode: StreamMode::Full {
+                existing,
+                existing_filter: &NONE,
+            },
             jumps: &[],
         }
     }
+
+    static NONE: BTreeSet<String> = BTreeSet::new();
 
     /// Unchanged = equal to the entry of the same key in `old`.
     fn same_as(old: &NodeForwardingPlanSpec) -> impl Fn(usize, &Arc<ServicePlan>) -> bool + '_ {

@@ -49,14 +49,17 @@ pub const GLUE_ONLY: [&str; 3] = [LOAD_BALANCER, SOURCE_RANGES_FIREWALL, IPVS_FI
 pub struct GlueSettings {
     /// The masquerade mark (`1 << masqueradeBit`).
     pub mark: u32,
-    /// The local-traffic detector's CIDR of this family; `None` means no detector.
-    pub local_cidr: Option<String>,
+    /// The local-traffic detector's match for traffic that is not a pod's (`! -s CIDR`, `! -i BRIDGE`,
+    /// `! -i PREFIX+`); `None` means no detector.
+    pub not_local: Option<String>,
     /// Masquerade every ClusterIP connection.
     pub masquerade_all: bool,
     /// `MASQUERADE --random-fully` is available.
     pub random_fully: bool,
     /// Conntrack is liberal: no INVALID-drop rule.
     pub tcp_be_liberal: bool,
+    /// The cluster's Service ranges of this family (ServiceCIDR objects).
+    pub service_cidrs: Vec<String>,
 }
 
 /// The glue chains of one family.
@@ -131,11 +134,11 @@ pub fn glue(family: IpFamily, settings: &GlueSettings) -> Glue {
     let cluster_ips = comment("switchyard cluster IPs needing SNAT");
     services.push(if settings.masquerade_all {
         format!("{cluster_ips} {} -j {masq}", set(SetId::ClusterIp, "dst,dst"))
-    } else if let Some(cidr) = &settings.local_cidr {
+    } else if let Some(not_local) = &settings.not_local {
         // Off-cluster traffic to a ClusterIP may have been routed here by a static route for the
         // service range; without SNAT its replies could leave by another path.
         format!(
-            "{cluster_ips} ! -s {cidr} {} -j {masq}",
+            "{cluster_ips} {not_local} {} -j {masq}",
             set(SetId::ClusterIp, "dst,dst")
         )
     } else {
@@ -195,6 +198,16 @@ pub fn glue(family: IpFamily, settings: &GlueSettings) -> Glue {
     ];
 
     let mut forward = Vec::new();
+    for cidr in &settings.service_cidrs {
+        // Allocated service IPs sit on the dummy interface, so their packets go to INPUT, never here:
+        // a forwarded new connection into a Service range is for an unallocated address. Dropped
+        // rather than sent out by the default route (kube-proxy's nftables `cluster-ips-check`; its
+        // IPVS mode has none). The node's own packets take OUTPUT and are not covered.
+        forward.push(format!(
+            "{} -m conntrack --ctstate NEW -d {cidr} -j DROP",
+            comment("switchyard drop traffic to unallocated ClusterIPs")
+        ));
+    }
     if !settings.tcp_be_liberal {
         forward.push("-m conntrack --ctstate INVALID -j DROP".to_string());
     }
@@ -323,10 +336,11 @@ mod tests {
     fn settings() -> GlueSettings {
         GlueSettings {
             mark: 0x4000,
-            local_cidr: Some("10.244.0.0/16".into()),
+            not_local: Some("! -s 10.244.0.0/16".into()),
             masquerade_all: false,
             random_fully: true,
             tcp_be_liberal: false,
+            service_cidrs: Vec::new(),
         }
     }
 
@@ -350,12 +364,37 @@ mod tests {
         };
         assert!(rule(&all).ends_with("-m set --match-set SWYD-CLUSTER-IP dst,dst -j SWYD-MARK-MASQ"));
         let none = GlueSettings {
-            local_cidr: None,
+            not_local: None,
             ..settings()
         };
         assert!(rule(&none).contains("SWYD-CLUSTER-IP src,dst"));
         let v6 = glue(IpFamily::IPv6, &settings());
         assert!(v6.nat[0].rules[0].contains("SWYD-6-LOAD-BALANCER"));
+        // The interface detectors: IPVS expresses them in its glue, as kube-proxy's IPVS mode does.
+        let bridge = GlueSettings {
+            not_local: Some("! -i cbr0".into()),
+            ..settings()
+        };
+        assert!(
+            rule(&bridge).contains("! -i cbr0 -m set --match-set SWYD-CLUSTER-IP dst,dst -j SWYD-MARK-MASQ")
+        );
+    }
+
+    /// One DROP per ServiceCIDR in the forward chain, ahead of its ACCEPTs; none without ServiceCIDRs.
+    #[test]
+    fn unallocated_service_addresses_are_dropped_per_service_cidr() {
+        let with = GlueSettings {
+            service_cidrs: vec!["10.96.0.0/16".into(), "10.97.0.0/16".into()],
+            ..settings()
+        };
+        let forward = |s: &GlueSettings| glue(IpFamily::IPv4, s).filter[0].rules.clone();
+        let rules = forward(&with);
+        assert!(
+            rules[0].ends_with("-m conntrack --ctstate NEW -d 10.96.0.0/16 -j DROP"),
+            "{rules:?}"
+        );
+        assert!(rules[1].ends_with("-d 10.97.0.0/16 -j DROP"), "{rules:?}");
+        assert_eq!(rules.len(), forward(&settings()).len() + 2);
     }
 
     #[test]

@@ -120,10 +120,11 @@ fn glue_settings(spec: &NodeForwardingPlanSpec, facts: &HostFacts, family: IpFam
     let env = FamilyEnv::new(spec, family, &facts.local_addrs);
     GlueSettings {
         mark: env.mark,
-        local_cidr: env.local_cidr.map(|net| net.to_string()),
+        not_local: env.local.iptables_not_local(),
         masquerade_all: env.masquerade_all,
         random_fully: facts.random_fully,
         tcp_be_liberal: facts.tcp_be_liberal,
+        service_cidrs: env.service_cidrs.iter().map(ToString::to_string).collect(),
     }
 }
 

@@ -178,16 +178,28 @@ impl Nft for ExecNft {
             command: format!("nft -j list table {keyword} {TABLE}"),
             source,
         })?;
-        if !status.success() {
-            if stderr.contains("No such file or directory") {
-                return Ok(None);
+        if !status.success() && stderr.contains("No such file or directory") {
+            return Ok(None);
+        }
+        let failure = if status.success() {
+            match parsed {
+                Ok(state) => return Ok(Some(state)),
+                Err(reason) => reason,
             }
-            return Err(listing_error(format!(
+        } else {
+            format!(
                 "nft exited with {status}: {}",
                 stderr.lines().next().unwrap_or_default()
-            )));
+            )
+        };
+        // kubernetes#136786: an `nft` older than the one that wrote something on the host can crash
+        // (or print what it cannot parse) while listing. The sync goes on from the netlink summary:
+        // the sets it cannot read are flushed and refilled, chains compared by digest.
+        tracing::warn!(family = keyword, reason = %failure, "nft -j list failed; reading the table over netlink");
+        match self.summary(family) {
+            Ok(summary) => Ok(summary.map(|summary| listing::from_summary(summary, family))),
+            Err(_) => Err(listing_error(failure)),
         }
-        parsed.map(Some).map_err(listing_error)
     }
 
     fn exists(&mut self, family: IpFamily) -> Result<bool, Error> {

@@ -126,11 +126,11 @@ pub fn render_global(env: &FamilyEnv, state: &mut TableState) {
     let mut services = Vec::new();
     if env.masquerade_all {
         services.push(format!("{ip} daddr @{} jump {masq}", SetId::ClusterIps.name()));
-    } else if let Some(cidr) = &env.local_cidr {
+    } else if let Some(not_local) = env.local.nft_not_local(ip) {
         // Off-cluster traffic to a ClusterIP may have been routed here by a static route for the service
         // range and could otherwise bounce off-node asymmetrically.
         services.push(format!(
-            "{ip} daddr @{} {ip} saddr != {cidr} jump {masq}",
+            "{ip} daddr @{} {not_local} jump {masq}",
             SetId::ClusterIps.name()
         ));
     }
@@ -210,11 +210,16 @@ pub fn render_global(env: &FamilyEnv, state: &mut TableState) {
             SetId::NoEndpointNodeports.name()
         )],
     ));
-    chains.push((
-        names::CLUSTER_IPS_CHECK,
-        // Still addressed to a ClusterIP after DNAT: a port the service does not define.
-        vec![format!("{ip} daddr @{} reject", SetId::ClusterIps.name())],
-    ));
+    // Still addressed to a ClusterIP after DNAT: a port the service does not define.
+    let mut cluster_ips_check = vec![format!("{ip} daddr @{} reject", SetId::ClusterIps.name())];
+    if !env.service_cidrs.is_empty() {
+        // Still inside a Service range after DNAT and no ClusterIP: an unallocated address. Dropped
+        // here instead of leaving by the default route (kube-proxy's nftables mode; one element per
+        // ServiceCIDR, whatever the number of addresses in it).
+        let cidrs: Vec<String> = env.service_cidrs.iter().map(ToString::to_string).collect();
+        cluster_ips_check.push(format!("{ip} daddr {{ {} }} drop", cidrs.join(", ")));
+    }
+    chains.push((names::CLUSTER_IPS_CHECK, cluster_ips_check));
     chains.push((names::REJECT_CHAIN, vec!["reject".to_string()]));
     for (name, rules) in chains {
         state.chains.insert(name.to_string(), ChainDef::regular(rules));

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use switchyard_api::{IpFamily, Protocol};
 
+use super::kernel::Summary;
 use super::model::{ChainBody, ChainDef, ChainType, Claim, Hook, Key, SetId, SetState, TableState, Value};
 use super::names::{DIGEST_PREFIX, TABLE};
 
@@ -251,6 +252,42 @@ pub fn parse(reader: impl Read, family: IpFamily) -> Result<TableState, String> 
         }
     }
     Ok(state)
+}
+
+/// What a full sync can know of our table without `nft`'s JSON: the netlink summary (every chain's
+/// rule count and digest, every set's digest). Used when `nft -j list` fails: an `nft` older than the
+/// one that wrote something on the host can crash while listing (kubernetes#136786). Base chains get
+/// the hook our layout gives their name (an unknown one gets none, so the diff recreates the table);
+/// every fixed-role set that holds elements is unreadable, so the diff flushes and refills it in the
+/// same transaction; affinity sets keep their kernel-learnt clients.
+pub fn from_summary(summary: Summary, family: IpFamily) -> TableState {
+    let mut state = TableState::new(family);
+    let strip = |d: Option<String>| d.map(|d| d.strip_prefix(DIGEST_PREFIX).map(str::to_string).unwrap_or(d));
+    for (name, set) in summary.sets {
+        if set.elements > 0 && SetId::parse(&name).is_some() {
+            state.unreadable.insert(name.clone());
+        }
+        let digest = strip(set.digest).unwrap_or_default();
+        state.sets.insert(name, SetState { digest, decl: None });
+    }
+    let hooks = super::global::base_chains();
+    for (name, chain) in summary.chains {
+        let base = chain
+            .base
+            .then(|| {
+                hooks
+                    .iter()
+                    .find(|(n, _, _)| *n == name)
+                    .map(|(_, hook, _)| *hook)
+            })
+            .flatten();
+        let body = ChainBody::Summary {
+            rules: chain.rules,
+            digest: strip(chain.digest),
+        };
+        state.chains.insert(name, ChainDef { base, body });
+    }
+    state
 }
 
 fn static_hook(hook: &str) -> &'static str {

@@ -62,7 +62,8 @@
 //! # Differences from kube-proxy's nftables mode
 //!
 //! - The class-map fast path above instead of a chain per service.
-//! - No DROP of unallocated ServiceCIDR addresses (the plan does not carry the ServiceCIDRs).
+//! - Like kube-proxy's: `cluster-ips-check` drops `ip daddr { <the plan's serviceCIDRs> }` after DNAT,
+//!   one element per range (nft merges adjacent ones).
 //! - Like kube-proxy's nftables mode and unlike our iptables backend: no accept rules (forwarding of
 //!   marked traffic, health-check node ports), no INVALID-drop rule, no localhost NodePorts.
 //! - `status.rules` counts rules plus set and map elements, since most of the dispatch lives in elements.

@@ -334,10 +334,10 @@ fn external_rules(
         rules.push(to(cluster));
         return rules;
     }
-    if let Some(cidr) = &env.local_cidr {
+    if let Some(local) = env.local.nft_local(env.ip()) {
         // Pod → external destination behaves as if it went out to the load balancer and came back:
         // neither traffic policy applies.
-        rules.push(format!("{} saddr {cidr} {}", env.ip(), to(cluster)));
+        rules.push(format!("{local} {}", to(cluster)));
     }
     // The host itself: the LB IP may be local, so it would be the source; masquerade and use every
     // endpoint.

@@ -34,8 +34,13 @@ impl ConntrackSysctls {
     }
 
     /// Reads, writes what [`settings::apply`] decides, logs and counts; returns what failed, if anything.
-    pub fn reconcile(&mut self, metrics: &SyncMetrics) -> Option<String> {
-        let outcomes = settings::apply(self.sysctls.as_mut(), &self.settings);
+    /// `route_localnet`: the applied plan serves localhost NodePorts.
+    pub fn reconcile(&mut self, metrics: &SyncMetrics, route_localnet: bool) -> Option<String> {
+        let settings = ConntrackSettings {
+            route_localnet: route_localnet || self.settings.route_localnet,
+            ..self.settings
+        };
+        let outcomes = settings::apply(self.sysctls.as_mut(), &settings);
         let first = !self.reported;
         self.reported = true;
         let mut failed = Vec::new();
@@ -84,7 +89,7 @@ mod tests {
         sysctls.set_read_only(true);
         let metrics = SyncMetrics::default();
         let mut keeper = ConntrackSysctls::new(Box::new(sysctls.clone()), ConntrackSettings::default());
-        let problem = keeper.reconcile(&metrics).unwrap_or_default();
+        let problem = keeper.reconcile(&metrics, false).unwrap_or_default();
         assert!(
             problem
                 .starts_with("net.netfilter.nf_conntrack_tcp_timeout_close_wait: cannot set 3600 (found 60)"),
@@ -92,7 +97,7 @@ mod tests {
         );
         assert_eq!(metrics.conntrack_sysctl_failures.get(), 1);
         sysctls.set_read_only(false);
-        assert_eq!(keeper.reconcile(&metrics), None);
+        assert_eq!(keeper.reconcile(&metrics, false), None);
         assert_eq!(sysctls.values()[TCP_TIMEOUT_CLOSE_WAIT], "3600");
         assert_eq!(metrics.conntrack_sysctl_failures.get(), 1);
     }

@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
-use switchyard_api::SyncMode;
+use switchyard_api::{IpFamily, SyncMode};
 
 /// `mode="full"` or `mode="partial"`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,6 +32,36 @@ impl ModeLabel {
         };
         Self { mode: mode.into() }
     }
+}
+
+/// `mode` and `ip_family` (`IPv4` | `IPv6`) of a sync's duration, as kube-proxy labels its per-family
+/// proxiers' series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeFamilyLabel {
+    /// `full` or `partial`.
+    pub mode: String,
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
+}
+
+impl ModeFamilyLabel {
+    /// The label of a sync mode and family.
+    pub fn of(mode: SyncMode, family: IpFamily) -> Self {
+        Self {
+            mode: ModeLabel::of(mode).mode,
+            ip_family: format!("{family:?}"),
+        }
+    }
+}
+
+/// `traffic_policy` (`internal` | `external`) and `ip_family`: kube-proxy's
+/// `sync_proxy_rules_no_local_endpoints_total` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyFamilyLabel {
+    /// `internal` (internalTrafficPolicy Local) or `external` (externalTrafficPolicy Local).
+    pub traffic_policy: String,
+    /// `IPv4` or `IPv6`.
+    pub ip_family: String,
 }
 
 /// `reason="endpoint-removed"` or `reason="udp-stale"`: why conntrack entries were cleared.
@@ -53,6 +83,37 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// kube-proxy's no-local-endpoints counts of the entries applied (indexes in `skip` left out): per
+/// family, (internal, external) — Service ports whose internal (external) traffic policy is Local, that
+/// have endpoints, and none of them on this node. Every family of `families` is listed, at 0 if need be.
+pub fn no_local_endpoints(
+    spec: &switchyard_api::NodeForwardingPlanSpec,
+    skip: &std::collections::HashSet<usize>,
+    families: impl IntoIterator<Item = IpFamily>,
+) -> std::collections::BTreeMap<IpFamily, (i64, i64)> {
+    use switchyard_api::TrafficPolicy::Local;
+    let mut counts: std::collections::BTreeMap<IpFamily, (i64, i64)> =
+        families.into_iter().map(|f| (f, (0, 0))).collect();
+    for (_, entry) in spec
+        .services
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !skip.contains(i))
+    {
+        if !entry.has_endpoints || entry.local_endpoints().next().is_some() {
+            continue;
+        }
+        let count = counts.entry(entry.family).or_default();
+        if entry.internal_policy == Local {
+            count.0 += 1;
+        }
+        if entry.external_policy == Local && entry.externally_accessible() {
+            count.1 += 1;
+        }
+    }
+    counts
+}
+
 fn duration_histogram() -> Histogram {
     // 1 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -61,8 +122,14 @@ fn duration_histogram() -> Histogram {
 /// Everything the sync loop counts. Clones share the same values.
 #[derive(Clone, Debug)]
 pub struct SyncMetrics {
-    /// Sync durations by mode.
-    pub sync_duration: Family<ModeLabel, Histogram>,
+    /// Sync durations by mode and family: one sync programs every family of the plan together, so
+    /// a dual-stack sync is observed once under each.
+    pub sync_duration: Family<ModeFamilyLabel, Histogram>,
+    /// Service ports whose Local traffic policy has no endpoint on this node while the Service has
+    /// endpoints elsewhere (their traffic of that kind is dropped here), by policy and family, as of
+    /// the last sync: kube-proxy's `sync_proxy_rules_no_local_endpoints_total` (a gauge despite the
+    /// name).
+    pub no_local_endpoints: Family<PolicyFamilyLabel, Gauge>,
     /// Successful syncs by mode.
     pub syncs: Family<ModeLabel, Counter>,
     /// Syncs the kernel refused (restore or jump-rule failures).
@@ -103,6 +170,7 @@ impl Default for SyncMetrics {
         Self {
             sync_duration: Family::new_with_constructor(duration_histogram),
             syncs: Family::default(),
+            no_local_endpoints: Family::default(),
             sync_failures: Counter::default(),
             restore_failures: {
                 // Exported at 0 from the start, so alerts can use rate() on a known series.
@@ -151,6 +219,12 @@ impl SyncMetrics {
             self.sync_duration.clone(),
         );
         registry.register("syncs", "Successful syncs", self.syncs.clone());
+        registry.register(
+            "no_local_endpoints",
+            "Service ports with a Local traffic policy and no endpoint on this node (their traffic of that \
+             kind is dropped here), by traffic_policy (internal, external) and ip_family",
+            self.no_local_endpoints.clone(),
+        );
         registry.register(
             "sync_failures",
             "Syncs the kernel refused",
@@ -214,11 +288,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_local_endpoints_counts_as_kube_proxy() {
+        use switchyard_api::TrafficPolicy::Local;
+        use switchyard_api::testing::{EndpointExt, EntryExt, entry, ep, plan};
+        let mut itp = entry("ns/itp:p", "10.96.0.1", 80).with(ep("10.244.2.5", 80));
+        itp.internal_policy = Local;
+        let mut etp = entry("ns/etp:p", "10.96.0.2", 80)
+            .node_port(30080)
+            .with(ep("10.244.2.6", 80));
+        etp.external_policy = Local;
+        let mut served = entry("ns/served:p", "10.96.0.3", 80)
+            .node_port(30081)
+            .with(ep("10.244.1.7", 80).local());
+        served.external_policy = Local;
+        served.internal_policy = Local;
+        let mut none = entry("ns/none:p", "10.96.0.4", 80);
+        none.internal_policy = Local;
+        none.has_endpoints = false;
+        let spec = plan("node-a", vec![itp, etp, served, none]);
+        let counts = no_local_endpoints(&spec, &Default::default(), [IpFamily::IPv4, IpFamily::IPv6]);
+        assert_eq!(counts[&IpFamily::IPv4], (1, 1));
+        assert_eq!(counts[&IpFamily::IPv6], (0, 0));
+        let itp = spec.services.iter().position(|e| e.name == "ns/itp:p").unwrap();
+        let skip = [itp].into_iter().collect();
+        assert_eq!(no_local_endpoints(&spec, &skip, [])[&IpFamily::IPv4], (0, 1));
+    }
+
+    #[test]
     fn metrics_encode_with_mode_labels() {
         let metrics = SyncMetrics::default();
         metrics
             .sync_duration
-            .get_or_create(&ModeLabel::of(SyncMode::Full))
+            .get_or_create(&ModeFamilyLabel::of(SyncMode::Full, IpFamily::IPv4))
             .observe(0.5);
         metrics
             .syncs
@@ -230,7 +331,7 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
-            text.contains("switchyard_agent_sync_duration_seconds_count{mode=\"full\"} 1"),
+            text.contains("switchyard_agent_sync_duration_seconds_count{mode=\"full\",ip_family=\"IPv4\"} 1"),
             "{text}"
         );
         assert!(

@@ -39,7 +39,9 @@ use super::conntrack_sysctls::ConntrackSysctls;
 use super::conntrack_worker::{ConntrackWorker, Job};
 use super::dataplane::{Cleanup, Dataplane, SyncRequest};
 use super::drain::{COUNT_EVERY, Drain};
-use super::metrics::{KindLabel, ModeLabel, SyncMetrics};
+use super::metrics::{
+    KindLabel, ModeFamilyLabel, ModeLabel, PolicyFamilyLabel, SyncMetrics, no_local_endpoints,
+};
 use super::status_fields::{MAX_REASON, cap_failures, entry_failures, set_condition, short};
 use crate::conntrack::{Conntrack, ConntrackSettings, removed_endpoints, udp_fingerprints, udp_targets};
 use crate::error::Error;
@@ -699,10 +701,24 @@ impl Syncer {
                 let endpoints = applied_entries().map(|(_, e)| e.endpoints.len() as u32).sum();
                 let mode = outcome.mode;
                 let label = ModeLabel::of(mode);
-                self.metrics
-                    .sync_duration
-                    .get_or_create(&label)
-                    .observe(duration.as_secs_f64());
+                let families = crate::backend::families_of(&spec);
+                for family in &families {
+                    self.metrics
+                        .sync_duration
+                        .get_or_create(&ModeFamilyLabel::of(mode, *family))
+                        .observe(duration.as_secs_f64());
+                }
+                for (family, (internal, external)) in no_local_endpoints(&spec, &skip, families) {
+                    for (policy, count) in [("internal", internal), ("external", external)] {
+                        self.metrics
+                            .no_local_endpoints
+                            .get_or_create(&PolicyFamilyLabel {
+                                traffic_policy: policy.into(),
+                                ip_family: format!("{family:?}"),
+                            })
+                            .set(count);
+                    }
+                }
                 self.metrics.syncs.get_or_create(&label).inc();
                 self.metrics.rules.set(outcome.rules as i64);
                 self.metrics.services.set(i64::from(services));
@@ -755,7 +771,8 @@ impl Syncer {
                 if mode == SyncMode::Full {
                     self.last_full = Some(now);
                     if let Some(sysctls) = &mut self.conntrack_sysctls {
-                        self.sysctl_problem = sysctls.reconcile(&self.metrics);
+                        let localhost = spec.cluster.localhost_node_ports;
+                        self.sysctl_problem = sysctls.reconcile(&self.metrics, localhost);
                     }
                 }
                 self.last = Last::Applied;

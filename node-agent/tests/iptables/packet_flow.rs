@@ -611,3 +611,255 @@ fn affinity_checks_come_before_the_random_pick() {
         assert!((trace.probability(&verdict) - 0.5).abs() < 1e-9);
     }
 }
+
+/// A plan setting of `everything()` and the flows it decides; `interface` is where a packet arrives
+/// (`None`: an interface no rule names, or the host's own packet).
+type Setting = (
+    &'static str,
+    fn(&mut switchyard_api::NodeForwardingPlanSpec),
+    Vec<(Option<&'static str>, Flow)>,
+);
+
+/// The local-traffic detector's interface modes (kube-proxy's `BridgeInterface` and
+/// `InterfaceNamePrefix`), the ServiceCIDR drop and localhost NodePorts, as kube-proxy decides them.
+/// 10.250.1.5 is a pod outside every cluster CIDR (a VPC CNI's address).
+#[test]
+fn detector_modes_service_cidrs_and_localhost_node_ports() {
+    use switchyard_api::DetectLocalMode;
+    const VPC_POD: &str = "10.250.1.5";
+    let multi = "10.244.1.5:8080, 10.244.2.5:8080, 10.244.3.5:8080";
+    let np = "10.244.2.6:80, 10.244.3.6:80";
+    let settings: Vec<Setting> = vec![
+        (
+            "ClusterCIDR (the default): the VPC pod is taken for an outside client",
+            |_| {},
+            vec![(
+                Some("cbr0"),
+                tcp("vpc pod to cluster IP", VPC_POD, "10.96.0.1", 80, multi, true),
+            )],
+        ),
+        (
+            "BridgeInterface cbr0",
+            |s| {
+                s.cluster.detect_local = DetectLocalMode::BridgeInterface;
+                s.cluster.local_traffic_cidrs.clear();
+                s.cluster.local_traffic_interface = Some("cbr0".into());
+            },
+            vec![
+                (
+                    Some("cbr0"),
+                    tcp(
+                        "vpc pod on the bridge to cluster IP",
+                        VPC_POD,
+                        "10.96.0.1",
+                        80,
+                        multi,
+                        false,
+                    ),
+                ),
+                (
+                    Some("pv0"),
+                    tcp(
+                        "pod off the bridge to cluster IP",
+                        POD,
+                        "10.96.0.1",
+                        80,
+                        multi,
+                        true,
+                    ),
+                ),
+                (
+                    Some("eth0"),
+                    tcp("external to cluster IP", EXT, "10.96.0.1", 80, multi, true),
+                ),
+                (
+                    None,
+                    tcp("node to cluster IP", NODE, "10.96.0.1", 80, multi, true),
+                ),
+                // kubernetes#131765: the pod's own externalIP of an eTP=Local Service with no local
+                // endpoint is short-circuited to every endpoint, not dropped.
+                (
+                    Some("cbr0"),
+                    tcp(
+                        "vpc pod to eTP=Local externalIP, none local",
+                        VPC_POD,
+                        "203.0.113.40",
+                        80,
+                        "10.244.2.9:80",
+                        false,
+                    ),
+                ),
+                (
+                    Some("eth0"),
+                    tcp(
+                        "external to eTP=Local externalIP, none local",
+                        EXT,
+                        "203.0.113.40",
+                        80,
+                        "DROP",
+                        false,
+                    ),
+                ),
+                (
+                    Some("cbr01"),
+                    tcp(
+                        "a longer name is another interface",
+                        VPC_POD,
+                        "10.96.0.1",
+                        80,
+                        multi,
+                        true,
+                    ),
+                ),
+            ],
+        ),
+        (
+            "InterfaceNamePrefix veth",
+            |s| {
+                s.cluster.detect_local = DetectLocalMode::InterfaceNamePrefix;
+                s.cluster.local_traffic_cidrs.clear();
+                s.cluster.local_traffic_interface = Some("veth".into());
+            },
+            vec![
+                (
+                    Some("veth9a1b"),
+                    tcp(
+                        "vpc pod on a veth to cluster IP",
+                        VPC_POD,
+                        "10.96.0.1",
+                        80,
+                        multi,
+                        false,
+                    ),
+                ),
+                (
+                    Some("eth0"),
+                    tcp("external to cluster IP", EXT, "10.96.0.1", 80, multi, true),
+                ),
+                (
+                    None,
+                    tcp("node to cluster IP", NODE, "10.96.0.1", 80, multi, true),
+                ),
+                (
+                    Some("veth0"),
+                    tcp(
+                        "vpc pod to eTP=Local externalIP, none local",
+                        VPC_POD,
+                        "203.0.113.40",
+                        80,
+                        "10.244.2.9:80",
+                        false,
+                    ),
+                ),
+            ],
+        ),
+        (
+            "ServiceCIDR 10.96.0.0/16",
+            |s| s.cluster.service_cidrs = vec!["10.96.0.0/16".into()],
+            vec![
+                (
+                    None,
+                    tcp(
+                        "pod to an unallocated service address",
+                        POD,
+                        "10.96.0.99",
+                        80,
+                        "DROP",
+                        false,
+                    ),
+                ),
+                (
+                    None,
+                    tcp(
+                        "node to an unallocated service address",
+                        NODE,
+                        "10.96.0.99",
+                        80,
+                        "DROP",
+                        false,
+                    ),
+                ),
+                (
+                    None,
+                    tcp(
+                        "pod to a port no Service defines",
+                        POD,
+                        "10.96.0.1",
+                        81,
+                        "DROP",
+                        false,
+                    ),
+                ),
+                (
+                    None,
+                    tcp(
+                        "pod to cluster IP still served",
+                        POD,
+                        "10.96.0.1",
+                        80,
+                        multi,
+                        false,
+                    ),
+                ),
+                (
+                    None,
+                    tcp(
+                        "pod to an address outside the range",
+                        POD,
+                        "10.97.0.99",
+                        80,
+                        "ACCEPT",
+                        false,
+                    ),
+                ),
+            ],
+        ),
+        (
+            "localhost NodePorts",
+            |s| s.cluster.localhost_node_ports = true,
+            vec![
+                (
+                    None,
+                    tcp(
+                        "node to NodePort on localhost",
+                        NODE,
+                        "127.0.0.1",
+                        30080,
+                        np,
+                        true,
+                    ),
+                ),
+                (
+                    None,
+                    tcp("node to NodePort on its address", NODE, NODE, 30080, np, true),
+                ),
+            ],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (setting, mutate, flows) in settings {
+        let mut spec = everything();
+        mutate(&mut spec);
+        let ruleset = render_all(&spec, &facts(), IpFamily::IPv4);
+        let tracer = Tracer::from_ruleset(&ruleset, &local_addrs()).unwrap();
+        for (interface, flow) in flows {
+            let mut packet = Packet::new(ip(flow.source), flow.protocol, ip(flow.dest), flow.port);
+            if let Some(name) = interface {
+                packet = packet.arriving_on(name);
+            }
+            let trace = tracer.trace(&packet).unwrap();
+            if trace.output() != flow.output || trace.masquerade() != flow.masq {
+                failures.push(format!(
+                    "{setting}: {} (on {interface:?})\n  want {:?} masq={}\n  got  {:?} masq={}\n{}",
+                    flow.name,
+                    flow.output,
+                    flow.masq,
+                    trace.output(),
+                    trace.masquerade(),
+                    trace.explain()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -310,7 +310,10 @@ proptest! {
                 facts: &facts,
                 family,
                 skip: &none,
-                mode: StreamMode::Full { existing: &empty },
+                mode: StreamMode::Full {
+                    existing: &empty,
+                    existing_filter: &empty,
+                },
                 jumps: &[],
             };
             let (old_text, old_streamed) = full(&old).to_text().unwrap();

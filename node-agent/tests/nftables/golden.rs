@@ -78,3 +78,46 @@ fn rendering_is_deterministic_and_plain_services_need_no_chain() {
     let empty = render(&spec, &HostFacts::default(), IpFamily::IPv4, &skip);
     assert_eq!(empty.element_count(), 0);
 }
+
+/// The interface detectors and the ServiceCIDR drop: kube-proxy's `iifname` matches in the ClusterIP
+/// masquerade and the eTP=Local pod short-circuit, and one `drop` element per ServiceCIDR in
+/// `cluster-ips-check`.
+#[test]
+fn full_table_bridge_detector_and_service_cidrs() {
+    use switchyard_api::DetectLocalMode;
+    let mut spec = everything();
+    spec.services.retain(|s| {
+        ["ns1/multi:p80", "ns4/local:p80", "ns5/nolocal:p80"].contains(&s.name.as_str())
+            && s.family == IpFamily::IPv4
+    });
+    spec.cluster.detect_local = DetectLocalMode::BridgeInterface;
+    spec.cluster.local_traffic_cidrs.clear();
+    spec.cluster.local_traffic_interface = Some("cbr0".into());
+    spec.cluster.service_cidrs = vec![
+        "10.96.0.0/16".into(),
+        "10.97.0.0/16".into(),
+        "fd00:10:96::/112".into(),
+    ];
+    finish(&mut spec);
+    let text = render_text(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
+    for line in [
+        "add rule ip switchyard services ip daddr @cluster-ips iifname != \"cbr0\" jump mark-for-masquerade",
+        "iifname \"cbr0\" goto service-",
+        "add rule ip switchyard cluster-ips-check ip daddr { 10.96.0.0/16, 10.97.0.0/16 } drop",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+    insta::assert_snapshot!(text);
+
+    // The prefix detector spells a wildcard; no ServiceCIDR, no drop rule.
+    spec.cluster.detect_local = DetectLocalMode::InterfaceNamePrefix;
+    spec.cluster.local_traffic_interface = Some("veth".into());
+    spec.cluster.service_cidrs.clear();
+    let text = render_text(&spec, &HostFacts::default(), IpFamily::IPv4, &HashSet::new());
+    assert!(
+        text.contains("iifname != \"veth*\" jump mark-for-masquerade"),
+        "{text}"
+    );
+    assert!(text.contains("iifname \"veth*\" goto service-"), "{text}");
+    assert!(!text.contains("} drop"), "{text}");
+}

@@ -17,6 +17,8 @@ mod incremental;
 #[path = "../common/lab.rs"]
 mod lab;
 #[cfg(test)]
+mod listing;
+#[cfg(test)]
 mod real_kernel;
 #[cfg(test)]
 mod sync;

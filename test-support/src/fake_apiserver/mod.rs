@@ -140,6 +140,8 @@ pub enum Kind {
     CustomResourceDefinition,
     /// core/v1 Namespaces (stored; nothing is refused for a namespace that does not exist).
     Namespace,
+    /// networking.k8s.io/v1 ServiceCIDRs.
+    ServiceCidr,
 }
 
 impl Kind {
@@ -151,6 +153,7 @@ impl Kind {
             Self::Lease => "coordination.k8s.io/v1",
             Self::Event => "events.k8s.io/v1",
             Self::CustomResourceDefinition => "apiextensions.k8s.io/v1",
+            Self::ServiceCidr => "networking.k8s.io/v1",
         }
     }
 
@@ -166,6 +169,7 @@ impl Kind {
             Self::Event => "Event",
             Self::CustomResourceDefinition => "CustomResourceDefinition",
             Self::Namespace => "Namespace",
+            Self::ServiceCidr => "ServiceCIDR",
         }
     }
 }

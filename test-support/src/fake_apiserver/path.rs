@@ -41,6 +41,7 @@ pub(super) fn parse_path(path: &str) -> Option<Target> {
         "events" => Kind::Event,
         "customresourcedefinitions" => Kind::CustomResourceDefinition,
         "namespaces" => Kind::Namespace,
+        "servicecidrs" => Kind::ServiceCidr,
         _ => return None,
     };
     Some(Target {

@@ -152,16 +152,11 @@ pub async fn run(ctx: Context, mut stop: watch::Receiver<bool>) {
     let (tx, mut rx) = mpsc::channel(INPUT_QUEUE);
     let all = watcher::Config::default;
     let client = &ctx.client;
-    spawn(
-        client,
-        all(),
-        Input::Rollout,
-        tx.clone(),
-        Arc::clone(&ctx.metrics),
-    );
-    spawn(client, all(), Input::Node, tx.clone(), Arc::clone(&ctx.metrics));
+    let m = || Arc::clone(&ctx.metrics);
+    spawn(client, all(), Input::Rollout, None, tx.clone(), m());
+    spawn(client, all(), Input::Node, None, tx.clone(), m());
     let ours = all().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-    spawn(client, ours, Input::Plan, tx, Arc::clone(&ctx.metrics));
+    spawn(client, ours, Input::Plan, None, tx, m());
 
     let writes = KubeWrites::new(
         ctx.client.clone(),

@@ -142,3 +142,57 @@ fn each_problem_is_found_with_its_counts_and_healthy_services_have_none() {
         }
     }
 }
+
+/// An externalIP the policy refuses gets a problem (a Warning Event live) and no rule; the others of
+/// the same Service are still served.
+#[test]
+fn refused_external_ips_are_a_problem_and_get_no_rules() {
+    use crate::config::ExternalIpPolicy;
+    use crate::planner::{Planner, fixtures::snapshot};
+    let svc = web(|s| s.spec_mut().external_ips = Some(vec!["203.0.113.7".into(), "198.51.100.9".into()]));
+    let eps = slices(vec![endpoint("10.244.1.5", "node-a")]);
+    let cases = [
+        (
+            ExternalIpPolicy::AllowAll,
+            vec!["203.0.113.7", "198.51.100.9"],
+            None,
+        ),
+        (
+            ExternalIpPolicy::AllowCidrs(vec!["203.0.113.0/24".parse().unwrap()]),
+            vec!["203.0.113.7"],
+            Some(
+                "externalIPs 198.51.100.9 are refused by the controller's externalIPs policy (allowCIDRs [203.0.113.0/24])",
+            ),
+        ),
+        (
+            ExternalIpPolicy::Deny,
+            vec![],
+            Some(
+                "externalIPs 203.0.113.7, 198.51.100.9 are refused by the controller's externalIPs policy (deny)",
+            ),
+        ),
+    ];
+    for (policy, served, message) in cases {
+        let mut config = config();
+        config.external_ips = policy.clone();
+        let refs: Vec<&EndpointSlice> = eps.iter().collect();
+        let got = service_problems(&svc, &refs, &config);
+        match message {
+            None => assert!(got.is_empty(), "{policy:?}: {got:?}"),
+            Some(message) => {
+                assert_eq!(got.len(), 1, "{policy:?}: {got:?}");
+                assert_eq!(got[0].reason, reasons::EXTERNAL_IP_NOT_ALLOWED);
+                assert!(got[0].message.contains(message), "{}", got[0].message);
+            }
+        }
+        let planner = Planner::build(&snapshot(vec![svc.clone()], eps.clone()), &config).unwrap();
+        let plan = planner.composed("node-a").unwrap().unwrap();
+        let entry = plan
+            .spec
+            .services
+            .iter()
+            .find(|e| e.name == "ns1/web:http")
+            .unwrap();
+        assert_eq!(entry.external_ips, served, "{policy:?}");
+    }
+}

@@ -49,7 +49,7 @@ mod rule;
 mod walk;
 
 use rule::{Rule, Target};
-pub use walk::{Branch, Packet, Trace, Verdict};
+pub use walk::{Branch, Interface, Packet, Trace, Verdict};
 
 /// The modelled iptables state of one family, plus the node's local addresses.
 #[derive(Debug, Clone)]

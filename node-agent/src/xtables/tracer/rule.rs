@@ -19,6 +19,11 @@ pub(super) enum Match {
         negated: bool,
         net: IpNet,
     },
+    /// `-i NAME` (`NAME+`: a prefix), the local-traffic detector's interface modes.
+    InInterface {
+        negated: bool,
+        name: String,
+    },
     Dest {
         negated: bool,
         net: IpNet,
@@ -118,7 +123,7 @@ impl Rule {
             };
             let negatable = matches!(
                 token,
-                "-s" | "-d" | "-p" | "--dport" | "--src-type" | "--dst-type"
+                "-s" | "-d" | "-i" | "-p" | "--dport" | "--src-type" | "--dst-type"
             ) || matches!(token, "--mark" | "--ctstate" | "--match-set");
             if negated && !negatable {
                 return Err(format!("{token} cannot be negated"));
@@ -158,6 +163,10 @@ impl Rule {
                 "-s" => matches.push(Match::Source {
                     negated,
                     net: parse_net(value(token)?)?,
+                }),
+                "-i" => matches.push(Match::InInterface {
+                    negated,
+                    name: value(token)?.to_string(),
                 }),
                 "-d" => matches.push(Match::Dest {
                     negated,

@@ -28,6 +28,41 @@ pub struct Packet {
     pub dest: IpAddr,
     /// Destination port before any DNAT.
     pub dest_port: u16,
+    /// The interface it arrives on (`-i`); `None` is an interface no rule names. Packets the host
+    /// sends have none, whatever this says.
+    pub in_interface: Option<Interface>,
+}
+
+/// An interface name a packet arrives on, kept inline so [`Packet`] stays `Copy` (names longer than
+/// Linux's 15 bytes are cut).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Interface {
+    len: u8,
+    bytes: [u8; 15],
+}
+
+impl Interface {
+    /// The interface called `name`.
+    pub fn new(name: &str) -> Self {
+        let mut bytes = [0; 15];
+        let len = name.len().min(15);
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Self {
+            len: len as u8,
+            bytes,
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Interface {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.name())
+    }
 }
 
 impl Packet {
@@ -38,7 +73,14 @@ impl Packet {
             protocol,
             dest,
             dest_port,
+            in_interface: None,
         }
+    }
+
+    /// The same packet arriving on `interface`.
+    pub fn arriving_on(mut self, interface: &str) -> Self {
+        self.in_interface = Some(Interface::new(interface));
+        self
     }
 }
 
@@ -150,6 +192,11 @@ impl Tracer {
         }
         let from_host = self.is_local(packet.source);
         let start = State {
+            // Locally generated packets have no input interface (iptables matches `-i` against "").
+            iif: match (&packet.in_interface, from_host) {
+                (Some(name), false) => name.name().to_string(),
+                _ => String::new(),
+            },
             src: packet.source,
             dst: packet.dest,
             dport: packet.dest_port,
@@ -302,6 +349,7 @@ impl Tracer {
 
 #[derive(Debug, Clone)]
 struct State {
+    iif: String,
     src: IpAddr,
     dst: IpAddr,
     dport: u16,
@@ -354,6 +402,14 @@ impl Flow {
 fn rule_matches(rule: &Rule, state: &State, tracer: &Tracer) -> bool {
     rule.matches.iter().all(|m| match m {
         Match::Source { negated, net } => net.contains(&state.src) != *negated,
+        // iptables' `-i NAME+` matches every name starting with NAME.
+        Match::InInterface { negated, name } => {
+            let matched = match name.strip_suffix('+') {
+                Some(prefix) => !state.iif.is_empty() && state.iif.starts_with(prefix),
+                None => state.iif == *name,
+            };
+            matched != *negated
+        }
         Match::Dest { negated, net } => net.contains(&state.dst) != *negated,
         Match::Protocol { negated, name } => (name == state.protocol) != *negated,
         Match::DestPort { negated, port } => (*port == state.dport) != *negated,
