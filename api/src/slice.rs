@@ -120,7 +120,8 @@ pub struct ForwardingSliceSpec {
     #[schemars(length(min = 1, max = 64))]
     pub revision: String,
     /// Counts, for `kubectl get fws` (informational).
-    #[serde(default)]
+    // Required: the controller always writes it, and a slice file without it was cut short (a Service
+    // slice of a Service that left the view counts zeros, which a missing summary would also read as).
     pub summary: PlanSummary,
     /// The entries, sorted by key, with no node's `onNode`/`local` flags set.
     #[serde(
