@@ -125,6 +125,13 @@ pub fn unknown_fields_yaml(text: &str, options: serde_saphyr::Options) -> Result
     Ok(found)
 }
 
+/// The unknown fields of one object (or List) already read as JSON.
+pub fn unknown_fields_value(value: &serde_json::Value) -> UnknownFields {
+    use serde::Deserialize as _;
+    // Reading a Value cannot fail for want of syntax; a walk that did would report nothing.
+    Document::deserialize(value).map_or_else(|_| UnknownFields::default(), |Document(fields)| fields)
+}
+
 /// One document's unknown fields.
 struct Document(UnknownFields);
 
