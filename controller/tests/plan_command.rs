@@ -116,7 +116,7 @@ fn objects_are_the_slices_then_the_plans_the_controller_writes() {
         .iter()
         .map(|d| d["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["all-0000", "zone-zone-b-0000", "node-c"]);
+    assert_eq!(names, ["all-0000", "zone-b-0000", "node-c"]);
 }
 
 #[test]
