@@ -47,13 +47,15 @@ verify-generated: generate ## Fail when the committed CRD YAML differs from the 
 
 demo: ## The example cluster in the network-namespace lab: plans, agents, their status in `kubectl get nfp` columns (files; no API server), traffic checks (root; DEMO_FLAGS=--keep leaves it up)
 	@./e2e/demo-deps.sh
-	$(CARGO) build -q --bins
+	@echo "demo: building the three binaries into target/debug/ (a first build takes several minutes; cargo shows its progress)"
+	$(CARGO) build --bins
 	./target/debug/switchyard-lab demo --cluster $(CLUSTER) --config $(CONFIG) $(DEMO_FLAGS)
 
 demo-cluster: ## The demo through the API server KUBECONFIG names (a cluster without Switchyard, or a bare kube-apiserver): CRDs, controller, agents, `kubectl get nfp`, checks, a change, all removed after (root)
 	@test -n "$$KUBECONFIG" || { echo "demo-cluster: set KUBECONFIG to the API server to use"; exit 2; }
 	@./e2e/demo-deps.sh
-	$(CARGO) build -q --bins
+	@echo "demo-cluster: building the three binaries into target/debug/ (a first build takes several minutes; cargo shows its progress)"
+	$(CARGO) build --bins
 	./target/debug/switchyard-lab demo-cluster --cluster $(CLUSTER) --config $(CONFIG) --kubeconfig "$$KUBECONFIG"
 
 plan: ## Plan the example cluster offline: per node its backend, zone, Services, endpoints, overrides, Local entries and both revisions (README "Plan offline"); reuses make build's binaries

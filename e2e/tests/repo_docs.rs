@@ -118,3 +118,31 @@ fn the_dockerfiles_build_what_make_image_builds() {
         }
     }
 }
+
+/// `make demo` and `make demo-cluster` show cargo's progress while they build (issue 45: minutes of
+/// silence), and say what they are building first.
+#[test]
+fn the_demo_targets_show_their_build() {
+    let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
+    for target in ["demo:", "demo-cluster:"] {
+        let recipe: Vec<&str> = makefile
+            .split(&format!("\n{target}"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {target} target"))
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with('\t'))
+            .collect();
+        let build = recipe
+            .iter()
+            .find(|l| l.contains("build --bins"))
+            .unwrap_or_else(|| panic!("{target} builds nothing: {recipe:?}"));
+        assert!(!build.contains(" -q"), "{target} builds quietly: {build}");
+        assert!(
+            recipe
+                .iter()
+                .any(|l| l.contains("echo") && l.contains("first build takes")),
+            "{target}: {recipe:?}"
+        );
+    }
+}
