@@ -79,9 +79,9 @@ pub fn example_checks() -> Vec<Check> {
             answered(&["heketi"]),
         ),
         Check::tcp(
-            "ClientIP affinity: 10.97.97.97 sticks to one pod",
+            "ClientIP affinity: 10.96.97.97 sticks to one pod",
             pod_c.clone(),
-            "10.97.97.97:80",
+            "10.96.97.97:80",
             20,
             sticky(&["nginx-pod"]),
         ),
@@ -187,7 +187,7 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
     let deployed = Deployed::up(description, config, lab_options)?;
     println!("{}", deployed.lab.summary());
     // The client reaches service IPs through node-a, as through a router or a BGP-announced VIP.
-    for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+    for cidr in ["203.0.113.0/24", "10.96.0.0/16"] {
         if let Ok(net) = cidr.parse::<Ipv4Net>() {
             deployed.lab.client_route_via(net, "node-a")?;
         }
