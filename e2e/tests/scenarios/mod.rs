@@ -763,6 +763,9 @@ pub fn bad_plans_keep_the_last_good_rules(suite: Suite) {
         .find(|s| s.name == "default/apache")
         .unwrap();
     std::sync::Arc::make_mut(bad).cluster_ip = "10.96.0.999".into();
+    // Edited on purpose: with the revision its content hashes to (else the file is refused whole as
+    // cut or edited, before its entries are looked at).
+    plan.spec.revision = switchyard_api::revision::compute(&plan.spec).unwrap();
     deployed
         .write_raw_plan("node-a", &serde_saphyr::to_string(&plan).unwrap())
         .unwrap();
