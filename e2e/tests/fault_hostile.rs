@@ -230,7 +230,10 @@ fn replaced(text: &str, from: &str, to: &str) -> String {
 
 fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
     let huge = "a".repeat(10 << 20);
-    let good_yaml = yaml(good);
+    // `good` is node-a's plan composed with its slices, under its live plan's revision: as a
+    // self-contained file it carries its own (what `plan --node` writes).
+    let again = stamped(good.clone());
+    let good_yaml = yaml(&again);
     let extra = || entry("hostile/extra:p", "10.96.200.1", 80);
     let mut open = good.clone();
     let web = open
@@ -375,7 +378,7 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
             name: "the good plan again",
             text: good_yaml,
             verdict: Verdict::Applied {
-                revision: good.revision.clone(),
+                revision: again.revision.clone(),
             },
         },
     ]
