@@ -47,16 +47,18 @@ verify-generated: generate ## Fail when the committed CRD YAML differs from the 
 
 demo: ## The example cluster in the network-namespace lab: plans, agents, their status in `kubectl get nfp` columns (files; no API server), traffic checks (root; DEMO_FLAGS=--keep leaves it up)
 	@./e2e/demo-deps.sh
-	$(CARGO) build -q --bins
+	@echo "demo: building the three binaries into target/debug/ (a first build takes several minutes; cargo shows its progress)"
+	$(CARGO) build --bins
 	./target/debug/switchyard-lab demo --cluster $(CLUSTER) --config $(CONFIG) $(DEMO_FLAGS)
 
 demo-cluster: ## The demo through the API server KUBECONFIG names (a cluster without Switchyard, or a bare kube-apiserver): CRDs, controller, agents, `kubectl get nfp`, checks, a change, all removed after (root)
 	@test -n "$$KUBECONFIG" || { echo "demo-cluster: set KUBECONFIG to the API server to use"; exit 2; }
 	@./e2e/demo-deps.sh
-	$(CARGO) build -q --bins
+	@echo "demo-cluster: building the three binaries into target/debug/ (a first build takes several minutes; cargo shows its progress)"
+	$(CARGO) build --bins
 	./target/debug/switchyard-lab demo-cluster --cluster $(CLUSTER) --config $(CONFIG) --kubeconfig "$$KUBECONFIG"
 
-plan: ## Plan the example cluster offline: per node its backend, zone, Services, endpoints, overrides, Local entries and both revisions (README "Plan offline"); reuses make build's binaries
+plan: ## Plan the example cluster offline: per node its backend, zone, Services, endpoints, overrides, Local entries and both revisions (docs/reference.md "Plan offline"); reuses make build's binaries
 	$(CARGO) build -q --bins
 	./target/debug/switchyard-controller plan -f $(CLUSTER) --config $(CONFIG) -o table
 
@@ -99,15 +101,15 @@ e2e: disk-check ## The network-namespace lab suites (root)
 	./scripts/scoped-run.sh $(CARGO) test -p switchyard-e2e --tests
 
 e2e-cluster: disk-check ## The cluster suites against the API server KUBECONFIG names, or a bare API server started from SWITCHYARD_K8S_BIN (root)
-	@test -n "$$KUBECONFIG$$SWITCHYARD_K8S_BIN" || { echo "e2e-cluster: set KUBECONFIG to a real API server, or SWITCHYARD_K8S_BIN to a folder of Kubernetes binaries (../shared/k8s/unpack.sh)"; exit 2; }
+	@test -n "$$KUBECONFIG$$SWITCHYARD_K8S_BIN" || { echo "e2e-cluster: set KUBECONFIG to a real API server, or SWITCHYARD_K8S_BIN to a folder of Kubernetes binaries (docs/reference.md, \"The Kubernetes binaries\", says which)"; exit 2; }
 	./scripts/scoped-run.sh ./scripts/with-control-plane.sh $(CARGO) test -p switchyard-e2e --test cluster_controller --test cluster_agent --test cluster_demo
 
 e2e-kube: disk-check ## The real-cluster suite: images, two kubelet nodes with containerd, install with kubectl apply -k, traffic, life cycle, bad input, back to kube-proxy (root; SWITCHYARD_K8S_BIN; ~15 min)
-	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "e2e-kube: set SWITCHYARD_K8S_BIN to a folder of Kubernetes v1.36 binaries (../shared/k8s/unpack.sh prints one)"; exit 2; }
+	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "e2e-kube: set SWITCHYARD_K8S_BIN to a folder of Kubernetes v1.36 binaries (docs/reference.md, \"The Kubernetes binaries\", says which)"; exit 2; }
 	./scripts/scoped-run.sh $(CARGO) test -p switchyard-e2e --test kube_cluster -- --nocapture
 
 kube-up: ## A real two-node cluster in the lab, left up (no proxy; the images of `make image IMAGE_COMPONENTS="agent controller pause agnhost"` imported); `switchyard-lab kube down ID` removes it (root; SWITCHYARD_K8S_BIN)
-	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "kube-up: set SWITCHYARD_K8S_BIN (../shared/k8s/unpack.sh prints one)"; exit 2; }
+	@test -n "$$SWITCHYARD_K8S_BIN" || { echo "kube-up: set SWITCHYARD_K8S_BIN to a folder of Kubernetes v1.36 binaries (docs/reference.md, \"The Kubernetes binaries\", says which)"; exit 2; }
 	$(CARGO) build -q -p switchyard-e2e --bin switchyard-lab
 	./target/debug/switchyard-lab kube up --keep
 

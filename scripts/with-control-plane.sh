@@ -4,7 +4,7 @@
 #   scripts/with-control-plane.sh COMMAND...
 #
 # KUBECONFIG set: that API server, as it is. Otherwise, with SWITCHYARD_K8S_BIN (a folder of Kubernetes
-# binaries; ../shared/k8s/unpack.sh prints one) and root: a bare API server (etcd and kube-apiserver with
+# binaries: docs/reference.md, "The Kubernetes binaries") and root: a bare API server (etcd and kube-apiserver with
 # RBAC, as `switchyard-lab kube up --nodes 0` makes it; no controller rewrites what the suites write) in
 # its own network namespaces, reached through a relay on 127.0.0.1, removed when COMMAND ends (also
 # when it fails). Neither: COMMAND runs as it is, and the
@@ -19,7 +19,7 @@ fi
 if [[ -z ${SWITCHYARD_K8S_BIN:-} ]]; then
   echo "with-control-plane: neither KUBECONFIG nor SWITCHYARD_K8S_BIN is set: the cluster suites" \
     "(cluster_controller, cluster_agent, cluster_demo's real-server test, kube_cluster) are SKIPPED" \
-    "(../shared/k8s/unpack.sh gives a SWITCHYARD_K8S_BIN)"
+    "(docs/reference.md, \"The Kubernetes binaries\", says what SWITCHYARD_K8S_BIN holds)"
   exec "$@"
 fi
 if [[ $(id -u) != 0 ]]; then

@@ -23,6 +23,7 @@ pub mod crd;
 pub mod duration;
 pub mod error;
 pub mod ip;
+pub mod known;
 pub mod meta;
 pub mod names;
 pub mod plan;

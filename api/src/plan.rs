@@ -195,7 +195,8 @@ pub struct NodeForwardingPlanSpec {
     )]
     pub endpoints_on_node: Vec<String>,
     /// Counts, for `kubectl get` (of the entries this object carries itself; informational).
-    #[serde(default)]
+    // Required, though often zeros (a live plan carries no entries itself): the controller always
+    // writes it, and a plan file without it was cut short.
     pub summary: PlanSummary,
     /// With views: which endpoints of a view entry this node's Local policy uses (they run on this node),
     /// by entry key, sorted. The view entry is kept and these endpoints get `local`; so a Local-policy
@@ -365,7 +366,8 @@ pub struct ClusterSettings {
     #[serde(default, skip_serializing_if = "is_false")]
     pub localhost_node_ports: bool,
     /// Masquerade all ClusterIP traffic, not only traffic from outside the cluster.
-    #[serde(default)]
+    // Required, though `false` is its usual value: the controller always writes it, and a plan file
+    // without it was cut or edited (the revision, over what was read, cannot see a default gone missing).
     pub masquerade_all: bool,
     /// The bit of the packet mark that asks for masquerade (kube-proxy default 14 → 0x4000).
     #[schemars(range(max = 31))]

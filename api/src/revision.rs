@@ -9,6 +9,22 @@
 //! The sum makes the revision independent of entry order (entries are sorted anyway) and lets the
 //! planner keep per-node revisions current incrementally. It is a change detector, not a security
 //! boundary: the agent trusts the API server for authenticity.
+//!
+//! **The digest of a plan file.** The revision covers every spec field (the header as the exhaustive
+//! destructuring below lists it, and every entry), so the agent checks a plan or slice *file* against it
+//! ([`verify`], [`verify_slice`]): content that hashes to anything else was cut or edited and is refused.
+//! The JSON hashed is the typed spec's own serialisation (fields in declaration order, defaults left out
+//! where the type leaves them out), never the file's bytes, so YAML and JSON, kubectl's and ours, hash the
+//! same.
+//!
+//! **Versions.** The domain string (`switchyard.io/v1alpha2/NodeForwardingPlan`) names the scheme. Within
+//! `v1alpha2` it never changes, and a field added later must be left out of the JSON when absent (as
+//! `leaving` and `service` are), so every plan written before it hashes as it did: an agent of any
+//! version accepts the files of any controller of `v1alpha2` that do not use a field it does not know
+//! (one that does is refused by name, `switchyard_api::known`, rather than applied in part). A new scheme
+//! comes with a new API version and domain string. The API path does not check: the API server is the
+//! authority there, the controller restores hand edits, and during a rolling upgrade a newer controller's
+//! fields unknown to an older agent must not stop its updates.
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -188,6 +204,40 @@ pub fn slice_revision_with(spec: &ForwardingSliceSpec, entries: EntrySum) -> Res
 /// The revision of a slice spec computed from scratch.
 pub fn compute_slice(spec: &ForwardingSliceSpec) -> Result<String, Error> {
     slice_revision_with(spec, sum_of(spec.entries.iter().map(|e| &**e))?)
+}
+
+/// A spec whose stated revision is not the hash of its content: it was cut short or edited after it
+/// was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The revision the spec carries.
+    pub stated: String,
+    /// The revision its content hashes to.
+    pub computed: String,
+}
+
+/// Checks that a plan spec's content hashes to its own `revision` (see the module's diagram: the same
+/// function the controller writes it with).
+pub fn verify(spec: &NodeForwardingPlanSpec) -> Result<Result<(), Mismatch>, Error> {
+    let computed = compute(spec)?;
+    Ok(mismatch(&spec.revision, computed))
+}
+
+/// Checks that a slice spec's content hashes to its own `revision`.
+pub fn verify_slice(spec: &ForwardingSliceSpec) -> Result<Result<(), Mismatch>, Error> {
+    let computed = compute_slice(spec)?;
+    Ok(mismatch(&spec.revision, computed))
+}
+
+fn mismatch(stated: &str, computed: String) -> Result<(), Mismatch> {
+    if stated == computed {
+        Ok(())
+    } else {
+        Err(Mismatch {
+            stated: stated.to_string(),
+            computed,
+        })
+    }
 }
 
 fn sum_of<'a>(entries: impl IntoIterator<Item = &'a ServicePlan>) -> Result<EntrySum, Error> {

@@ -120,7 +120,8 @@ pub struct ForwardingSliceSpec {
     #[schemars(length(min = 1, max = 64))]
     pub revision: String,
     /// Counts, for `kubectl get fws` (informational).
-    #[serde(default)]
+    // Required: the controller always writes it, and a slice file without it was cut short (a Service
+    // slice of a Service that left the view counts zeros, which a missing summary would also read as).
     pub summary: PlanSummary,
     /// The entries, sorted by key, with no node's `onNode`/`local` flags set.
     #[serde(
@@ -166,8 +167,23 @@ impl View {
         match self {
             Self::All => "all".into(),
             Self::Zone(None) => "unzoned".into(),
+            // A zone already named `zone-…` (kind's and many labs' `zone-a`) is its own id: not
+            // `zone-zone-a`. Its slices were named that way before; `legacy_id` still reads them.
+            Self::Zone(Some(zone)) if zone.starts_with("zone-") && plain("", zone) => zone.clone(),
             Self::Zone(Some(zone)) => prefixed("zone-", zone),
             Self::Node(node) => prefixed("node-", node),
+        }
+    }
+
+    /// The id this view had before a zone named `zone-…` became its own id (`zone-zone-a` for `zone-a`):
+    /// slices a controller of that time wrote stay readable, so agents can be upgraded before the
+    /// controller. `None` where the id never changed.
+    pub fn legacy_id(&self) -> Option<String> {
+        match self {
+            Self::Zone(Some(zone)) if zone.starts_with("zone-") && plain("", zone) => {
+                Some(prefixed("zone-", zone))
+            }
+            _ => None,
         }
     }
 
@@ -194,7 +210,7 @@ impl View {
             (_, None, Some(node)) => Self::Node(node.clone()),
             _ => return None,
         };
-        (view.id() == spec.view).then_some(view)
+        (view.id() == spec.view || view.legacy_id().as_deref() == Some(spec.view.as_str())).then_some(view)
     }
 }
 
@@ -204,15 +220,20 @@ impl std::fmt::Display for View {
     }
 }
 
-fn prefixed(prefix: &str, name: &str) -> String {
-    let plain = name.len() + prefix.len() <= MAX_ID
+/// Whether `prefix` + `name` is a label value as it is: lowercase alphanumerics and '-', at most
+/// [`MAX_ID`], starting and ending alphanumeric.
+fn plain(prefix: &str, name: &str) -> bool {
+    name.len() + prefix.len() <= MAX_ID
         && !name.is_empty()
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
-    if plain {
+        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+fn prefixed(prefix: &str, name: &str) -> String {
+    if plain(prefix, name) {
         return format!("{prefix}{name}");
     }
     let hash = data_encoding::HEXLOWER.encode(&Sha256::digest(name.as_bytes())[..5]);
@@ -335,5 +356,31 @@ mod tests {
         assert_eq!(View::of_slice(&spec("all", Some("a"), None)), None);
         assert_eq!(View::of_slice(&spec("zone-a", Some("a"), Some("n"))), None);
         assert_eq!(View::of_slice(&spec("nonsense", None, None)), None);
+        // A zone named `zone-a` is view `zone-a`; the slices written as `zone-zone-a` still read.
+        let zone_a = Some(View::Zone(Some("zone-a".into())));
+        assert_eq!(View::of_slice(&spec("zone-a", Some("zone-a"), None)), zone_a);
+        assert_eq!(View::of_slice(&spec("zone-zone-a", Some("zone-a"), None)), zone_a);
+        assert_eq!(View::of_slice(&spec("zone-zone-a", Some("a"), None)), None);
+    }
+
+    #[test]
+    fn a_zone_named_zone_something_is_not_named_twice() {
+        for (zone, id, slice) in [
+            ("zone-a", "zone-a", "zone-a-0000"),
+            ("zone-1", "zone-1", "zone-1-0000"),
+            // Every other zone keeps the names it had: they are part of the API.
+            ("us-east-1a", "zone-us-east-1a", "zone-us-east-1a-0000"),
+            ("a", "zone-a", "zone-a-0000"),
+            ("zonea", "zone-zonea", "zone-zonea-0000"),
+        ] {
+            let view = View::Zone(Some(zone.into()));
+            assert_eq!(view.id(), id, "{zone}");
+            assert_eq!(slice_name(&view.id(), 0), slice, "{zone}");
+        }
+        assert_eq!(
+            View::Zone(Some("zone-a".into())).legacy_id().as_deref(),
+            Some("zone-zone-a")
+        );
+        assert_eq!(View::Zone(Some("us-east-1a".into())).legacy_id(), None);
     }
 }

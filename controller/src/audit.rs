@@ -232,8 +232,11 @@ pub fn table(audits: &[NodeAudit]) -> String {
         if !a.misses.is_empty() {
             out.push_str("  slices written after its last sync:\n");
             for (name, at) in &a.misses {
-                let at = at.map_or_else(|| "unknown time".to_string(), |t| t.to_string());
-                out.push_str(&format!("    {name} (written {at})\n"));
+                // A dump without write times (`plan --objects`, a hand-made file) has nothing to say there.
+                match at {
+                    Some(at) => out.push_str(&format!("    {name} (written {at})\n")),
+                    None => out.push_str(&format!("    {name}\n")),
+                }
             }
         }
     }
@@ -399,6 +402,24 @@ mod tests {
         assert_eq!(
             newest_write(&[plan(None, "2026-01-01T00:00:30Z")], &slices),
             Some("2026-01-01T00:01:00Z".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_slice_without_a_write_time_is_listed_without_one() {
+        // What `plan --objects` prints carries no managedFields and no creationTimestamp.
+        let mut slices = slices();
+        for slice in &mut slices {
+            slice.metadata.managed_fields = None;
+            slice.metadata.creation_timestamp = None;
+        }
+        let mut p = plan(Some("000000000000".into()), "2026-01-01T00:00:01Z");
+        p.status.as_mut().unwrap().last_sync_time = None;
+        let text = table(&audit(&[p], &slices, None));
+        assert!(text.contains("    all-0000\n"), "{text}");
+        assert!(
+            !text.contains("unknown time") && !text.contains("(written"),
+            "{text}"
         );
     }
 

@@ -8,9 +8,14 @@
 //! ```
 //!
 //! Accepts exactly what `kubectl get services,endpointslices,nodes -A -o yaml|json` prints (a v1 `List`),
-//! multi-document YAML, or single objects. Other kinds are ignored (and counted). A document that cannot
+//! multi-document YAML, or single objects. Other kinds are ignored, each named. A document that cannot
 //! be parsed, or an object whose structure does not match its kind, fails the whole file with its
 //! position: offline planning of a half-read dump would mislead its reader.
+//!
+//! Read as kubectl's strict validation reads (`kubectl apply --validate=strict`): a field a known kind
+//! does not have (`prots:` for `ports:`) is reported by object and field path ([`UnknownField`]; the
+//! caller warns, or with `--strict` refuses), found by comparing each object as written with the typed
+//! object read back (what the types library does not know is what it dropped).
 
 use std::path::Path;
 
@@ -33,8 +38,150 @@ pub struct Loaded {
     pub service_cidrs: Vec<ServiceCIDR>,
     /// ForwardingSlices (for `audit`).
     pub forwarding_slices: Vec<ForwardingSlice>,
-    /// `kind` of every ignored object.
-    pub ignored_kinds: Vec<String>,
+    /// Every object of a kind not read here, named.
+    pub ignored: Vec<Ignored>,
+    /// Fields the types of a known kind do not have, in the order of the input.
+    pub unknown_fields: Vec<UnknownField>,
+}
+
+/// An object of a kind the reader does not use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ignored {
+    /// Its kind.
+    pub kind: String,
+    /// `namespace/name`, or `name`.
+    pub name: String,
+    /// Where it is: `dump.yaml: document 1, items[3]`.
+    pub at: String,
+}
+
+impl Ignored {
+    /// The known kind this one is most likely a typo of (`Servce`: `Service`), if any.
+    pub fn meant(&self) -> Option<&'static str> {
+        READ_KINDS
+            .into_iter()
+            // One slip per five letters, and one at least: `Servce` and `Nodes` are near misses, `Pod`
+            // (two from `Node`) and `Endpoints` are kinds of their own.
+            .find(|known| {
+                known.eq_ignore_ascii_case(&self.kind)
+                    || edit_distance(known, &self.kind) <= known.len() / 5 + 1
+            })
+    }
+}
+
+/// The kinds this reader uses.
+pub const READ_KINDS: [&str; 5] = [
+    "Service",
+    "EndpointSlice",
+    "Node",
+    "NodeForwardingPlan",
+    "ForwardingSlice",
+];
+
+/// A field the object's kind does not have, as kubectl's strict validation names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownField {
+    /// `Service default/web`.
+    pub object: String,
+    /// `spec.prots`.
+    pub path: String,
+    /// Where the object is: `dump.yaml: document 1, items[3]`.
+    pub at: String,
+}
+
+impl std::fmt::Display for UnknownField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: unknown field \"{}\" ({})",
+            self.object, self.path, self.at
+        )
+    }
+}
+
+/// Levenshtein distance, for kinds (short words).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The paths of `written`'s fields that `read` (the typed object serialised back) does not have: the
+/// fields the types dropped. A `null` is no field (kubectl prints some), and list items are compared by
+/// position.
+fn dropped_fields(written: &Value, read: &Value, path: &mut String, out: &mut Vec<String>) {
+    match (written, read) {
+        (Value::Object(written), Value::Object(read)) => {
+            for (key, value) in written {
+                if value.is_null() {
+                    continue;
+                }
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+                match read.get(key) {
+                    Some(read) => dropped_fields(value, read, path, out),
+                    None => out.push(path.clone()),
+                }
+                path.truncate(len);
+            }
+        }
+        (Value::Array(written), Value::Array(read)) => {
+            for (i, (written, read)) in written.iter().zip(read).enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                dropped_fields(written, read, path, out);
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Reads `value` as `T` and reports the fields `T` does not have.
+fn read_strictly<T>(value: Value, object: &str, at: &str, loaded: &mut Loaded) -> Result<T, String>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if kind == "NodeForwardingPlan" || kind == "ForwardingSlice" {
+        // Our own kinds leave default values out when written back, so an explicit `local: false` would
+        // read as dropped: their CRD schema says what they have instead.
+        let found = switchyard_api::known::unknown_fields_value(&value);
+        loaded
+            .unknown_fields
+            .extend(found.named.into_iter().map(|field| UnknownField {
+                object: object.to_string(),
+                path: field.path,
+                at: at.to_string(),
+            }));
+        return words::from_value(value);
+    }
+    let typed: T = words::from_value(value.clone())?;
+    // Serialising a typed object cannot fail; were it to, nothing would be reported rather than all.
+    if let Ok(read) = serde_json::to_value(&typed) {
+        let mut paths = Vec::new();
+        dropped_fields(&value, &read, &mut String::new(), &mut paths);
+        loaded
+            .unknown_fields
+            .extend(paths.into_iter().map(|path| UnknownField {
+                object: object.to_string(),
+                path,
+                at: at.to_string(),
+            }));
+    }
+    Ok(typed)
 }
 
 /// Reads every file (`-`: standard input, as kubectl's `-f -`) into one snapshot. An empty file is an
@@ -83,6 +230,17 @@ pub fn load_text(name: &str, text: &str, loaded: &mut Loaded) -> Result<(), Erro
         let at = format!("document {}", doc_index + 1);
         add_object(name, &at, doc, loaded)?;
     }
+    // Object names stay as written; a reader of many files needs the file too.
+    for field in &mut loaded.unknown_fields {
+        if !field.at.contains(": ") {
+            field.at = format!("{name}: {}", field.at);
+        }
+    }
+    for ignored in &mut loaded.ignored {
+        if !ignored.at.contains(": ") {
+            ignored.at = format!("{name}: {}", ignored.at);
+        }
+    }
     Ok(())
 }
 
@@ -130,7 +288,7 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let describe = |value: &Value| {
+    let named = |value: &Value| {
         let meta = value.get("metadata");
         let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str);
         let object = meta
@@ -138,10 +296,11 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
             .and_then(Value::as_str)
             .unwrap_or("<unnamed>");
         match ns {
-            Some(ns) => format!("{kind} {ns}/{object}"),
-            None => format!("{kind} {object}"),
+            Some(ns) => format!("{ns}/{object}"),
+            None => object.to_string(),
         }
     };
+    let describe = |value: &Value| format!("{kind} {}", named(value));
     let invalid = |what: String, e: String| Error::ParseInput {
         path: name.to_string(),
         message: format!("{at} ({what}): {e}"),
@@ -176,20 +335,21 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
         }
         "Service" => {
             let what = describe(&value);
-            let object: Service =
-                words::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
+            let object: Service = read_strictly(with_api_version(value, "v1"), &what, at, loaded)
+                .map_err(|e| invalid(what, e))?;
             loaded.snapshot.services.push(object);
         }
         "EndpointSlice" => {
             let what = describe(&value);
-            let object: EndpointSlice = words::from_value(with_api_version(value, "discovery.k8s.io/v1"))
-                .map_err(|e| invalid(what, e))?;
+            let object: EndpointSlice =
+                read_strictly(with_api_version(value, "discovery.k8s.io/v1"), &what, at, loaded)
+                    .map_err(|e| invalid(what, e))?;
             loaded.snapshot.slices.push(object);
         }
         "Node" => {
             let what = describe(&value);
-            let object: Node =
-                words::from_value(with_api_version(value, "v1")).map_err(|e| invalid(what, e))?;
+            let object: Node = read_strictly(with_api_version(value, "v1"), &what, at, loaded)
+                .map_err(|e| invalid(what, e))?;
             loaded.snapshot.nodes.push(object);
         }
         "ServiceCIDR" => {
@@ -200,16 +360,24 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
         }
         "NodeForwardingPlan" => {
             let what = describe(&value);
-            let object: NodeForwardingPlan =
-                words::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
-                    .map_err(|e| invalid(what, e))?;
+            let object: NodeForwardingPlan = read_strictly(
+                with_api_version(value, "switchyard.io/v1alpha2"),
+                &what,
+                at,
+                loaded,
+            )
+            .map_err(|e| invalid(what, e))?;
             loaded.plans.push(object);
         }
         "ForwardingSlice" => {
             let what = describe(&value);
-            let object: ForwardingSlice =
-                words::from_value(with_api_version(value, "switchyard.io/v1alpha2"))
-                    .map_err(|e| invalid(what, e))?;
+            let object: ForwardingSlice = read_strictly(
+                with_api_version(value, "switchyard.io/v1alpha2"),
+                &what,
+                at,
+                loaded,
+            )
+            .map_err(|e| invalid(what, e))?;
             loaded.forwarding_slices.push(object);
         }
         "" => {
@@ -228,7 +396,14 @@ fn add_object(name: &str, at: &str, value: Value, loaded: &mut Loaded) -> Result
                 message,
             });
         }
-        _ => loaded.ignored_kinds.push(kind),
+        _ => {
+            let name = named(&value);
+            loaded.ignored.push(Ignored {
+                kind,
+                name,
+                at: at.to_string(),
+            });
+        }
     }
     Ok(())
 }
@@ -279,7 +454,15 @@ items:
         assert_eq!(loaded.snapshot.services.len(), 1);
         assert_eq!(loaded.snapshot.slices.len(), 1);
         assert_eq!(loaded.snapshot.nodes.len(), 1);
-        assert_eq!(loaded.ignored_kinds, vec!["Pod".to_string()]);
+        assert_eq!(
+            loaded.ignored,
+            vec![Ignored {
+                kind: "Pod".into(),
+                name: "p".into(),
+                at: "dump.yaml: document 1, items[3]".into()
+            }]
+        );
+        assert_eq!(loaded.unknown_fields, vec![]);
         let port = &loaded.snapshot.services[0]
             .spec
             .as_ref()

@@ -1,8 +1,7 @@
 //! `switchyard-controller`: the live controller (`run`), offline planning (`plan`) and the cluster-wide
 //! lag check (`audit`).
 //!
-//! Exit codes: 0 success; 1 runtime failure; 2 bad flags, unreadable or unparseable input, or invalid
-//! configuration (nothing is printed on stdout then); 3 (`audit`) some node lags behind.
+//! Exit codes: the table both binaries share (`switchyard_process::exit`), printed by every `--help`.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
@@ -16,6 +15,7 @@ use switchyard_controller::{
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
     planner::{Planner, SkipReason, problems, service_cidrs, snapshot_problems},
 };
+use switchyard_process::exit::{self, FAILED, NO, USAGE};
 use switchyard_process::http::parse_bind;
 use switchyard_process::{LogFormat, init_logging, shutdown_signal};
 
@@ -23,7 +23,10 @@ use switchyard_process::{LogFormat, init_logging, shutdown_signal};
 #[command(
     name = "switchyard-controller",
     version,
-    about = "Plans what every node forwards"
+    about = "Plans what every node forwards",
+    after_help = exit::TABLE,
+    // Colour only on a terminal: never escape codes in a file or a pod's log.
+    color = clap::ColorChoice::Auto
 )]
 struct Cli {
     #[command(subcommand)]
@@ -33,6 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Runs the controller against the API server (in cluster, or with --kubeconfig / KUBECONFIG).
+    #[command(after_help = exit::TABLE)]
     Run {
         /// Kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then the in-cluster config).
         // NB: not `env = "KUBECONFIG"`: kube reads it itself, as a list (`a:b`) and empty as unset,
@@ -59,7 +63,11 @@ enum Command {
     /// Computes offline, from a cluster dump (`kubectl get services,endpointslices,nodes -A -o yaml`),
     /// what every node forwards: one self-contained NodeForwardingPlan per node (its views' slices and
     /// its overrides composed, exactly as its agent composes them), or with --objects the
-    /// ForwardingSlices and NodeForwardingPlans the controller would write.
+    /// ForwardingSlices and NodeForwardingPlans the controller would write. Read as kubectl's strict
+    /// validation reads: a field a kind does not have is a warning naming the object and the field
+    /// (an error with --strict), an object of another kind is named, and so is every Service not
+    /// forwarded, with the reason.
+    #[command(after_help = exit::TABLE)]
     Plan {
         /// Input files (`-`: standard input): a v1 List, multi-document YAML, or JSON. Repeatable.
         #[arg(short = 'f', long = "filename", required = true)]
@@ -77,11 +85,16 @@ enum Command {
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
         output: Format,
+        /// Refuse the input (exit 2) when an object has a field its kind does not have, or a kind is a
+        /// near miss of one plan reads (`Servce`), instead of warning.
+        #[arg(long)]
+        strict: bool,
     },
     /// Which nodes lag behind their plan or the current ForwardingSlices, and what each one misses.
     /// Reads the API server (--kubeconfig / KUBECONFIG / in-cluster) or, with -f, a dump of
-    /// `kubectl get nodeforwardingplans,forwardingslices -o yaml`. Exit 0 when every node is current,
-    /// 3 when some node lags.
+    /// `kubectl get nodeforwardingplans,forwardingslices -o yaml`. Exit 0 when every node is current
+    /// or reporting, 3 when some node lags.
+    #[command(after_help = exit::TABLE)]
     Audit {
         /// Kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then the in-cluster config).
         // NB: not `env = "KUBECONFIG"`: kube reads it itself, as a list (`a:b`) and empty as unset,
@@ -103,7 +116,8 @@ fn main() -> ExitCode {
             node,
             objects,
             output,
-        } => plan(&files, config, node.as_deref(), objects, output),
+            strict,
+        } => plan(&files, config, node.as_deref(), objects, output, strict),
         Command::Audit { kubeconfig, files } => audit_command(kubeconfig, &files),
         Command::Run {
             kubeconfig,
@@ -116,10 +130,7 @@ fn main() -> ExitCode {
             init_logging(log_format);
             let config = match config.as_deref().map(Config::load).transpose() {
                 Ok(config) => config.unwrap_or_default(),
-                Err(error) => {
-                    eprintln!("error: {error}");
-                    return ExitCode::from(2);
-                }
+                Err(error) => return fail(USAGE, &error),
             };
             let mut options = Options::new(config);
             options.leader_elect = leader_elect;
@@ -127,13 +138,26 @@ fn main() -> ExitCode {
             options.metrics_bind = metrics_bind;
             match live(kubeconfig, options) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    tracing::error!("{error:#}");
-                    ExitCode::from(1)
-                }
+                // Said once, on stderr, as every command says its last word.
+                Err(error) => fail(code_of(&error), &format_args!("{error:#}")),
             }
         }
     }
+}
+
+/// Says `error` once on stderr and ends with `code`.
+fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {error}");
+    exit::code(code)
+}
+
+/// The exit code of a failure: wrong input when the shared process edges say so (an unusable
+/// kubeconfig), else a failure while running.
+fn code_of(error: &anyhow::Error) -> u8 {
+    error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<switchyard_process::Error>())
+        .map_or(FAILED, switchyard_process::Error::exit_code)
 }
 
 async fn client(kubeconfig: Option<PathBuf>) -> anyhow::Result<kube::Client> {
@@ -180,33 +204,27 @@ fn audit_command(kubeconfig: Option<PathBuf>, files: &[PathBuf]) -> ExitCode {
     let (plans, slices, now) = if files.is_empty() {
         match list_objects(kubeconfig) {
             Ok((plans, slices)) => (plans, slices, Some(k8s_openapi::jiff::Timestamp::now())),
-            Err(error) => {
-                eprintln!("error: {error:#}");
-                return ExitCode::from(1);
-            }
+            Err(error) => return fail(code_of(&error), &format_args!("{error:#}")),
         }
     } else {
         match load_files(files) {
             Ok(loaded) if loaded.plans.is_empty() && !loaded.snapshot.nodes.is_empty() => {
-                eprintln!(
-                    "error: the input is a cluster dump (Services, EndpointSlices, Nodes): audit reads what \
-                     the controller wrote, `kubectl get nodeforwardingplans,forwardingslices -o yaml`"
+                return fail(
+                    USAGE,
+                    &"the input is a cluster dump (Services, EndpointSlices, Nodes): audit reads what the \
+                      controller wrote, `kubectl get nodeforwardingplans,forwardingslices -o yaml`",
                 );
-                return ExitCode::from(2);
             }
             Ok(loaded) if loaded.plans.is_empty() => {
-                eprintln!("error: the input holds no NodeForwardingPlan: nothing to audit");
-                return ExitCode::from(2);
+                return fail(USAGE, &"the input holds no NodeForwardingPlan: nothing to audit");
             }
             Ok(loaded) => {
+                warn_unread(&loaded);
                 // A dump is at least as recent as its newest write.
                 let now = audit::newest_write(&loaded.plans, &loaded.forwarding_slices);
                 (loaded.plans, loaded.forwarding_slices, now)
             }
-            Err(error) => {
-                eprintln!("error: {error}");
-                return ExitCode::from(2);
-            }
+            Err(error) => return fail(USAGE, &error),
         }
     };
     if plans.is_empty() {
@@ -219,7 +237,7 @@ fn audit_command(kubeconfig: Option<PathBuf>, files: &[PathBuf]) -> ExitCode {
     if audits.iter().all(|a| a.current || a.reporting) {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(3)
+        exit::code(NO)
     }
 }
 
@@ -231,10 +249,42 @@ fn print_stdout(text: &str) -> Result<(), ExitCode> {
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
-        Err(e) => {
-            eprintln!("error: writing to standard output: {e}");
-            Err(ExitCode::from(1))
+        Err(e) => Err(fail(FAILED, &format_args!("writing to standard output: {e}"))),
+    }
+}
+
+/// Says what of the input was not read: fields its kinds do not have (kubectl's strict validation
+/// warns of each the same way) and objects of other kinds, each named.
+fn warn_unread(loaded: &switchyard_controller::input::Loaded) {
+    for field in &loaded.unknown_fields {
+        eprintln!("warning: {field}");
+    }
+    let mut by_kind: std::collections::BTreeMap<&str, Vec<&switchyard_controller::input::Ignored>> =
+        std::collections::BTreeMap::new();
+    for ignored in &loaded.ignored {
+        match ignored.meant() {
+            Some(meant) => eprintln!(
+                "warning: {} {} ({}): unknown kind {:?}, not read (did you mean {meant}?)",
+                ignored.kind, ignored.name, ignored.at, ignored.kind
+            ),
+            None => by_kind.entry(&ignored.kind).or_default().push(ignored),
         }
+    }
+    // Other kinds (a `kubectl get all` dump holds Pods, Deployments, …): one line per kind.
+    for (kind, objects) in by_kind {
+        const SHOWN: usize = 5;
+        let names: Vec<&str> = objects.iter().take(SHOWN).map(|o| o.name.as_str()).collect();
+        let more = objects.len().saturating_sub(SHOWN);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "note: not read: {} {kind} ({}{more}): plan reads Services, EndpointSlices and Nodes",
+            objects.len(),
+            names.join(", ")
+        );
     }
 }
 
@@ -244,38 +294,74 @@ fn plan(
     node: Option<&str>,
     objects: bool,
     format: Format,
+    strict: bool,
 ) -> ExitCode {
     let config = match config.as_deref().map(Config::load).transpose() {
         Ok(config) => config.unwrap_or_default(),
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(2);
-        }
+        Err(error) => return fail(USAGE, &error),
     };
     let loaded = match load_files(files) {
         Ok(loaded) => loaded,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(2);
-        }
+        Err(error) => return fail(USAGE, &error),
     };
     let dump = &loaded.snapshot;
     let no_cluster_objects = dump.services.is_empty() && dump.slices.is_empty() && dump.nodes.is_empty();
     if no_cluster_objects && !(loaded.plans.is_empty() && loaded.forwarding_slices.is_empty()) {
-        eprintln!(
-            "error: the input holds NodeForwardingPlans or ForwardingSlices, which are plan's output: plan \
-             reads a cluster dump (`kubectl get services,endpointslices,nodes -A -o yaml`); to apply, render \
-             or explain a plan use switchyard-agent, to check plans `switchyard-controller audit -f`"
+        return fail(
+            USAGE,
+            &"the input holds NodeForwardingPlans or ForwardingSlices, which are plan's output: plan reads a \
+              cluster dump (`kubectl get services,endpointslices,nodes -A -o yaml`); to apply, render or \
+              explain a plan use switchyard-agent, to check plans `switchyard-controller audit -f`",
         );
-        return ExitCode::from(2);
     }
     if no_cluster_objects {
-        eprintln!(
-            "error: the input holds no Service, EndpointSlice or Node (only {} object(s) of other kinds): \
-             plan reads `kubectl get services,endpointslices,nodes -A -o yaml`",
-            loaded.ignored_kinds.len()
+        warn_unread(&loaded);
+        return fail(
+            USAGE,
+            &format_args!(
+                "the input holds no Service, EndpointSlice or Node (only {} object(s) of other kinds): plan \
+                 reads `kubectl get services,endpointslices,nodes -A -o yaml`",
+                loaded.ignored.len()
+            ),
         );
-        return ExitCode::from(2);
+    }
+    // The node first: nothing else is worth saying about a node that is not there.
+    if let Some(name) = node {
+        let known = dump
+            .nodes
+            .iter()
+            .any(|n| n.metadata.name.as_deref() == Some(name));
+        if !known {
+            let mut names: Vec<&str> = dump
+                .nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref())
+                .collect();
+            names.sort_unstable();
+            return fail(
+                USAGE,
+                &format_args!(
+                    "node {name:?} is not in the input (its nodes: {})",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            );
+        }
+    }
+    warn_unread(&loaded);
+    let near_misses = loaded.ignored.iter().filter(|i| i.meant().is_some()).count();
+    if strict && (!loaded.unknown_fields.is_empty() || near_misses > 0) {
+        return fail(
+            USAGE,
+            &format_args!(
+                "--strict: {} unknown field(s) and {near_misses} object(s) of a mistyped kind (above); \
+                 nothing planned",
+                loaded.unknown_fields.len()
+            ),
+        );
     }
     // The Service ranges come from the dump's ServiceCIDR objects (`kubectl get servicecidrs -o yaml`).
     let mut config = config;
@@ -290,10 +376,7 @@ fn plan(
     }
     let planner = match Planner::build(&loaded.snapshot, &config) {
         Ok(planner) => planner,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return ExitCode::from(1);
-        }
+        Err(error) => return fail(FAILED, &error),
     };
     let diagnostics = planner.diagnostics();
     for warning in &diagnostics.warnings {
@@ -315,18 +398,6 @@ fn plan(
             );
         }
     }
-    if !loaded.ignored_kinds.is_empty() {
-        eprintln!(
-            "note: ignored {} object(s) of other kinds",
-            loaded.ignored_kinds.len()
-        );
-    }
-    if let Some(name) = node
-        && planner.node_info(name).is_none()
-    {
-        eprintln!("error: node {name:?} is not in the input");
-        return ExitCode::from(2);
-    }
     if planner.node_names().next().is_none() {
         eprintln!("note: the input has no nodes, so there is nothing to plan");
     }
@@ -340,10 +411,7 @@ fn plan(
             Ok(()) => ExitCode::SUCCESS,
             Err(code) => code,
         },
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::from(1)
-        }
+        Err(error) => fail(FAILED, &error),
     }
 }
 

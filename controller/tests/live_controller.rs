@@ -167,7 +167,7 @@ async fn first_sync_creates_every_slice_then_every_plan_with_the_exact_server_si
 
     let offline = Planner::build(&cluster(&shape), &config(48 * 1024)).unwrap();
     let want_slices: Vec<String> = offline.slice_names().into_keys().collect();
-    assert_eq!(want_slices, ["all-0000", "zone-zone-0-0000", "zone-zone-1-0000"]);
+    assert_eq!(want_slices, ["all-0000", "zone-0-0000", "zone-1-0000"]);
     // Every slice first, then one PATCH per node; each with the field manager, force, and the apply
     // content type; each body exactly what the offline planner produces (same code path, spec only).
     let writes = ctl.writes();

@@ -116,7 +116,7 @@ fn objects_are_the_slices_then_the_plans_the_controller_writes() {
         .iter()
         .map(|d| d["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["all-0000", "zone-zone-b-0000", "node-c"]);
+    assert_eq!(names, ["all-0000", "zone-b-0000", "node-c"]);
 }
 
 #[test]
@@ -328,7 +328,9 @@ fn a_missing_kubeconfig_is_said_once_in_plain_words() {
         };
         let out = command.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{kubeconfig:?}: {stderr}");
+        // Wrong input, as the agent says it too (switchyard_process::exit).
+        assert_eq!(out.status.code(), Some(2), "{kubeconfig:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "said once: {stderr}");
         assert!(
             stderr.starts_with("error: no Kubernetes client configuration"),
             "{kubeconfig:?}: {stderr}"
@@ -374,4 +376,77 @@ fn a_leaving_node_is_planned_as_leaving_offline_too() {
     ]);
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown signal \"cordoned\""), "{stderr}");
+}
+
+/// A dump with the typos of issue 45: `prots:` for `ports:`, `kind: Servce`, plus a Pod (another kind).
+const TYPOS: &str = "kind: Node\nmetadata: {name: n1}\n---\nkind: Service\nmetadata: {name: web, namespace: ns}\n\
+spec: {clusterIP: 10.96.0.3, prots: [{port: 80}]}\n---\nkind: Servce\nmetadata: {name: api, namespace: ns}\n\
+spec: {clusterIP: 10.96.0.4, ports: [{port: 80}]}\n---\nkind: Pod\nmetadata: {name: p1, namespace: ns}\n---\n\
+kind: Service\nmetadata: {name: ok, namespace: ns}\nspec: {clusterIP: 10.96.0.5, ports: [{port: 80}]}\n";
+
+/// Read as kubectl's strict validation reads: the unknown field by object and path, the unknown kind by
+/// object (with the kind meant), and the Service that drops out named with why; `--strict` refuses.
+#[test]
+fn typos_are_named_as_kubectl_strict_validation_names_them() {
+    let (code, stdout, stderr) = run_with_stdin(&["plan", "-f", "-", "-o", "yaml"], TYPOS);
+    assert_eq!(code, 0, "{stderr}");
+    for want in [
+        "warning: Service ns/web: unknown field \"spec.prots\" (standard input: document 2)",
+        "warning: Servce ns/api (standard input: document 3): unknown kind \"Servce\", not read (did you \
+         mean Service?)",
+        "note: not read: 1 Pod (ns/p1): plan reads Services, EndpointSlices and Nodes",
+        "warning: Service ns/web: no ports (spec.ports is missing or empty): not forwarded",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
+    assert!(
+        stdout.contains("name: ns/ok") && !stdout.contains("ns/web"),
+        "{stdout}"
+    );
+
+    let (code, stdout, stderr) = run_with_stdin(&["plan", "-f", "-", "--strict"], TYPOS);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("--strict: 1 unknown field(s) and 1 object(s) of a mistyped kind"),
+        "{stderr}"
+    );
+    // The example cluster is what kubectl prints: nothing unknown in it.
+    let cluster = repo("examples/cluster.yaml");
+    let (code, _, stderr) = run(&["plan", "-f", cluster.to_str().unwrap(), "--strict", "-o", "table"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("unknown"), "{stderr}");
+}
+
+/// `plan --node X` for a node the input lacks says only that, before any warning about the cluster.
+#[test]
+fn a_node_not_in_the_input_is_said_first_and_alone() {
+    let (code, stdout, stderr) = run_with_stdin(&["plan", "-f", "-", "--node", "node-z"], TYPOS);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stdout.is_empty());
+    assert_eq!(
+        stderr.trim(),
+        "error: node \"node-z\" is not in the input (its nodes: n1)"
+    );
+}
+
+/// Every `--help` carries the exit codes both binaries share; no colour where no terminal is.
+#[test]
+fn every_help_lists_the_shared_exit_codes_without_colour() {
+    for command in ["", "run", "plan", "audit"] {
+        let args: Vec<&str> = [command, "--help"]
+            .into_iter()
+            .filter(|a| !a.is_empty())
+            .collect();
+        let (code, stdout, _) = run(&args);
+        assert_eq!(code, 0, "{command}");
+        assert!(
+            stdout.contains(switchyard_process::exit::TABLE),
+            "{command} --help:\n{stdout}"
+        );
+        assert!(!stdout.contains('\u{1b}'), "{command} --help has escape codes");
+    }
+    let (code, _, stderr) = run(&["plan", "--frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
 }

@@ -4,25 +4,30 @@
 //!
 //! ```text
 //! KUBECONFIG ─► apply crds/ (server-side apply; removed at the end if this run created them)
+//!   ─► first, before anything is created: the example's ClusterIPs inside the server's Service range
+//!      (its ServiceCIDRs, else near the `kubernetes` Service) and held by no other Service, or a refusal
+//!      that says so
 //!   ─► the example's Nodes, Services, EndpointSlices (refused if any exists already: never someone else's)
 //!   ─► controller (in this process) ─► NodeForwardingPlans + ForwardingSlices on the API server
 //!   ─► lab: per node a relay at the API server's address inside the node's namespace ─►
 //!        `switchyard-lab agent run --node-name <node> --kubeconfig $KUBECONFIG` ─► rules ─► status
 //!   ─► `kubectl get nfp -o wide` (or the same columns from the objects, said so, without kubectl)
 //!   ─► traffic checks ─► an EndpointSlice changes ─► plans, status and rules follow ─► checked again
-//!   ─► everything created is deleted (objects, plans, slices, CRDs it made), the lab torn down
+//!   ─► everything created is deleted (objects, plans, slices, namespaces and CRDs it made), also when a
+//!      step failed, the lab torn down
 //! ```
 //!
 //! It runs its own controller, so it refuses a cluster that already holds NodeForwardingPlans (one
 //! where Switchyard is installed): two controllers would fight over the same objects.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -66,7 +71,14 @@ fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LabError {
     let what = what.into();
     move |source| LabError::Api {
         what,
-        source: Box::new(source),
+        // The API server's refusal in its own words, once: not the whole Status object (kube's error
+        // carries it, and its chain would print it again for each cause).
+        source: match source {
+            kube::Error::Api(status) => {
+                format!("{} ({}, HTTP {})", status.message, status.reason, status.code).into()
+            }
+            other => Box::new(other),
+        },
     }
 }
 
@@ -75,7 +87,7 @@ fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> LabError {
 struct Created {
     crds: Vec<String>,
     /// Namespaces of the example's objects that did not exist (a real API server refuses objects in
-    /// a namespace that does not exist); left in place at the end.
+    /// a namespace that does not exist); deleted at the end like the rest.
     namespaces: Vec<String>,
     nodes: Vec<String>,
     services: Vec<(String, String)>,
@@ -104,6 +116,8 @@ pub fn run(options: &ClusterDemoOptions, lab_options: LabOptions) -> Result<usiz
         targets[0],
         kubeconfig.display()
     );
+    // Before anything is created: an example that cannot fit this API server stops here, saying why.
+    rt.block_on(check_fits(&client, &description))?;
     let mut created = Created::default();
     let outcome = rt
         .block_on(install(&client, options, &description, &mut created))
@@ -154,6 +168,151 @@ async fn connect(kubeconfig: &Path) -> Result<(Client, Vec<SocketAddr>)> {
     }
     let client = Client::try_from(config).map_err(api_error("building a client"))?;
     Ok((client, targets))
+}
+
+/// The example's ClusterIPs, with the Service of each.
+fn cluster_ips(description: &ClusterDescription) -> Vec<(IpAddr, String)> {
+    let mut out = Vec::new();
+    for service in &description.services {
+        let (namespace, name) = namespaced(&service.metadata);
+        let Some(spec) = &service.spec else { continue };
+        let texts = spec
+            .cluster_ips
+            .clone()
+            .filter(|ips| !ips.is_empty())
+            .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
+            .unwrap_or_default();
+        out.extend(
+            texts
+                .iter()
+                .filter_map(|ip| ip.parse::<IpAddr>().ok())
+                .map(|ip| (ip, format!("{namespace}/{name}"))),
+        );
+    }
+    out
+}
+
+/// Whether the example fits this API server: its ClusterIPs inside the server's Service range (its
+/// ServiceCIDRs; without that API, near the `kubernetes` Service's address), and none held by another
+/// Service. A real API server refuses a Service whose ClusterIP it cannot allocate, which a run would
+/// only learn halfway through creating the example.
+async fn check_fits(client: &Client, description: &ClusterDescription) -> Result<()> {
+    let wanted = cluster_ips(description);
+    let cidrs: Api<ServiceCIDR> = Api::all(client.clone());
+    let ranges: Vec<IpNet> = match cidrs.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter_map(|c| c.spec.as_ref()?.cidrs.as_ref())
+            .flatten()
+            .filter_map(|c| c.parse().ok())
+            .collect(),
+        // An API server before ServiceCIDRs (Kubernetes 1.33): the `kubernetes` Service below.
+        Err(_) => Vec::new(),
+    };
+    let services: Api<Service> = Api::all(client.clone());
+    let existing = services
+        .list(&ListParams::default())
+        .await
+        .map_err(api_error("listing Services"))?;
+    let range = if ranges.is_empty() {
+        let kubernetes = existing
+            .items
+            .iter()
+            .find(|s| {
+                s.metadata.name.as_deref() == Some("kubernetes") && namespaced(&s.metadata).0 == "default"
+            })
+            .and_then(|s| s.spec.as_ref()?.cluster_ip.as_deref()?.parse::<IpAddr>().ok());
+        match kubernetes {
+            Some(ip) => ServiceRange::Near(ip),
+            None => ServiceRange::Unknown,
+        }
+    } else {
+        ServiceRange::Cidrs(ranges)
+    };
+    let taken: Vec<(IpAddr, String)> = existing
+        .items
+        .iter()
+        .filter_map(|s| {
+            let ip = s.spec.as_ref()?.cluster_ip.as_deref()?.parse::<IpAddr>().ok()?;
+            Some((
+                ip,
+                format!("{}/{}", namespaced(&s.metadata).0, namespaced(&s.metadata).1),
+            ))
+        })
+        .collect();
+    match fits(&wanted, &range, &taken) {
+        Ok(note) => {
+            println!("== {note}");
+            Ok(())
+        }
+        Err(why) => Err(LabError::Refused(format!("{why}; nothing was created"))),
+    }
+}
+
+/// Where an API server allocates ClusterIPs, as far as it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceRange {
+    /// Its ServiceCIDRs.
+    Cidrs(Vec<IpNet>),
+    /// Only the `kubernetes` Service's address is known (the first of the range).
+    Near(IpAddr),
+    /// Neither.
+    Unknown,
+}
+
+/// What the example needs from the range, said before anything is created: `Ok` with a line to print,
+/// or why it cannot fit.
+pub fn fits(
+    wanted: &[(IpAddr, String)],
+    range: &ServiceRange,
+    taken: &[(IpAddr, String)],
+) -> std::result::Result<String, String> {
+    // kubeadm's default range: what the `kubernetes` Service's address suggests when nothing else says.
+    let near = |ip: IpAddr| IpNet::new(ip, if ip.is_ipv4() { 12 } else { 108 }).map(|n| n.trunc());
+    let outside: Vec<String> = wanted
+        .iter()
+        .filter(|(ip, _)| match range {
+            ServiceRange::Cidrs(cidrs) => !cidrs.iter().any(|c| c.contains(ip)),
+            ServiceRange::Near(kubernetes) => near(*kubernetes).is_ok_and(|n| !n.contains(ip)),
+            ServiceRange::Unknown => false,
+        })
+        .map(|(ip, service)| format!("{ip} ({service})"))
+        .collect();
+    let said = match range {
+        ServiceRange::Cidrs(cidrs) => {
+            let cidrs: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+            format!("this API server's Service range is {}", cidrs.join(", "))
+        }
+        ServiceRange::Near(ip) => format!(
+            "this API server shows no ServiceCIDR; its `kubernetes` Service is at {ip}, so its range is taken \
+             to be the /12 around it (kubeadm's default size)"
+        ),
+        ServiceRange::Unknown => {
+            "this API server shows neither a ServiceCIDR nor the `kubernetes` Service".into()
+        }
+    };
+    if !outside.is_empty() {
+        return Err(format!(
+            "the example cannot fit: {said}, and the example's Services need ClusterIPs outside it: {}. Use an \
+             API server whose range holds 10.96.0.0/16 (kind's and kubeadm's defaults both do: \
+             --service-cluster-ip-range), or change those addresses in examples/cluster.yaml",
+            outside.join(", ")
+        ));
+    }
+    let held: Vec<String> = wanted
+        .iter()
+        .filter_map(|(ip, service)| {
+            let (_, holder) = taken.iter().find(|(t, _)| t == ip)?;
+            Some(format!(
+                "{ip} (the example's {service}) is held by Service {holder}"
+            ))
+        })
+        .collect();
+    if !held.is_empty() {
+        return Err(format!("the example cannot fit: {}", held.join("; ")));
+    }
+    Ok(format!("The example's {} ClusterIPs fit: {said}", wanted.len()))
 }
 
 /// Server-side apply of one object as this demo.
@@ -423,7 +582,7 @@ fn with_lab(
         description.nodes.len()
     );
     let lab = Lab::up_with(description.clone(), lab_options)?;
-    for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+    for cidr in ["203.0.113.0/24", "10.96.0.0/16"] {
         if let Ok(net) = cidr.parse::<Ipv4Net>() {
             lab.client_route_via(net, "node-a")?;
         }
@@ -666,10 +825,38 @@ async fn remove(client: &Client, created: &Created) {
             &format!("Service {namespace}/{name}"),
         );
     }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
     for name in &created.namespaces {
-        // NB: a bare kube-apiserver has no namespace controller: a deleted namespace would stay
-        // Terminating and refuse the next run's objects.
-        println!("left namespace {name} in place (empty; created for the example's objects)");
+        report(
+            namespaces.delete(name, &params).await.map(drop),
+            &format!("namespace {name}"),
+        );
+        // NB: a bare kube-apiserver has no namespace controller, so a deleted namespace would stay
+        // Terminating (and refuse the next run's objects). The demo made it and removed what it put in
+        // it: when nothing finalizes it within 30 s, the demo does, as the namespace controller would.
+        let gone = wait(Duration::from_secs(30), "the namespace to go", || async {
+            matches!(namespaces.get_opt(name).await, Ok(None))
+        })
+        .await;
+        if gone.is_err() {
+            let finalized = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(k8s_openapi::api::core::v1::NamespaceSpec {
+                    finalizers: Some(Vec::new()),
+                }),
+                ..Namespace::default()
+            };
+            report(
+                namespaces
+                    .replace_subresource("finalize", name, &kube::api::PostParams::default(), &finalized)
+                    .await
+                    .map(drop),
+                &format!("namespace {name} (finalized: no namespace controller)"),
+            );
+        }
     }
     let nodes: Api<Node> = Api::all(client.clone());
     for name in &created.nodes {
@@ -689,5 +876,43 @@ fn report(result: std::result::Result<(), kube::Error>, what: &str) {
         Ok(()) => println!("deleted {what}"),
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(error) => eprintln!("could not delete {what}: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn the_example_fits_kinds_and_kubeadms_default_ranges_and_says_plainly_when_it_cannot() {
+        let description = ClusterDescription::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml"),
+        )
+        .unwrap();
+        let wanted = cluster_ips(&description);
+        assert!(wanted.len() >= 9, "{wanted:?}");
+        let kind = ServiceRange::Cidrs(vec!["10.96.0.0/16".parse().unwrap()]);
+        let kubeadm = ServiceRange::Cidrs(vec!["10.96.0.0/12".parse().unwrap()]);
+        let kube_dns = [(ip("10.96.0.10"), "kube-system/kube-dns".to_string())];
+        for range in [&kind, &kubeadm, &ServiceRange::Near(ip("10.96.0.1"))] {
+            let note = fits(&wanted, range, &kube_dns).unwrap_or_else(|e| panic!("{range:?}: {e}"));
+            assert!(note.contains("ClusterIPs fit"), "{note}");
+        }
+        let small = ServiceRange::Cidrs(vec!["10.100.0.0/16".parse().unwrap()]);
+        let why = fits(&wanted, &small, &[]).unwrap_err();
+        assert!(
+            why.starts_with("the example cannot fit: this API server's Service range is 10.100.0.0/16"),
+            "{why}"
+        );
+        assert!(why.contains("10.96.0.80 (default/apache)"), "{why}");
+        let why = fits(&wanted, &kind, &[(ip("10.96.0.53"), "kube-system/dns".into())]).unwrap_err();
+        assert!(why.contains("10.96.0.53 (the example's "), "{why}");
+        assert!(why.contains("is held by Service kube-system/dns"), "{why}");
+        let why = fits(&wanted, &ServiceRange::Near(ip("10.128.0.1")), &[]).unwrap_err();
+        assert!(why.contains("its `kubernetes` Service is at 10.128.0.1"), "{why}");
     }
 }

@@ -79,9 +79,9 @@ pub fn example_checks() -> Vec<Check> {
             answered(&["heketi"]),
         ),
         Check::tcp(
-            "ClientIP affinity: 10.97.97.97 sticks to one pod",
+            "ClientIP affinity: 10.96.97.97 sticks to one pod",
             pod_c.clone(),
-            "10.97.97.97:80",
+            "10.96.97.97:80",
             20,
             sticky(&["nginx-pod"]),
         ),
@@ -187,7 +187,7 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
     let deployed = Deployed::up(description, config, lab_options)?;
     println!("{}", deployed.lab.summary());
     // The client reaches service IPs through node-a, as through a router or a BGP-announced VIP.
-    for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+    for cidr in ["203.0.113.0/24", "10.96.0.0/16"] {
         if let Ok(net) = cidr.parse::<Ipv4Net>() {
             deployed.lab.client_route_via(net, "node-a")?;
         }
@@ -201,12 +201,7 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
     print!("{}", deployed.table(false)?);
     println!("\n== Traffic checks (real packets through each node's iptables rules)\n");
     let failed = run_checks(&deployed.lab, &example_checks())?;
-    let rules = deployed.exec_in_node("node-a", &["iptables-save", "-t", "nat"])?;
-    let count = String::from_utf8_lossy(&rules.stdout)
-        .lines()
-        .filter(|l| l.starts_with("-A SWYD-"))
-        .count();
-    println!("node-a holds {count} nat rules in SWYD-* chains (`iptables-save -t nat` inside its namespace)");
+    println!("{}", rules_line(&deployed)?);
     if options.keep {
         let id = deployed.keep()?;
         println!(
@@ -214,6 +209,40 @@ pub fn run(options: &DemoOptions, lab_options: LabOptions) -> Result<usize> {
         );
     }
     Ok(failed)
+}
+
+/// What node-a's kernel holds against the RULES column above: RULES counts the rules in the agent's own
+/// chains of both tables (nat and filter), so the nat table alone shows fewer.
+fn rules_line(deployed: &Deployed) -> Result<String> {
+    let count = |table: &str| -> Result<usize> {
+        let save = deployed.exec_in_node("node-a", &["iptables-save", "-t", table])?;
+        Ok(String::from_utf8_lossy(&save.stdout)
+            .lines()
+            .filter(|l| l.starts_with("-A SWYD-"))
+            .count())
+    };
+    let (nat, filter) = (count("nat")?, count("filter")?);
+    let reported = deployed.status("node-a")?.and_then(|s| s.rules);
+    Ok(rules_sentence(nat, filter, reported))
+}
+
+/// The sentence under the checks: the kernel's count in both tables, and how it meets RULES.
+pub fn rules_sentence(nat: usize, filter: usize, reported: Option<u64>) -> String {
+    let total = nat + filter;
+    let held = format!(
+        "node-a's kernel holds {total} rules in the agent's SWYD-* chains (`iptables-save` inside its \
+         namespace): {nat} in the nat table (DNAT, masquerade) and {filter} in the filter table (REJECT, \
+         DROP, firewall)"
+    );
+    match reported {
+        Some(rules) if rules == total as u64 => {
+            format!(
+                "{held}; RULES above ({rules}) counts both tables, the jump rules from the built-in chains aside"
+            )
+        }
+        Some(rules) => format!("{held}; RULES above says {rules}: the kernel and the status disagree"),
+        None => format!("{held}; its status reports no RULES"),
+    }
 }
 
 /// Runs `checks`, printing each outcome and a summary line; returns how many failed.
@@ -235,5 +264,26 @@ fn load_config(path: Option<&Path>) -> Result<switchyard_controller::Config> {
         None => Ok(switchyard_controller::Config::default()),
         Some(path) => switchyard_controller::Config::load(path)
             .map_err(|e| crate::LabError::ParseDescription(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rules_line_says_how_the_kernel_meets_rules() {
+        let line = rules_sentence(79, 6, Some(85));
+        assert!(line.contains("holds 85 rules"), "{line}");
+        assert!(
+            line.contains("79 in the nat table") && line.contains("6 in the filter table"),
+            "{line}"
+        );
+        assert!(line.contains("RULES above (85) counts both tables"), "{line}");
+        let line = rules_sentence(79, 6, Some(82));
+        assert!(
+            line.contains("RULES above says 82: the kernel and the status disagree"),
+            "{line}"
+        );
     }
 }

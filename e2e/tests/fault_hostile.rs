@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use switchyard_api::{
     Backend, ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec,
-    NodeForwardingPlanStatus, PlanSummary, ServicePlan, conditions,
+    NodeForwardingPlanStatus, PlanSummary, ServicePlan, conditions, revision,
     testing::{self, EntryExt},
 };
 use switchyard_e2e::traffic::{Flow, Traffic};
@@ -52,7 +52,7 @@ fn deployed(test: &str, backend: Backend) -> Option<Deployed> {
     config.default_backend = backend;
     let description = ClusterDescription::from_file(&repo("examples/cluster.yaml")).unwrap();
     let deployed = Deployed::up(description, config, common::options()).unwrap();
-    for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+    for cidr in ["203.0.113.0/24", "10.96.0.0/16"] {
         deployed
             .lab
             .client_route_via(cidr.parse().unwrap(), NODE)
@@ -67,7 +67,7 @@ fn deployed(test: &str, backend: Backend) -> Option<Deployed> {
 fn flows() -> Vec<Flow> {
     vec![
         Flow::tcp(Place::pod("web-1"), "10.96.0.80:80", &["apache"]).unwrap(),
-        Flow::tcp(Place::pod("web-1"), "10.97.97.97:80", &["nginx-pod"]).unwrap(),
+        Flow::tcp(Place::pod("web-1"), "10.96.97.97:80", &["nginx-pod"]).unwrap(),
         Flow::tcp(
             Place::pod("apache-6d4cf56db6-a1"),
             "10.96.125.27:8080",
@@ -112,22 +112,27 @@ fn entry(name: &str, cluster_ip: &str, port: u16) -> ServicePlan {
     testing::entry(name, cluster_ip, port).with(testing::ep(endpoint, 8080))
 }
 
-/// The plan as a file, its summary counting what it holds (a hostile plan that contradicts its own
-/// summary is refused before its content is looked at: parsing the file already says "truncated or
-/// edited", which `planfile`'s tests cover).
+/// The plan as a file (its summary and revision as `stamped` left them: a hostile plan whose content
+/// does not hash to its revision is refused before its content is looked at, which `planfile`'s tests
+/// and `tests/fuzz.rs` cover; these inputs are hostile *and* intact).
 fn yaml(spec: &NodeForwardingPlanSpec) -> String {
-    let mut spec = spec.clone();
-    spec.summary = PlanSummary::of(spec.services.iter().chain(&spec.overrides));
-    serde_saphyr::to_string(&NodeForwardingPlan::new(NODE, spec)).unwrap()
+    serde_saphyr::to_string(&NodeForwardingPlan::new(NODE, spec.clone())).unwrap()
 }
 
-/// `spec` with one more entry (an unused Service: skipping it costs no traffic) and a new revision.
-fn plus(spec: &NodeForwardingPlanSpec, revision: &str, extra: ServicePlan) -> NodeForwardingPlanSpec {
+/// `spec` with its summary counting what it holds and its revision the hash of its content, as the
+/// controller writes it.
+fn stamped(mut spec: NodeForwardingPlanSpec) -> NodeForwardingPlanSpec {
+    spec.summary = PlanSummary::of(spec.services.iter().chain(&spec.overrides));
+    spec.revision = revision::compute(&spec).unwrap();
+    spec
+}
+
+/// `spec` with one more entry (an unused Service: skipping it costs no traffic), stamped.
+fn plus(spec: &NodeForwardingPlanSpec, extra: ServicePlan) -> NodeForwardingPlanSpec {
     let mut spec = spec.clone();
     spec.services.push(Arc::new(extra));
     spec.services.sort_by(|a, b| a.key().cmp(&b.key()));
-    spec.revision = revision.into();
-    spec
+    stamped(spec)
 }
 
 /// The plan object as JSON with `n` generated entries after its own, each with `endpoints` endpoints:
@@ -164,45 +169,44 @@ fn json_with_entries(spec: &NodeForwardingPlanSpec, n: usize, endpoints: usize) 
 }
 
 /// A live plan (view `all`, node-a's own entries as overrides, which keep their node flags) and slice
-/// `all-0000` holding `entries`, as a JSON List or YAML documents.
-fn with_slice(
-    spec: &NodeForwardingPlanSpec,
-    revision: &str,
-    entries: Vec<ServicePlan>,
-    json: bool,
-) -> String {
+/// `all-0000` holding `entries`, as a JSON List or YAML documents, both stamped; and the live plan's
+/// revision.
+fn with_slice(spec: &NodeForwardingPlanSpec, entries: Vec<ServicePlan>, json: bool) -> (String, String) {
     let mut live = spec.clone();
-    live.revision = revision.into();
     live.views = vec!["all".into()];
     live.overrides = std::mem::take(&mut live.services);
-    let slice = ForwardingSlice::new(
-        "all-0000",
-        ForwardingSliceSpec {
-            view: "all".into(),
-            zone: None,
-            node: None,
-            service: None,
-            index: 0,
-            count: 1,
-            revision: format!("{revision}-slice"),
-            summary: PlanSummary::default(),
-            entries: entries.into_iter().map(Arc::new).collect(),
-        },
-    );
+    let live = stamped(live);
+    let entries: Vec<Arc<ServicePlan>> = entries.into_iter().map(Arc::new).collect();
+    let mut spec = ForwardingSliceSpec {
+        view: "all".into(),
+        zone: None,
+        node: None,
+        service: None,
+        index: 0,
+        count: 1,
+        revision: String::new(),
+        summary: PlanSummary::of(&entries),
+        entries,
+    };
+    spec.revision = revision::compute_slice(&spec).unwrap();
+    let slice = ForwardingSlice::new("all-0000", spec);
+    let revision = live.revision.clone();
     let plan = NodeForwardingPlan::new(NODE, live);
     if json {
-        return serde_json::json!({"kind": "List", "items": [slice, plan]}).to_string();
+        let text = serde_json::json!({"kind": "List", "items": [slice, plan]}).to_string();
+        return (text, revision);
     }
-    format!(
+    let text = format!(
         "{}---\n{}",
         serde_saphyr::to_string(&slice).unwrap(),
         serde_saphyr::to_string(&plan).unwrap()
-    )
+    );
+    (text, revision)
 }
 
 /// The same as YAML documents, slice `all-0000` holding `n` generated entries, written as text.
-fn yaml_slice_with_entries(spec: &NodeForwardingPlanSpec, revision: &str, n: usize) -> String {
-    let documents = with_slice(spec, revision, vec![], false);
+fn yaml_slice_with_entries(spec: &NodeForwardingPlanSpec, n: usize) -> String {
+    let (documents, _) = with_slice(spec, vec![], false);
     let (slice, plan) = documents.split_once("---\n").unwrap();
     let mut text = String::with_capacity(n * 140 + documents.len());
     text.push_str(slice.trim_end());
@@ -226,10 +230,12 @@ fn replaced(text: &str, from: &str, to: &str) -> String {
 
 fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
     let huge = "a".repeat(10 << 20);
-    let good_yaml = yaml(good);
+    // `good` is node-a's plan composed with its slices, under its live plan's revision: as a
+    // self-contained file it carries its own (what `plan --node` writes).
+    let again = stamped(good.clone());
+    let good_yaml = yaml(&again);
     let extra = || entry("hostile/extra:p", "10.96.200.1", 80);
     let mut open = good.clone();
-    open.revision = "hostile-open-range".into();
     let web = open
         .services
         .iter_mut()
@@ -237,12 +243,31 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
         .expect("web-lb");
     assert!(!web.source_ranges.is_empty(), "web-lb has source ranges");
     Arc::make_mut(web).source_ranges.push("0.0.0.0/0".into());
+    let open = stamped(open);
+    let duplicate = {
+        let mut spec = good.clone();
+        let first = Arc::clone(&spec.services[0]);
+        spec.services.insert(1, first);
+        stamped(spec)
+    };
+    let port_0 = plus(good, entry("hostile/zero:p", "10.96.200.4", 0));
+    let family = plus(good, {
+        let mut v6 = entry("hostile/v6:p", "fd00:10:96::200", 80);
+        v6.endpoints[0].ip = "10.244.1.99".into();
+        v6
+    });
+    let long_name = plus(good, entry(&format!("hostile/{huge}:p"), "10.96.200.3", 80));
+    let (slice_name_text, slice_name_revision) = with_slice(
+        good,
+        vec![entry(&format!("hostile/{huge}:p"), "10.96.200.6", 80)],
+        false,
+    );
     let backend = format!("backend: {}", good.backend);
     vec![
         Case {
             name: "duplicate YAML key",
             text: replaced(
-                &yaml(&plus(good, "hostile-duplicate-key", extra())),
+                &yaml(&plus(good, extra())),
                 "  nodeName: node-a\n",
                 "  nodeName: node-a\n  nodeName: node-b\n",
             ),
@@ -250,38 +275,24 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
         },
         Case {
             name: "duplicate entry",
-            text: {
-                let mut spec = good.clone();
-                let first = Arc::clone(&spec.services[0]);
-                spec.services.insert(1, first);
-                spec.revision = "hostile-duplicate-entry".into();
-                yaml(&spec)
-            },
+            text: yaml(&duplicate),
             verdict: Verdict::Skipped {
-                revision: "hostile-duplicate-entry".into(),
+                revision: duplicate.revision.clone(),
                 failure: "duplicate entry",
             },
         },
         Case {
             name: "Service port 0",
-            text: yaml(&plus(
-                good,
-                "hostile-port-0",
-                entry("hostile/zero:p", "10.96.200.4", 0),
-            )),
+            text: yaml(&port_0),
             verdict: Verdict::Skipped {
-                revision: "hostile-port-0".into(),
+                revision: port_0.revision.clone(),
                 failure: "port: must be 1..65535",
             },
         },
         Case {
             name: "Service port 65536",
             text: replaced(
-                &yaml(&plus(
-                    good,
-                    "hostile-port-65536",
-                    entry("hostile/big:p", "10.96.200.5", 65535),
-                )),
+                &yaml(&plus(good, entry("hostile/big:p", "10.96.200.5", 65535))),
                 "port: 65535\n",
                 "port: 65536\n",
             ),
@@ -289,52 +300,39 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
         },
         Case {
             name: "IPv4 endpoint in an IPv6 entry",
-            text: yaml(&plus(good, "hostile-family", {
-                let mut v6 = entry("hostile/v6:p", "fd00:10:96::200", 80);
-                v6.endpoints[0].ip = "10.244.1.99".into();
-                v6
-            })),
+            text: yaml(&family),
             verdict: Verdict::Skipped {
-                revision: "hostile-family".into(),
+                revision: family.revision.clone(),
                 failure: "10.244.1.99 is not IPv6",
             },
         },
         Case {
             name: "unknown backend",
-            text: replaced(
-                &yaml(&plus(good, "hostile-backend", extra())),
-                &backend,
-                "backend: bpf",
-            ),
+            text: replaced(&yaml(&plus(good, extra())), &backend, "backend: bpf"),
             verdict: Verdict::Rejected("unknown variant `bpf`"),
         },
         Case {
             name: "10 MB Service name",
-            text: yaml(&plus(
-                good,
-                "hostile-long-name",
-                entry(&format!("hostile/{huge}:p"), "10.96.200.3", 80),
-            )),
+            text: yaml(&long_name),
             verdict: Verdict::Skipped {
-                revision: "hostile-long-name".into(),
+                revision: long_name.revision.clone(),
                 failure: "is 10485760 bytes, longer than the 63 allowed",
             },
         },
         Case {
             name: "10 MB revision",
-            text: yaml(&plus(good, &huge, extra())),
+            // Too long to be checked against the content: validation refuses it, naming the field.
+            text: yaml(&NodeForwardingPlanSpec {
+                revision: huge.clone(),
+                ..plus(good, extra())
+            }),
             verdict: Verdict::Rejected("spec.revision: revision \"aaaa"),
         },
         Case {
             name: "slice entry with a 10 MB name",
-            text: with_slice(
-                good,
-                "hostile-slice-name",
-                vec![entry(&format!("hostile/{huge}:p"), "10.96.200.6", 80)],
-                false,
-            ),
+            text: slice_name_text,
             verdict: Verdict::Skipped {
-                revision: "hostile-slice-name".into(),
+                revision: slice_name_revision,
                 failure: "is 10485760 bytes, longer than the 63 allowed",
             },
         },
@@ -352,19 +350,19 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
             name: "slice of 200,000 entries, JSON",
             text: with_slice(
                 good,
-                "hostile-big-slice",
                 (0..200_000)
                     .map(|i| entry(&format!("hostile/s{i}:p"), "10.96.200.2", 80))
                     .collect(),
                 true,
-            ),
+            )
+            .0,
             verdict: Verdict::Rejected(
                 "ForwardingSlice all-0000: not a valid spec: entries: more than 100000 entries",
             ),
         },
         Case {
             name: "slice of 200,000 entries, YAML",
-            text: yaml_slice_with_entries(good, "hostile-big-yaml-slice", 200_000),
+            text: yaml_slice_with_entries(good, 200_000),
             verdict: Verdict::Rejected(
                 "ForwardingSlice all-0000: not a valid spec: more than 100000 entries",
             ),
@@ -373,14 +371,14 @@ fn cases(good: &NodeForwardingPlanSpec) -> Vec<Case> {
             name: "source range 0.0.0.0/0",
             text: yaml(&open),
             verdict: Verdict::Applied {
-                revision: "hostile-open-range".into(),
+                revision: open.revision.clone(),
             },
         },
         Case {
             name: "the good plan again",
             text: good_yaml,
             verdict: Verdict::Applied {
-                revision: good.revision.clone(),
+                revision: again.revision.clone(),
             },
         },
     ]

@@ -5,7 +5,7 @@
 //! ```text
 //! images (scripts/image/build.sh: agent, controller, pause, agnhost) ─► KubeCluster::up (2 nodes)
 //! the real kube-proxy on every node ─► workloads (testdata/kube-workloads.yaml) ─► flows: reference
-//! steady prober on ─► install as the README says (crds/, ConfigMap, apply -k overlay) ─► all Applied
+//! steady prober on ─► install as docs/install.md says (crds/, ConfigMap, apply -k overlay) ─► all Applied
 //!   (kube-proxy still holds 10256 and 10249: every agent reports PortUnavailable and forwards anyway)
 //!   ─► kube-proxy removed (--cleanup) ─► the agents take its ports ─► flows again, now through
 //!   Switchyard; kubectl exec/logs/port-forward; pods reach the API server through the kubernetes
@@ -313,7 +313,7 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
         check_flows(&cluster, "kube-proxy", &standard)
     });
 
-    // --- install exactly as the README says, while kube-proxy still runs ---
+    // --- install exactly as docs/install.md says, while kube-proxy still runs ---
     let steady = steady_prober(&cluster, &["client-a", "client-b"]);
     let overlay = Overlay {
         agent_image: format!("{AGENT_IMAGE}:{}", tag()),

@@ -10,12 +10,12 @@
 //!                          │              objects, the nftables tables ip/ip6 switchyard
 //!                          └─ set-sysctls ─► conntrack's timeouts as run/apply keep them (conntrack::settings),
 //!                                            what was found and done on stdout (an init container's job)
-//! exit: 0 ok · 1 the kernel refused / runtime failure · 2 bad flags, unreadable or invalid plan
+//! exit: the table both binaries share (switchyard_process::exit), printed by every `--help`
 //! ```
 //!
 //! [`run_cli`] is the whole program, so another binary can embed the agent; `main.rs` only calls it.
-//! Logs go to stderr (text or JSON, filtered by `RUST_LOG`, default `info`); stdout carries only the
-//! command's output.
+//! Logs go to stderr (text or JSON, filtered by `RUST_LOG`; by default `info` for `run`, `warn` for the
+//! one-shot commands, whose output is their answer); stdout carries only the command's output.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -26,8 +26,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use switchyard_api::validate::validate;
 use switchyard_api::{Backend, NodeForwardingPlanSpec};
+use switchyard_process::exit::{self, FAILED, NO, USAGE};
 use switchyard_process::http::parse_bind;
-use switchyard_process::{LogFormat, init_logging};
+use switchyard_process::{LogFormat, init_logging_at};
 
 use crate::conntrack::{CliConntrack, ConntrackSettings};
 use crate::error::Error;
@@ -44,16 +45,14 @@ use crate::sysctl::{ProcSysctls, Sysctls};
 use crate::xtables::exec::ExecIptables;
 use crate::xtables::mode::IptablesMode;
 
-/// Exit status: the kernel refused the rules, or something failed at run time.
-pub const EXIT_FAILED: u8 = 1;
-/// Exit status: bad flags, an unreadable or invalid plan.
-pub const EXIT_USAGE: u8 = 2;
-
 #[derive(Parser, Debug)]
 #[command(
     name = "switchyard-agent",
     version,
-    about = "Programs this node's NodeForwardingPlan into the kernel and reports what it applied"
+    about = "Programs this node's NodeForwardingPlan into the kernel and reports what it applied",
+    after_help = exit::TABLE,
+    // Colour only on a terminal: never escape codes in a file or a pod's log.
+    color = clap::ColorChoice::Auto
 )]
 struct Cli {
     /// Log format on stderr.
@@ -66,25 +65,34 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Print exactly what would be programmed for a plan, touching nothing.
+    #[command(after_help = exit::TABLE)]
     Render(RenderArgs),
-    /// Apply a plan once (a full sync) and print the resulting status.
+    /// Apply a plan once (a full sync) and print the resulting status. Needs root (CAP_NET_ADMIN and
+    /// CAP_NET_RAW): it programs this host's kernel. One try: a failure is reported, not retried.
+    #[command(after_help = exit::TABLE)]
     Apply(ApplyArgs),
     /// Apply a plan file, re-apply it when it changes, repair drift; until SIGTERM/SIGINT.
     // Boxed: its flags are many times the size of every other command's.
+    #[command(after_help = exit::TABLE)]
     Run(Box<RunArgs>),
     /// Remove everything the agent owns, in both families: iptables jump rules and SWYD-* chains
     /// (iptables-nft and iptables-legacy), the nftables tables, IPVS virtual servers, ipsets and the dummy
     /// interface.
+    #[command(after_help = exit::TABLE)]
     Cleanup(CleanupArgs),
     /// Explain the path a new connection takes on this node, in words: frontend, policy, endpoints,
     /// masquerade, REJECT/DROP. Exit 0 forwarded, 3 rejected/dropped/not a Service, 2 bad input.
+    #[command(after_help = exit::TABLE)]
     Explain(ExplainArgs),
     /// The busiest Service ports on this node: new connections per Service port as the kernel counted
-    /// them (every backend; root), by frontend, with refusals and the busiest endpoint.
+    /// them (iptables, nftables and IPVS alike; root), by frontend, with refusals and the busiest
+    /// endpoint. Exit 3 when the plan's rules are not on this host (nothing counted them).
+    #[command(after_help = exit::TABLE)]
     Top(TopArgs),
     /// Set conntrack's sysctls as `run` and `apply` keep them (the same flags), print what was found and
     /// done, and exit (1 when one could not be set, unless --never-fail). For a privileged init
     /// container: /proc/sys is read-only in the agent's own.
+    #[command(after_help = exit::TABLE)]
     SetSysctls(SetSysctlsArgs),
 }
 
@@ -122,7 +130,7 @@ impl PlanArgs {
                 plan_from_api(node, self.kubeconfig.as_deref()).map(|(spec, status)| in_use(spec, status))
             }
             (None, None) => Err(fail(
-                EXIT_USAGE,
+                USAGE,
                 &format!(
                     "{command} needs the plan: --plan FILE (- for standard input), or --node NAME to read it from the API server"
                 ),
@@ -150,7 +158,8 @@ struct TopArgs {
 struct ExplainArgs {
     #[command(flatten)]
     plan: PlanArgs,
-    /// Destination: IP:PORT[/tcp|udp|sctp] ([IPv6]:PORT), or namespace/service[:port] (its ClusterIP).
+    /// Destination: IP:PORT[/tcp|udp|sctp] ([IPv6]:PORT), or namespace/service[:PORT] (its ClusterIP;
+    /// PORT is the Service port's name or number, and may be left out when it has one port).
     #[arg(long)]
     to: String,
     /// Source: a pod's IP, an outside client's IP, or `node` (a process on the node itself).
@@ -471,15 +480,25 @@ where
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
             // eprint!, not clap's own print: a test's harness captures it (passing tests log nothing).
-            eprint!("{}", e.render().ansi());
-            return ExitCode::from(EXIT_USAGE);
+            // Colour only on a terminal: never escape codes in a file or a pod's log.
+            if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                eprint!("{}", e.render().ansi());
+            } else {
+                eprint!("{}", e.render());
+            }
+            return exit::code(USAGE);
         }
         Err(e) => {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
     };
-    init_logging(cli.log_format);
+    // `run` says what it does as it goes; a one-shot command's output is its answer.
+    let level = match cli.command {
+        Command::Run(_) => "info",
+        _ => "warn",
+    };
+    init_logging_at(cli.log_format, level);
     match cli.command {
         Command::Render(args) => render_command(&args),
         Command::Apply(args) => apply_command(&args),
@@ -501,14 +520,14 @@ fn print_stdout(text: &str) -> Result<(), ExitCode> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: writing to standard output: {e}");
-            Err(ExitCode::from(EXIT_FAILED))
+            Err(exit::code(FAILED))
         }
     }
 }
 
 fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("error: {error}");
-    ExitCode::from(code)
+    exit::code(code)
 }
 
 /// Reads the plan file and composes its plan with its slices (if any); usage errors come back as exit
@@ -521,13 +540,13 @@ fn plan_from_api(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| fail(EXIT_FAILED, &Error::StartRuntime(e)))?;
+        .map_err(|e| fail(FAILED, &Error::StartRuntime(e)))?;
     let (plan, slices, in_use) = runtime
         .block_on(async {
             let client = crate::start::client(kubeconfig).await?;
             crate::start::fetch_plan(client, node).await
         })
-        .map_err(|e| fail(EXIT_FAILED, &e))?;
+        .map_err(|e| fail(e.exit_code(), &e))?;
     match compose_plan(&Arc::new(plan), &slices, &mut LastGood::default()) {
         Composition::Ready { spec, failures, .. } => {
             for failure in failures {
@@ -536,7 +555,7 @@ fn plan_from_api(
             Ok((spec, in_use))
         }
         Composition::Incomplete(why) => Err(fail(
-            EXIT_FAILED,
+            FAILED,
             &format!("node {node}'s plan cannot be composed from the API server's slices yet: {why}"),
         )),
     }
@@ -545,7 +564,7 @@ fn plan_from_api(
 fn load_plan(
     path: &std::path::Path,
 ) -> Result<(crate::planfile::LoadedPlan, Arc<NodeForwardingPlanSpec>), ExitCode> {
-    let loaded = read_plan_file(path).map_err(|e| fail(EXIT_USAGE, &e))?;
+    let loaded = read_plan_file(path).map_err(|e| fail(USAGE, &e))?;
     match compose_plan(&loaded.plan, &loaded.slices, &mut LastGood::default()) {
         Composition::Ready { spec, failures, .. } => {
             for failure in failures {
@@ -567,7 +586,7 @@ fn load_plan(
             } else {
                 String::new()
             };
-            Err(fail(EXIT_USAGE, &format!("{}: {why}{hint}", path.display())))
+            Err(fail(USAGE, &format!("{}: {why}{hint}", path.display())))
         }
     }
 }
@@ -586,7 +605,7 @@ fn render_command(args: &RenderArgs) -> ExitCode {
         for problem in &report.plan {
             eprintln!("invalid plan: {problem}");
         }
-        return ExitCode::from(EXIT_USAGE);
+        return exit::code(USAGE);
     }
     for problem in report.entries.iter().flat_map(|(_, p)| p) {
         eprintln!("warning: skipping entry: {problem}");
@@ -672,21 +691,42 @@ fn set_sysctls_command(args: &SetSysctlsArgs) -> ExitCode {
         return code;
     }
     if failed && !args.never_fail {
-        ExitCode::from(EXIT_FAILED)
+        exit::code(FAILED)
     } else {
         ExitCode::SUCCESS
     }
 }
 
+/// Why this process cannot program the kernel, when it cannot: said before anything is read.
+fn cannot_program() -> Option<String> {
+    let missing = crate::capabilities::missing(crate::capabilities::effective()?);
+    (!missing.is_empty()).then(|| {
+        format!(
+            "apply programs this host's kernel and needs root (CAP_NET_ADMIN and CAP_NET_RAW); this \
+             process lacks {}: run it as root (sudo), or use `render --plan` to see the rules without \
+             programming them; nothing was applied",
+            missing.join(" and ")
+        )
+    })
+}
+
 fn apply_command(args: &ApplyArgs) -> ExitCode {
+    if let Some(why) = cannot_program() {
+        return fail(FAILED, &why);
+    }
     let (loaded, composed) = match load_plan(&args.plan) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
     drop(composed);
-    let mut syncer = match real_syncer(&args.iptables, &args.conntrack, SyncConfig::default()) {
+    // One try: a failure is reported as it is, and nothing says a retry will come.
+    let config = SyncConfig {
+        retries: false,
+        ..SyncConfig::default()
+    };
+    let mut syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
         Ok(syncer) => syncer,
-        Err(e) => return fail(EXIT_FAILED, &e),
+        Err(e) => return fail(FAILED, &e),
     };
     let result = syncer.sync(&loaded.plan, &loaded.slices);
     drop(loaded);
@@ -707,8 +747,8 @@ fn apply_command(args: &ApplyArgs) -> ExitCode {
     }
     match result {
         SyncResult::Applied { .. } => ExitCode::SUCCESS,
-        SyncResult::Rejected { message, .. } => fail(EXIT_USAGE, &message),
-        SyncResult::Failed { message } => fail(EXIT_FAILED, &message),
+        SyncResult::Rejected { message, .. } => fail(USAGE, &message),
+        SyncResult::Failed { message } => fail(FAILED, &message),
     }
 }
 
@@ -730,7 +770,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         },
         (None, None) => {
             return fail(
-                EXIT_USAGE,
+                USAGE,
                 &"run needs --node-name (or NODE_NAME, set from the downward API) or --plan-file",
             );
         }
@@ -759,7 +799,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
     };
     let mut syncer = match real_syncer(&args.iptables, &args.conntrack, config) {
         Ok(syncer) => syncer,
-        Err(e) => return fail(EXIT_FAILED, &e),
+        Err(e) => return fail(FAILED, &e),
     };
     if let Some(verify) = args.verify.config() {
         let verifier = crate::wiring::verify::host_verifier(verify, args.iptables.iptables_mode);
@@ -771,7 +811,7 @@ fn run_command(args: &RunArgs) -> ExitCode {
         .build()
     {
         Ok(runtime) => runtime,
-        Err(e) => return fail(EXIT_FAILED, &Error::StartRuntime(e)),
+        Err(e) => return fail(FAILED, &Error::StartRuntime(e)),
     };
     let run_config = RunConfig {
         node_name: node_name.unwrap_or_default(),
@@ -793,15 +833,14 @@ fn run_command(args: &RunArgs) -> ExitCode {
         let shutdown = shutdown_signal()?;
         run_agent(run_config, from, syncer, shutdown).await
     });
-    if let Err(e) = &result {
-        // In a pod the kubelet shows this as the container's last state (`kubectl describe pod`).
-        crate::bootstrap::write_termination_message(&format!("error: {e}"));
-        tracing::error!(error = %e, "the agent stops");
-    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ Error::KubeConfig { .. }) => fail(EXIT_USAGE, &e),
-        Err(e) => fail(EXIT_FAILED, &e),
+        Err(e) => {
+            // In a pod the kubelet shows this as the container's last state (`kubectl describe pod`);
+            // on stderr it is said once (the pod's log shows it too).
+            crate::bootstrap::write_termination_message(&format!("error: {e}"));
+            fail(e.exit_code(), &e)
+        }
     }
 }
 
@@ -816,16 +855,31 @@ fn top_command(args: &TopArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    let node = spec.node_name.clone();
+    let entries = spec.services.len();
     let series = match crate::wiring::counters::HostCounters::read_once(spec, backend, args.iptables_mode) {
         Ok(series) => series,
-        Err(e) => return fail(EXIT_FAILED, &e),
+        Err(e) => return fail(FAILED, &e),
     };
+    // Every Service port the kernel holds rules for has a series, counted or not: none at all means
+    // the rules are elsewhere (another host, another backend), and an empty table would say "no
+    // traffic" instead.
+    if series.is_empty() && entries > 0 {
+        return fail(
+            NO,
+            &format_args!(
+                "the rules of node {node}'s plan are not on this host: {backend} holds none of its {entries} \
+                 Service ports (run top on node {node}, where its agent applied them; --backend reads \
+                 another backend's rules)"
+            ),
+        );
+    }
     let rows = top::busiest(&series, args.limit);
     let text = match args.output {
         ExplainOutput::Text => top::table(&rows),
         ExplainOutput::Json => match serde_json::to_string_pretty(&rows) {
             Ok(json) => json + "\n",
-            Err(e) => return fail(EXIT_FAILED, &e),
+            Err(e) => return fail(FAILED, &e),
         },
     };
     match print_stdout(&text) {
@@ -838,11 +892,11 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
     use crate::explain::{self, Destination, Source};
     let destination: Destination = match args.to.parse() {
         Ok(destination) => destination,
-        Err(e) => return fail(EXIT_USAGE, &format!("--to: {e}")),
+        Err(e) => return fail(USAGE, &format!("--to: {e}")),
     };
     let source: Source = match args.from.parse() {
         Ok(source) => source,
-        Err(e) => return fail(EXIT_USAGE, &format!("--from: {e}")),
+        Err(e) => return fail(USAGE, &format!("--from: {e}")),
     };
     let (spec, backend) = match args.plan.load("explain") {
         Ok(loaded) => loaded,
@@ -851,7 +905,7 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
     let local = if args.kernel {
         match crate::wiring::explain::local_addrs() {
             Ok(local) => Some(local),
-            Err(e) => return fail(EXIT_FAILED, &e),
+            Err(e) => return fail(FAILED, &e),
         }
     } else {
         None
@@ -859,7 +913,7 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
     let (mut explanation, packet, plan_trace) =
         match explain::explain(&spec, &destination, source, local.as_deref()) {
             Ok(answer) => answer,
-            Err(e) => return fail(EXIT_USAGE, &e),
+            Err(e) => return fail(USAGE, &e),
         };
     if let Some(local) = &local
         && let Err(e) = crate::wiring::explain::compare_with_kernel(
@@ -872,19 +926,19 @@ fn explain_command(args: &ExplainArgs) -> ExitCode {
             args.iptables_mode,
         )
     {
-        return fail(EXIT_FAILED, &e);
+        return fail(FAILED, &e);
     }
     let text = match args.output {
         ExplainOutput::Text => explanation.text(),
         ExplainOutput::Json => match serde_json::to_string_pretty(&explanation) {
             Ok(json) => json + "\n",
-            Err(e) => return fail(EXIT_FAILED, &e),
+            Err(e) => return fail(FAILED, &e),
         },
     };
     if let Err(code) = print_stdout(&text) {
         return code;
     }
-    ExitCode::from(explanation.exit_code())
+    exit::code(explanation.exit_code())
 }
 
 fn cleanup_command(args: &CleanupArgs) -> ExitCode {
@@ -896,7 +950,7 @@ fn cleanup_command(args: &CleanupArgs) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("error: {what}: {e}");
-                code = ExitCode::from(EXIT_FAILED);
+                code = exit::code(FAILED);
             }
         }
     }
@@ -1024,7 +1078,7 @@ mod tests {
         let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
         assert_eq!(
             run_cli(args(&["switchyard-agent", "frobnicate"])),
-            ExitCode::from(EXIT_USAGE)
+            exit::code(USAGE)
         );
         assert_eq!(
             run_cli(args(&[
@@ -1035,7 +1089,7 @@ mod tests {
                 "--resync-period",
                 "soon"
             ])),
-            ExitCode::from(EXIT_USAGE)
+            exit::code(USAGE)
         );
         assert_eq!(
             run_cli(args(&[
@@ -1046,7 +1100,7 @@ mod tests {
                 "--iptables-mode",
                 "fast"
             ])),
-            ExitCode::from(EXIT_USAGE)
+            exit::code(USAGE)
         );
         assert_eq!(
             run_cli(args(&[
@@ -1055,7 +1109,7 @@ mod tests {
                 "--plan",
                 "/nonexistent/plan.yaml"
             ])),
-            ExitCode::from(EXIT_USAGE)
+            exit::code(USAGE)
         );
         // explain: a bad destination or source, neither or both of --plan and --node.
         for bad in [
@@ -1094,7 +1148,7 @@ mod tests {
             let argv: Vec<&str> = std::iter::once("switchyard-agent")
                 .chain(bad.iter().copied())
                 .collect();
-            assert_eq!(run_cli(args(&argv)), ExitCode::from(EXIT_USAGE), "{bad:?}");
+            assert_eq!(run_cli(args(&argv)), exit::code(USAGE), "{bad:?}");
         }
         for bad in [
             &[
@@ -1115,12 +1169,12 @@ mod tests {
             ],
             &["switchyard-agent", "run", "--plan-file", "x", "--kubeconfig", "y"],
         ] {
-            assert_eq!(run_cli(args(bad)), ExitCode::from(EXIT_USAGE), "{bad:?}");
+            assert_eq!(run_cli(args(bad)), exit::code(USAGE), "{bad:?}");
         }
         if std::env::var_os("NODE_NAME").is_none() {
             assert_eq!(
                 run_cli(args(&["switchyard-agent", "run"])),
-                ExitCode::from(EXIT_USAGE),
+                exit::code(USAGE),
                 "neither a node nor a plan file"
             );
         }

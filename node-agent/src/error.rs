@@ -276,6 +276,17 @@ impl Error {
         }
     }
 
+    /// The exit code a command ends with on this error (`switchyard_process::exit`): an unusable
+    /// kubeconfig or a plan file that cannot be read or is invalid is wrong input; the rest failed
+    /// while running.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::KubeConfig(edge) => edge.exit_code(),
+            Self::ReadPlan { .. } | Self::ParsePlan { .. } => switchyard_process::exit::USAGE,
+            _ => switchyard_process::exit::FAILED,
+        }
+    }
+
     /// A short, stable label for failure metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

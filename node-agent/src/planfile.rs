@@ -8,6 +8,10 @@
 //!           (`switchyard-controller plan --node N`), or a live plan with views
 //!           + ForwardingSlices (multi-document YAML or a `kind: List`, as `plan --objects --node N` or
 //!             `kubectl get nfp,fws -o yaml` print them): composed like the API source does
+//!      ─► checked whole: each object says what it is (kind, apiVersion switchyard.io/v1alpha2, the name
+//!         its spec gives it), no field its kind's schema does not know (switchyard_api::known), and
+//!         the plan and every slice hash to their own `revision` (switchyard_api::revision::verify):
+//!         anything cut or edited is refused, naming the object, and the rules applied last stay
 //!      ─► every entry with a /0 source range opened, as kube-proxy reads it (no firewall)
 //! status ─► write_status_file() ─► <file>.tmp ─► rename ─► <file>   (readers never see half a file)
 //! ```
@@ -26,7 +30,8 @@ use std::sync::Arc;
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::value::RawValue;
 use switchyard_api::bounded;
-use switchyard_api::validate::MAX_NODE_NAME;
+use switchyard_api::revision;
+use switchyard_api::validate::{MAX_NODE_NAME, MAX_REVISION};
 use switchyard_api::words;
 use switchyard_api::yaml::MAX_PLAN_BYTES;
 use switchyard_api::{
@@ -45,17 +50,99 @@ pub struct ParsedPlanFile {
     pub slices: Vec<(String, ForwardingSliceSpec)>,
 }
 
-/// A NodeForwardingPlan object: only the spec matters here (apiVersion, kind, metadata and status are
-/// read past).
+/// A NodeForwardingPlan object: its spec, and the fields that say what it is (checked by
+/// [`check_object`]); status and the rest of metadata are read past.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Object {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: Option<RawMetadata>,
     spec: NodeForwardingPlanSpec,
+}
+
+impl Object {
+    /// The spec, once the object says it is a NodeForwardingPlan named after its node. In a List the
+    /// items may leave out kind and apiVersion (the List's kind says them).
+    fn checked(self, in_list: bool) -> Result<NodeForwardingPlanSpec, String> {
+        let name = self.metadata.and_then(|m| m.name).unwrap_or_default();
+        check_object(
+            &Head {
+                api_version: self.api_version.as_deref(),
+                kind: self.kind.as_deref(),
+                name: &name,
+                in_list,
+            },
+            "NodeForwardingPlan",
+            &self.spec.node_name,
+        )?;
+        Ok(self.spec)
+    }
+}
+
+/// What an object says it is.
+struct Head<'a> {
+    api_version: Option<&'a str>,
+    kind: Option<&'a str>,
+    name: &'a str,
+    in_list: bool,
+}
+
+/// The API version plan files are read as.
+const API_VERSION: &str = "switchyard.io/v1alpha2";
+
+/// An object of a plan file must say what it is, in the version this agent reads, under the name its
+/// spec gives it (a plan: its node's; a slice: the one [`switchyard_api::slice::expected_name`] gives):
+/// a file whose header was cut or edited is refused like one whose spec was.
+fn check_object(head: &Head<'_>, want_kind: &str, want_name: &str) -> Result<(), String> {
+    match head.kind {
+        Some(kind) if kind == want_kind => {}
+        Some(kind) => return Err(format!("the object is a {kind:?}, not a {want_kind}")),
+        None if head.in_list => {}
+        None => {
+            return Err(format!(
+                "the object has no kind (a plan file holds `kind: {want_kind}`)"
+            ));
+        }
+    }
+    match head.api_version {
+        Some(API_VERSION) => {}
+        Some(other) => {
+            return Err(format!(
+                "{want_kind} {}: apiVersion is {other:?}, and this agent reads {API_VERSION}",
+                head.name
+            ));
+        }
+        None if head.in_list => {}
+        None => {
+            return Err(format!(
+                "{want_kind} {}: no apiVersion (want {API_VERSION})",
+                head.name
+            ));
+        }
+    }
+    if head.name != want_name {
+        return Err(format!(
+            "{want_kind} {:?}: its spec says it is {want_name:?} (metadata.name must be that)",
+            head.name
+        ));
+    }
+    Ok(())
 }
 
 /// `kubectl get nfp -o yaml|json` output.
 #[derive(Deserialize)]
 struct List {
     items: Vec<Object>,
+}
+
+impl List {
+    fn specs(self) -> Result<Vec<NodeForwardingPlanSpec>, String> {
+        self.items.into_iter().map(|o| o.checked(true)).collect()
+    }
 }
 
 fn yaml_options() -> serde_saphyr::Options {
@@ -82,8 +169,30 @@ pub fn parse_plan_text(text: &str) -> Result<ParsedPlanFile, String> {
         ),
         None => error,
     })?;
-    check_summaries(&file)?;
+    check_known_fields(text)?;
+    check_integrity(&file)?;
     Ok(file)
+}
+
+/// Refuses a file with a field its kind does not know (kubectl's strict validation): serde reads past
+/// such a key, so a renamed field whose value is its default would read as absent and still match the
+/// revision. A second, tree-free pass over the text.
+fn check_known_fields(text: &str) -> Result<(), String> {
+    let trimmed = text.trim_start();
+    let found = if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        switchyard_api::known::unknown_fields_json(text)
+    } else {
+        switchyard_api::known::unknown_fields_yaml(text, yaml_options())
+    };
+    match found {
+        Ok(found) if found.is_empty() => Ok(()),
+        Ok(found) => Err(format!(
+            "{found}: a field this agent does not know (a typo, an edit, or a plan written by a newer \
+             Switchyard); refused (the rules applied last stay)"
+        )),
+        // The typed reading above succeeded on the same text; this pass is no stricter about syntax.
+        Err(e) => Err(format!("not a valid plan file: {e}")),
+    }
 }
 
 /// The first cluster-dump kind (`Service`, `EndpointSlice`, `Node`) the text declares, if any: what
@@ -108,29 +217,53 @@ fn cluster_dump_kind(text: &str) -> Option<&'static str> {
         .find_map(|value| KINDS.into_iter().find(|kind| *kind == value))
 }
 
-/// A plan and each slice carry the counts of their own entries (`summary`): a file whose entries
-/// disagree was cut short (a half-written file, a `head`) or edited by hand, and applying it would drop
-/// Services silently. A summary of zeros is taken as absent (hand-written plans leave it out).
-fn check_summaries(file: &ParsedPlanFile) -> Result<(), String> {
-    let mismatch = |what: &str, stated: PlanSummary, entries: &[&Arc<ServicePlan>]| {
-        let found = PlanSummary::of(entries.iter().copied());
-        (stated != PlanSummary::default() && stated != found).then(|| {
+/// A plan and each slice carry `revision`, the hash of their whole content (`switchyard_api::revision`,
+/// the function the controller writes it with): a file whose content hashes to anything else was cut
+/// short (a half-written file, a `head`) or edited, whatever the edit, and applying it could drop or
+/// change Services silently. A revision validation refuses anyway (empty, too long) is left to it, so
+/// its message names the field.
+fn check_integrity(file: &ParsedPlanFile) -> Result<(), String> {
+    let refused =
+        |what: &str, mismatch: revision::Mismatch, stated: PlanSummary, entries: Vec<&Arc<ServicePlan>>| {
+            let found = PlanSummary::of(entries);
+            let counts = if stated == found {
+                String::new()
+            } else {
+                format!(
+                    "; its summary says {} entries and {} endpoints, the file holds {} and {}",
+                    stated.entries, stated.endpoints, found.entries, found.endpoints
+                )
+            };
             format!(
-                "{what} is truncated or edited: its summary says {} entries and {} endpoints, the file \
-                 holds {} and {}; refused (the rules applied last stay)",
-                stated.entries, stated.endpoints, found.entries, found.endpoints
+                "{what}: its content does not match its revision {} (the content hashes to {}{counts}): cut \
+             short or edited; refused (the rules applied last stay). A plan edited on purpose needs the \
+             revision its content hashes to",
+                mismatch.stated, mismatch.computed
             )
-        })
-    };
+        };
+    let checkable = |revision: &str| !revision.is_empty() && revision.len() <= MAX_REVISION;
     let plan = &file.plan;
-    let entries: Vec<&Arc<ServicePlan>> = plan.services.iter().chain(&plan.overrides).collect();
-    if let Some(problem) = mismatch("the plan", plan.summary, &entries) {
-        return Err(problem);
+    if checkable(&plan.revision) {
+        let verified = revision::verify(plan).map_err(|e| e.to_string())?;
+        if let Err(mismatch) = verified {
+            let entries = plan.services.iter().chain(&plan.overrides).collect();
+            let what = format!("NodeForwardingPlan {}", plan.node_name);
+            return Err(refused(&what, mismatch, plan.summary, entries));
+        }
     }
     for (name, slice) in &file.slices {
-        let entries: Vec<&Arc<ServicePlan>> = slice.entries.iter().collect();
-        if let Some(problem) = mismatch(&format!("ForwardingSlice {name}"), slice.summary, &entries) {
-            return Err(problem);
+        if !checkable(&slice.revision) {
+            continue;
+        }
+        let verified = revision::verify_slice(slice).map_err(|e| e.to_string())?;
+        if let Err(mismatch) = verified {
+            let what = format!("ForwardingSlice {name}");
+            return Err(refused(
+                &what,
+                mismatch,
+                slice.summary,
+                slice.entries.iter().collect(),
+            ));
         }
     }
     Ok(())
@@ -157,7 +290,11 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
     let object_error = match serde_saphyr::from_multiple_with_options::<Option<Object>>(text, yaml_options())
     {
         Ok(objects) => {
-            let specs: Vec<_> = objects.into_iter().flatten().map(|o| o.spec).collect();
+            let specs = objects
+                .into_iter()
+                .flatten()
+                .map(|o| o.checked(false))
+                .collect::<Result<Vec<_>, _>>()?;
             if !specs.is_empty() {
                 return Ok(specs);
             }
@@ -176,7 +313,7 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
         },
     };
     let list_error = match serde_saphyr::from_str_with_options::<List>(text, yaml_options()) {
-        Ok(list) => return Ok(list.items.into_iter().map(|o| o.spec).collect()),
+        Ok(list) => return list.specs(),
         Err(e) => words::yaml(&e),
     };
     match serde_saphyr::from_multiple_with_options::<Option<NodeForwardingPlanSpec>>(text, yaml_options()) {
@@ -193,7 +330,7 @@ fn parse_yaml(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
 
 fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
     let object_error = match words::from_json::<Object>(text) {
-        Ok(object) => return Ok(vec![object.spec]),
+        Ok(object) => return object.checked(false).map(|spec| vec![spec]),
         // Every reading below would stop at the same list.
         Err(e) if bounded::exceeded(&e) => {
             return Err(format!("not a valid NodeForwardingPlan object: {e}"));
@@ -201,11 +338,11 @@ fn parse_json(text: &str) -> Result<Vec<NodeForwardingPlanSpec>, String> {
         Err(e) => e,
     };
     let list_error = match words::from_json::<List>(text) {
-        Ok(list) => return Ok(list.items.into_iter().map(|o| o.spec).collect()),
+        Ok(list) => return list.specs(),
         Err(e) => e,
     };
     if let Ok(objects) = serde_json::from_str::<Vec<Object>>(text) {
-        return Ok(objects.into_iter().map(|o| o.spec).collect());
+        return objects.into_iter().map(|o| o.checked(false)).collect();
     }
     match words::from_json::<NodeForwardingPlanSpec>(text) {
         Ok(spec) => Ok(vec![spec]),
@@ -268,13 +405,27 @@ impl Found {
                     self.take_nested(item, depth + 1)?;
                 }
             }
-            "NodeForwardingPlan" => self.plans.push(
-                D::plan(parts.spec)
-                    .map_err(|e| format!("NodeForwardingPlan {}: not a valid spec: {e}", parts.name))?,
-            ),
+            "NodeForwardingPlan" => {
+                let spec = D::plan(parts.spec)
+                    .map_err(|e| format!("NodeForwardingPlan {}: not a valid spec: {e}", parts.name))?;
+                let head = Head {
+                    api_version: parts.api_version.as_deref(),
+                    kind: Some(&parts.kind),
+                    name: &parts.name,
+                    in_list: depth > 0,
+                };
+                check_object(&head, "NodeForwardingPlan", &spec.node_name)?;
+                self.plans.push(spec);
+            }
             "ForwardingSlice" => {
                 let spec = D::slice(parts.spec)
                     .map_err(|e| format!("ForwardingSlice {}: not a valid spec: {e}", parts.name))?;
+                let head = Head {
+                    api_version: parts.api_version.as_deref(),
+                    kind: Some(&parts.kind),
+                    name: &parts.name,
+                    in_list: depth > 0,
+                };
                 if parts.name.is_empty() {
                     return Err("a ForwardingSlice without metadata.name".into());
                 }
@@ -285,6 +436,11 @@ impl Found {
                         parts.name.len()
                     ));
                 }
+                check_object(
+                    &head,
+                    "ForwardingSlice",
+                    &switchyard_api::slice::expected_name(&spec),
+                )?;
                 self.slices.push((parts.name, spec));
             }
             other => return Err(format!("unexpected object of kind {other:?}")),
@@ -295,6 +451,7 @@ impl Found {
 
 /// What the dispatch reads of one document.
 struct Parts<D: Document> {
+    api_version: Option<String>,
     kind: String,
     name: String,
     spec: Option<D::Spec>,
@@ -316,6 +473,8 @@ trait Document: Sized {
 /// The fields of a JSON document, borrowed from the file's text.
 #[derive(Deserialize)]
 struct RawDocument<'a> {
+    #[serde(default, rename = "apiVersion")]
+    api_version: Option<String>,
     #[serde(default)]
     kind: String,
     #[serde(default)]
@@ -342,6 +501,7 @@ impl<'a> Document for &'a RawValue {
         let raw: RawDocument<'a> = serde_json::from_str(self.get())
             .map_err(|e| format!("invalid JSON: {}", words::plain(&e.to_string())))?;
         Ok(Some(Parts {
+            api_version: raw.api_version,
             kind: raw.kind,
             name: raw.metadata.and_then(|m| m.name).unwrap_or_default(),
             spec: raw.spec,
@@ -368,6 +528,7 @@ fn decode_json<T: DeserializeOwned>(spec: Option<&RawValue>) -> Result<T, String
 /// kubectl, `switchyard-controller` and every Kubernetes serializer write it.
 #[derive(Default)]
 struct YamlDocument {
+    api_version: Option<String>,
     kind: String,
     name: String,
     spec: Option<YamlSpec>,
@@ -403,6 +564,7 @@ impl<'de> serde::de::Visitor<'de> for YamlDocumentVisitor {
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
                 "kind" => document.kind = map.next_value::<Option<String>>()?.unwrap_or_default(),
+                "apiVersion" => document.api_version = map.next_value::<Option<String>>()?,
                 "metadata" => {
                     document.name = map
                         .next_value::<Option<RawMetadata>>()?
@@ -458,6 +620,7 @@ impl Document for YamlDocument {
 
     fn parts(self) -> Result<Option<Parts<Self>>, String> {
         Ok(Some(Parts {
+            api_version: self.api_version,
             kind: self.kind,
             name: self.name,
             spec: self.spec,
@@ -624,8 +787,8 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_cut_short_or_edited_against_its_summary_is_refused() {
-        let mut full = plan(
+    fn a_plan_or_slice_whose_content_does_not_match_its_revision_is_refused() {
+        let full = plan(
             "node-a",
             vec![
                 entry("ns/a:p", "10.96.0.1", 80).with(ep("10.244.2.1", 80)),
@@ -633,25 +796,38 @@ mod tests {
                 entry("ns/c:p", "10.96.0.3", 80),
             ],
         );
-        full.summary = PlanSummary::of(&full.services);
         let text = serde_saphyr::to_string(&object(full.clone())).unwrap();
         assert!(parse_plan_text(&text).is_ok());
         // Cut at a line boundary after the second entry, as `head` or a half-written file leaves it.
         let cut_at = text.find("ns/c:p").unwrap();
         let cut = &text[..text[..cut_at].rfind("\n  - ").unwrap() + 1];
         let error = parse_plan_text(cut).unwrap_err();
-        assert!(error.contains("truncated or edited"), "{error}");
+        assert!(
+            error.contains(&format!(
+                "NodeForwardingPlan node-a: its content does not match its revision {}",
+                full.revision
+            )),
+            "{error}"
+        );
         assert!(
             error.contains("says 3 entries and 2 endpoints, the file holds 2 and 2"),
             "{error}"
         );
-        // A plan without a summary (hand-written) is taken as it is.
-        let mut bare = full.clone();
-        bare.summary = PlanSummary::default();
-        bare.services.pop();
-        let text = serde_saphyr::to_string(&object(bare)).unwrap();
-        assert!(parse_plan_text(&text).is_ok());
-        // A slice's own summary is checked too.
+        // An edit the counts cannot see: one endpoint's flag gone (the issue's 85 rules becoming 82).
+        let edited = text.replacen("      cluster: true\n", "", 1);
+        assert_ne!(edited, text);
+        let error = parse_plan_text(&edited).unwrap_err();
+        assert!(
+            error.contains("its content does not match its revision"),
+            "{error}"
+        );
+        assert!(!error.contains("summary says"), "the counts agree: {error}");
+        // A plan edited on purpose, its revision set to what its content hashes to, is taken.
+        let mut edited = full.clone();
+        Arc::make_mut(&mut edited.services[0]).endpoints[0].cluster = false;
+        edited.revision = revision::compute(&edited).unwrap();
+        assert!(parse_plan_text(&serde_saphyr::to_string(&object(edited)).unwrap()).is_ok());
+        // A slice is checked against its own revision.
         let (name, mut view) = slice("all", 0, 1, vec![entry("ns/a:p", "10.96.0.1", 80)]);
         view.summary = PlanSummary {
             entries: 2,
@@ -664,7 +840,90 @@ mod tests {
         );
         let error = parse_plan_text(&text).unwrap_err();
         assert!(
-            error.contains(&format!("ForwardingSlice {name} is truncated or edited")),
+            error.contains(&format!(
+                "ForwardingSlice {name}: its content does not match its revision"
+            )),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_field_no_schema_knows_or_a_header_that_is_not_the_plans_is_refused() {
+        let text = serde_saphyr::to_string(&object(spec("node-a"))).unwrap();
+        assert!(parse_plan_text(&text).is_ok());
+        for (edit, from, to, want) in [
+            (
+                "a field added (serde reads past it, and the revision is over what was read)",
+                "    masqueradeAll: false\n",
+                "    masqueradeAll: false\n    masqueradeAlll: true\n",
+                "NodeForwardingPlan node-a: unknown field \"spec.cluster.masqueradeAlll\"",
+            ),
+            (
+                "a required field renamed",
+                "    masqueradeAll: false\n",
+                "    masqueradeAlll: false\n",
+                "missing field `masqueradeAll`",
+            ),
+            (
+                "a renamed endpoint flag",
+                "      cluster: true\n",
+                "      clustr: true\n",
+                "unknown field \"spec.services[0].endpoints[0].clustr\"",
+            ),
+            (
+                "an unknown top-level field",
+                "kind: NodeForwardingPlan\n",
+                "kind: NodeForwardingPlan\nspecs: {}\n",
+                "unknown field \"specs\"",
+            ),
+            (
+                "another kind",
+                "kind: NodeForwardingPlan\n",
+                "kind: NodeForwardingPlans\n",
+                "the object is a \"NodeForwardingPlans\", not a NodeForwardingPlan",
+            ),
+            (
+                "no kind",
+                "kind: NodeForwardingPlan\n",
+                "",
+                "the object has no kind",
+            ),
+            (
+                "another version",
+                "apiVersion: switchyard.io/v1alpha2\n",
+                "apiVersion: switchyard.io/v1alpha3\n",
+                "apiVersion is \"switchyard.io/v1alpha3\", and this agent reads switchyard.io/v1alpha2",
+            ),
+            (
+                "another name",
+                "  name: node-a\n",
+                "  name: node-b\n",
+                "NodeForwardingPlan \"node-b\": its spec says it is \"node-a\"",
+            ),
+        ] {
+            assert!(text.contains(from), "{edit}: {from:?} not in\n{text}");
+            let error = parse_plan_text(&text.replacen(from, to, 1)).expect_err(edit);
+            assert!(error.contains(want), "{edit}: {error}");
+        }
+        // The same in JSON, and a bare spec's fields.
+        let json = serde_json::to_string(&object(spec("node-a"))).unwrap();
+        let error = parse_plan_text(&json.replacen(
+            "\"masqueradeAll\"",
+            "\"masqueradeAlll\":true,\"masqueradeAll\"",
+            1,
+        ))
+        .unwrap_err();
+        assert!(
+            error.contains("unknown field \"spec.cluster.masqueradeAlll\""),
+            "{error}"
+        );
+        let bare = serde_saphyr::to_string(&spec("node-a")).unwrap();
+        assert!(parse_plan_text(&bare).is_ok());
+        let error =
+            parse_plan_text(&bare.replacen("masqueradeAll:", "masqueradeAlll: true\n  masqueradeAll:", 1))
+                .unwrap_err();
+        assert!(
+            error.contains("the plan: unknown field \"cluster.masqueradeAlll\""),
             "{error}"
         );
     }
@@ -922,9 +1181,13 @@ mod tests {
         plan("node-a", (0..3).map(good_entry).collect())
     }
 
-    /// The plan as a file, its summary counting the entries it now holds (as the controller writes it).
+    /// The plan as a file, its summary counting the entries it now holds and its revision their hash,
+    /// as the controller writes it (a revision a case set to something else is kept).
     fn yaml(mut spec: NodeForwardingPlanSpec) -> String {
         spec.summary = PlanSummary::of(spec.services.iter().chain(&spec.overrides));
+        if spec.revision.len() == revision::REVISION_LEN {
+            spec.revision = revision::compute(&spec).unwrap();
+        }
         serde_saphyr::to_string(&object(spec)).unwrap()
     }
 

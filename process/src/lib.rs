@@ -7,11 +7,13 @@
 //! --metrics-bind ":PORT" ───────────────► [::]:PORT (both families) ─► /healthz /readyz /metrics
 //! SIGTERM | SIGINT ─────────────────────► the shutdown future
 //! state files (plan cache, status, …) ──► one fsync'd atomic write
+//! every command's end ──────────────────► one table of exit codes (exit)
 //! ```
 
 mod atomic;
 mod client;
 mod error;
+pub mod exit;
 pub mod http;
 mod logging;
 mod signals;
@@ -19,5 +21,5 @@ mod signals;
 pub use atomic::{write_atomic, write_atomic_bytes};
 pub use client::client;
 pub use error::Error;
-pub use logging::{LogFormat, init_logging};
+pub use logging::{LogFormat, init_logging, init_logging_at};
 pub use signals::shutdown_signal;

@@ -7,7 +7,7 @@
 #   agent, controller   switchyard-agent / switchyard-controller from a release build of this tree
 #   agent-no-nft        the agent image with `nft` deleted by a whiteout layer: what a node whose image
 #                       lacks nftables runs (the real-cluster suite's bad input), tagged <tag>-no-nft
-#   pause, agnhost      the test images a lab cluster needs, from $SWITCHYARD_K8S_BIN (../shared/k8s)
+#   pause, agnhost      the test images a lab cluster needs, from $SWITCHYARD_K8S_BIN (docs/reference.md, "The Kubernetes binaries")
 #
 # Each archive is DIR/<name>.tar (default target/images), with the image's full reference in the
 # index (org.opencontainers.image.ref.name), so `ctr images import`, `skopeo copy oci-archive:...`
@@ -97,7 +97,7 @@ release_binary() { # NAME
 k8s_binary() { # NAME: unpacked in $SWITCHYARD_K8S_BIN
   local dir=${SWITCHYARD_K8S_BIN:-}
   if [[ -z "$dir" || ! -x "$dir/$1" ]]; then
-    echo "build.sh: $1 comes from SWITCHYARD_K8S_BIN (a folder; ../shared/k8s/unpack.sh prints one)" >&2
+    echo "build.sh: $1 comes from SWITCHYARD_K8S_BIN (a folder of Kubernetes binaries: docs/reference.md, "The Kubernetes binaries")" >&2
     exit 2
   fi
   echo "$dir/$1"

@@ -968,10 +968,7 @@ mod tests {
         let outcome = engine.plan().unwrap();
         assert!(outcome.full);
         assert_eq!(outcome.changed, vec!["node-a", "node-b", "node-c"]);
-        assert_eq!(
-            outcome.slices,
-            vec!["all-0000", "zone-zone-a-0000", "zone-zone-b-0000"]
-        );
+        assert_eq!(outcome.slices, vec!["all-0000", "zone-a-0000", "zone-b-0000"]);
         assert!(!engine.dirty());
         write_all(&mut engine);
         // Ten updates of one slice before the next tick: one incremental run for one Service, which

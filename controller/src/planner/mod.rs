@@ -307,6 +307,24 @@ impl Planner {
             }
         }
         let zones: BTreeSet<Zone> = nodes.values().map(|n| n.zone.clone()).collect();
+        // Zone `a` and zone `zone-a` would share view `zone-a` (a zone named `zone-…` is its own id):
+        // their slices would overwrite each other, so say it.
+        let mut ids: BTreeMap<String, &Zone> = BTreeMap::new();
+        for zone in &zones {
+            if let Some(other) = ids.insert(View::Zone(zone.clone()).id(), zone) {
+                diag.warn(
+                    "Node",
+                    zone.as_deref().unwrap_or("<no zone>"),
+                    format!(
+                        "zones {:?} and {:?} share the view id {}: rename one of them (topology hints of the \
+                         two zones are mixed up otherwise)",
+                        other.as_deref().unwrap_or_default(),
+                        zone.as_deref().unwrap_or_default(),
+                        View::Zone(zone.clone()).id()
+                    ),
+                );
+            }
+        }
         let fresh = plan_slots(services, slices, config, &nodes, &zones, &mut diag)?;
         let mut planner = Self {
             config: config.clone(),

@@ -420,6 +420,16 @@ pub fn templates(service: &Service, config: &Config, diag: &mut Diagnostics) -> 
             });
         }
     }
+    // A Service with nothing to forward drops out of every plan: said, so it never vanishes unnamed
+    // (a `prots:` typo leaves it without ports).
+    if out.is_empty() {
+        let reason = if spec.ports.as_ref().is_none_or(Vec::is_empty) {
+            "no ports (spec.ports is missing or empty): not forwarded"
+        } else {
+            "none of its ports can be forwarded (each is named above): not forwarded"
+        };
+        diag.warn("Service", &object, reason);
+    }
     out
 }
 

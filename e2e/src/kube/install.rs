@@ -1,4 +1,4 @@
-//! Installing Switchyard on a cluster exactly as the README says: an overlay of `config/default` that
+//! Installing Switchyard on a cluster exactly as docs/install.md says: an overlay of `config/default` that
 //! sets only image names and tags, the pull policy and `clusterCIDRs` ─► `kubectl apply -f crds/`,
 //! the API-server ConfigMap, `kubectl apply -k <overlay>` ─► every node's plan Applied.
 //!
@@ -107,7 +107,7 @@ pub struct Installed {
     pub applied_after: Duration,
 }
 
-/// Writes the overlay under the cluster's directory and installs Switchyard as the README says;
+/// Writes the overlay under the cluster's directory and installs Switchyard as docs/install.md says;
 /// returns once every Ready node's plan reports its current revision Applied.
 pub fn install(
     cluster: &KubeCluster,

@@ -128,7 +128,7 @@ impl ApiLab {
             _serial: serial,
         };
         api.start_controller();
-        for cidr in ["203.0.113.0/24", "10.96.0.0/16", "10.97.0.0/16"] {
+        for cidr in ["203.0.113.0/24", "10.96.0.0/16"] {
             api.lab.client_route_via(cidr.parse().unwrap(), "node-a").unwrap();
         }
         let nodes: Vec<String> = api.lab.nodes().iter().map(|n| n.name.clone()).collect();

@@ -20,11 +20,11 @@ use crate::xtables::Packet;
 pub enum Destination {
     /// `IP:PORT[/tcp|udp|sctp]` (tcp when not given).
     Address(SocketAddr, Protocol),
-    /// `namespace/service[:port]`: the Service's ClusterIP (the named or only port).
+    /// `namespace/service[:port]`: the Service's ClusterIP (the port named or numbered, or its only one).
     Service {
         /// `namespace/name`.
         service: String,
-        /// The port's name, if given.
+        /// The port's name or number, if given.
         port: Option<String>,
     },
 }
@@ -148,7 +148,11 @@ pub(crate) fn resolve<'a>(
                 .map(AsRef::as_ref)
                 .filter(|e| e.name.split(':').next() == Some(service.as_str()))
                 .filter(|e| match port {
-                    Some(port) => e.name.split_once(':').map(|(_, p)| p) == Some(port.as_str()),
+                    // A port number (`:80`), or a port name (`:http`; names always hold a letter).
+                    Some(port) => match port.parse::<u16>() {
+                        Ok(number) => e.port == number,
+                        Err(_) => e.name.split_once(':').map(|(_, p)| p) == Some(port.as_str()),
+                    },
                     None => true,
                 })
                 .collect();
@@ -164,8 +168,8 @@ pub(crate) fn resolve<'a>(
                 several => {
                     let names: Vec<&str> = several.iter().map(|e| e.name.as_str()).collect();
                     return Err(Error::ExplainDestination(format!(
-                        "{service} has several ports or families ({}): name one as namespace/service:port, \
-                         or give IP:PORT",
+                        "{service} has several ports or families ({}): name or number one as \
+                         namespace/service:PORT, or give IP:PORT",
                         names.join(", ")
                     )));
                 }
@@ -226,6 +230,32 @@ pub(crate) fn packet(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_api::testing::{entry, plan};
+
+    #[test]
+    fn a_service_port_is_found_by_its_name_or_its_number() {
+        let spec = plan(
+            "node-a",
+            vec![
+                entry("ns1/web:http", "10.96.0.1", 80),
+                entry("ns1/web:https", "10.96.0.1", 443),
+                entry("ns1/plain", "10.96.0.2", 8080),
+            ],
+        );
+        let port_of = |to: &str| match resolve(&spec, &to.parse().unwrap(), &[]) {
+            Ok((addr, _, Some((entry, _)))) => Ok((addr.port(), entry.name.clone())),
+            Ok(_) => Err("no entry".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(port_of("ns1/web:443"), Ok((443, "ns1/web:https".into())));
+        assert_eq!(port_of("ns1/web:http"), Ok((80, "ns1/web:http".into())));
+        assert_eq!(port_of("ns1/plain:8080"), Ok((8080, "ns1/plain".into())));
+        assert_eq!(port_of("ns1/plain"), Ok((8080, "ns1/plain".into())));
+        let several = port_of("ns1/web").unwrap_err();
+        assert!(several.contains("name or number one"), "{several}");
+        let none = port_of("ns1/web:81").unwrap_err();
+        assert!(none.contains("no Service port ns1/web:81"), "{none}");
+    }
 
     #[test]
     fn destinations_and_sources_parse_or_say_why_not() {
@@ -279,6 +309,13 @@ mod tests {
             let error = text.parse::<Destination>().unwrap_err();
             assert!(error.contains(says), "{text}: {error}");
         }
+        assert_eq!(
+            "default/apache:80".parse::<Destination>(),
+            Ok(Destination::Service {
+                service: "default/apache".into(),
+                port: Some("80".into()),
+            })
+        );
         assert_eq!("node".parse::<Source>(), Ok(Source::Node));
         assert_eq!(
             "10.244.1.5".parse::<Source>(),

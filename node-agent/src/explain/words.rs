@@ -11,10 +11,11 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 use switchyard_api::{NodeForwardingPlanSpec, ServicePlan, TrafficPolicy};
 
-/// Exit status: the connection is forwarded to an endpoint.
-pub const EXIT_FORWARDED: u8 = 0;
-/// Exit status: rejected, dropped, or not a frontend of any Service.
-pub const EXIT_NOT_FORWARDED: u8 = 3;
+/// Exit status: the connection is forwarded to an endpoint (the shared table's "done").
+pub const EXIT_FORWARDED: u8 = switchyard_process::exit::OK;
+/// Exit status: rejected, dropped, or not a frontend of any Service (the shared table's "the answer is
+/// no").
+pub const EXIT_NOT_FORWARDED: u8 = switchyard_process::exit::NO;
 
 /// What happens to the connection.
 #[derive(Debug, Clone, PartialEq, Serialize)]

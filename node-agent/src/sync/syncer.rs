@@ -62,6 +62,9 @@ pub struct SyncConfig {
     /// Why syncs cannot work here, said before every failure's message: the capabilities this
     /// process lacks ([`crate::capabilities::explain`]).
     pub missing_capabilities: Option<String>,
+    /// Whether a failed sync will be tried again (the run loop); `false` for a one-shot `apply`, whose
+    /// status and log then promise no retry.
+    pub retries: bool,
 }
 
 impl Default for SyncConfig {
@@ -72,6 +75,7 @@ impl Default for SyncConfig {
             retry_max: Duration::from_secs(30),
             health_timeout: Duration::from_secs(60),
             missing_capabilities: None,
+            retries: true,
         }
     }
 }
@@ -822,10 +826,12 @@ impl Syncer {
                     since,
                 };
                 self.update_conditions();
-                tracing::info!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "will retry with a full sync"
-                );
+                if self.config.retries {
+                    tracing::info!(
+                        retry_in_ms = delay.as_millis() as u64,
+                        "will retry with a full sync"
+                    );
+                }
                 SyncResult::Failed { message }
             }
         }
@@ -978,7 +984,11 @@ impl Syncer {
                 (
                     cond::TRUE,
                     reasons::APPLY_FAILED,
-                    format!("retrying with a full sync; {kept}"),
+                    if self.config.retries {
+                        format!("retrying with a full sync; {kept}")
+                    } else {
+                        kept.to_string()
+                    },
                 ),
             ),
         };

@@ -102,7 +102,8 @@ fn a_missing_kubeconfig_is_said_once_in_plain_words() {
         };
         let out = command.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{kubeconfig:?}: {stderr}");
+        // Wrong input (the shared table, as the controller's `audit` says it too).
+        assert_eq!(out.status.code(), Some(2), "{kubeconfig:?}: {stderr}");
         assert!(
             stderr.starts_with("error: no Kubernetes client configuration: not running in a pod; "),
             "{kubeconfig:?}: {stderr}"
@@ -134,4 +135,75 @@ fn a_missing_kubeconfig_is_said_once_in_plain_words() {
         "{stderr}"
     );
     assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+}
+
+/// `run` without a kubeconfig ends as `explain --node` and the controller do: exit 2, said once.
+#[test]
+fn run_without_a_kubeconfig_exits_2_saying_so_once() {
+    // `run` sets up the real iptables first, which takes root.
+    if !crate::lab::is_root() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+        .args(["run", "--node-name", "node-a", "--metrics-bind", "127.0.0.1:0"])
+        .args(["--healthz-bind-address", "off", "--status-bind-address", "off"])
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.matches("no Kubernetes client configuration").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+/// Issue 45: colour only on a terminal (a test's pipe is none), and every `--help` carries the exit
+/// codes both binaries share.
+#[test]
+fn usage_errors_carry_no_colour_and_every_help_lists_the_exit_codes() {
+    let agent = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for bad in [
+        &["top", "--plan"][..],
+        &["frobnicate"][..],
+        &["explain", "--to"][..],
+    ] {
+        let out = agent(bad);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(!stderr.contains('\u{1b}'), "{bad:?}: escape codes in {stderr:?}");
+    }
+    for command in [
+        "",
+        "render",
+        "apply",
+        "run",
+        "cleanup",
+        "explain",
+        "top",
+        "set-sysctls",
+    ] {
+        let args: Vec<&str> = [command, "--help"]
+            .into_iter()
+            .filter(|a| !a.is_empty())
+            .collect();
+        let out = agent(&args);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{command}");
+        assert!(
+            help.contains(switchyard_process::exit::TABLE),
+            "{command} --help:\n{help}"
+        );
+        assert!(!help.contains('\u{1b}'), "{command} --help has escape codes");
+    }
+    let apply = String::from_utf8_lossy(&agent(&["apply", "--help"]).stdout).into_owned();
+    assert!(apply.contains("Needs root (CAP_NET_ADMIN"), "{apply}");
 }

@@ -10,7 +10,7 @@ use switchyard_api::{
     Backend, NodeForwardingPlan, NodeForwardingPlanSpec, NodeForwardingPlanStatus, Protocol,
 };
 
-use crate::lab::{Netns, lab_allowed, rules_in, wait_for, write_atomic};
+use crate::lab::{AGENT, Netns, lab_allowed, rules_in, wait_for, write_atomic};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -56,6 +56,23 @@ fn apply_programs_our_chains_and_cleanup_removes_exactly_them() {
     let spec = spec();
     let plan = write_plan(&netns, &spec);
 
+    // Before apply the namespace holds none of the plan's rules: top says so (issue 45), rather than
+    // print an empty table as if nothing had been counted.
+    let out = netns.agent(&["top", "--plan", &plan]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the rules of node node-a's plan are not on this host"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+
+    let out = netns.agent(&["apply", "--plan", &plan]);
+    assert!(out.status.success(), "apply failed: {}", stderr(&out));
+    // A one-shot command logs at warn: no word of jump rules or which iptables it found.
+    assert!(!stderr(&out).contains("INFO"), "{}", stderr(&out));
+    let out = netns.agent(&["top", "--plan", &plan]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = netns.agent(&["apply", "--plan", &plan]);
     assert!(out.status.success(), "apply failed: {}", stderr(&out));
     let status: NodeForwardingPlanStatus =
@@ -271,6 +288,12 @@ fn a_payload_the_kernel_rejects_leaves_the_old_rules() {
         status.conditions.iter().any(|c| c.reason == "ApplyFailed"),
         "{status:?}"
     );
+    // One try: neither the log nor the status promises a retry that a one-shot apply never makes.
+    assert!(!log.to_lowercase().contains("retry"), "{log}");
+    assert!(
+        status.conditions.iter().all(|c| !c.message.contains("retrying")),
+        "{status:?}"
+    );
 
     let strip = |s: &str| {
         s.lines()
@@ -361,7 +384,13 @@ fn apply_and_set_sysctls_raise_conntracks_timeouts_in_the_nodes_namespace_only()
     );
 
     let plan = write_plan(&netns, &spec());
-    let out = netns.agent(&["apply", "--plan", &plan]);
+    // A one-shot apply logs at warn; asked for info, it says what it did with each value.
+    let out = netns
+        .command(AGENT)
+        .args(["apply", "--plan", &plan])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let log = stderr(&out);
     assert!(

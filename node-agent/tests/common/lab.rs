@@ -72,7 +72,7 @@ impl Netns {
         netns
     }
 
-    fn command(&self, program: &str) -> Command {
+    pub fn command(&self, program: &str) -> Command {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", &self.name, program]);
         command

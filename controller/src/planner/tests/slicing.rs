@@ -89,15 +89,15 @@ fn entries_alike_in_every_zone_live_once_in_view_all_and_hinted_ones_per_zone() 
     let planner = build(&snapshot, 48 * 1024);
     let (slices, plans) = all_objects(&planner);
     let names: Vec<&str> = slices.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["all-0000", "zone-zone-a-0000", "zone-zone-b-0000"]);
+    assert_eq!(names, ["all-0000", "zone-a-0000", "zone-b-0000"]);
     assert_eq!(view_of(&slices, "all")[0].entries.len(), 4);
-    for zone in ["zone-zone-a", "zone-zone-b"] {
+    for zone in ["zone-a", "zone-b"] {
         let entries = &view_of(&slices, zone)[0].entries;
         assert_eq!(entries.len(), 2, "{zone}");
         assert!(entries.iter().all(|e| e.name.starts_with("ns1/hinted-")));
     }
-    assert_eq!(plans[0].views, ["all", "zone-zone-a"]);
-    assert_eq!(plans[2].views, ["all", "zone-zone-b"]);
+    assert_eq!(plans[0].views, ["all", "zone-a"]);
+    assert_eq!(plans[2].views, ["all", "zone-b"]);
     for node in ["node-a", "node-b", "node-c"] {
         assert_eq!(spec_of(&planner, node).services.len(), 6);
     }
@@ -251,7 +251,7 @@ fn overrides_that_outgrow_the_plan_move_into_the_nodes_own_view() {
     let snapshot = services(300, true, false);
     let planner = build(&snapshot, 32 * 1024);
     let plan = planner.node_plan("node-a").unwrap();
-    assert_eq!(plan.views, ["all", "zone-zone-a", "node-node-a"]);
+    assert_eq!(plan.views, ["all", "zone-a", "node-node-a"]);
     assert!(plan.overrides.is_empty());
     assert!(serde_json::to_vec(&plan).unwrap().len() + 4096 <= 32 * 1024);
     let slices = planner.slices(Some(&[View::Node("node-a".into())]));
@@ -290,7 +290,7 @@ fn an_entry_moving_from_all_to_zone_views_is_written_in_its_zones_first() {
         .filter(|c| c.first)
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(first, ["zone-zone-a.ns1.svc-0001", "zone-zone-b.ns1.svc-0001"]);
+    assert_eq!(first, ["zone-a.ns1.svc-0001", "zone-b.ns1.svc-0001"]);
     assert!(
         changes
             .slices
@@ -325,11 +325,11 @@ fn an_entry_moving_from_all_to_zone_views_is_written_in_its_zones_first() {
         .collect();
     assert_eq!(
         emptied,
-        ["zone-zone-a.ns1.svc-0001", "zone-zone-b.ns1.svc-0001"],
+        ["zone-a.ns1.svc-0001", "zone-b.ns1.svc-0001"],
         "the zones' Service slices empty after view all has it, and go at the next fold"
     );
     assert!(changes.retired.is_empty(), "{changes:?}");
-    for zone in ["zone-zone-a", "zone-zone-b"] {
+    for zone in ["zone-a", "zone-b"] {
         assert!(
             planner
                 .slice(&format!("{zone}.ns1.svc-0001"))

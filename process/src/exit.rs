@@ -1,0 +1,65 @@
+//! The exit codes of both binaries: one table, used by every command and printed in every `--help`.
+//!
+//! ```text
+//! 0 ok · 1 failed while running · 2 wrong input (nothing on stdout) · 3 ran, and the answer is no
+//! ```
+
+use std::process::ExitCode;
+
+use crate::Error;
+
+/// The command did what it was asked.
+pub const OK: u8 = 0;
+/// Something failed while the command ran: the kernel refused rules, the API server did not answer, a
+/// file could not be written.
+pub const FAILED: u8 = 1;
+/// Nothing was done because the input is wrong: bad flags, a file that cannot be read or is invalid (a
+/// plan cut or edited), an unusable configuration or kubeconfig. Nothing is printed on stdout.
+pub const USAGE: u8 = 2;
+/// The command ran and its answer is "no": `audit`, a node lags; `explain`, the connection is rejected,
+/// dropped or meets no Service; `top`, the plan's rules are not on this host.
+pub const NO: u8 = 3;
+
+/// The table, as `--help` and the README print it.
+pub const TABLE: &str = "\
+Exit codes (both binaries, every command):
+  0  done
+  1  failed while running (the kernel refused rules, the API server did not answer, a write failed)
+  2  wrong input, nothing done: bad flags, an unreadable or invalid file (a plan cut or edited), an
+     unusable configuration or kubeconfig (nothing on stdout)
+  3  ran, and the answer is no: audit (a node lags), explain (rejected, dropped or no such Service),
+     top (the plan's rules are not on this host)";
+
+/// `code` as the process's exit status.
+pub fn code(code: u8) -> ExitCode {
+    ExitCode::from(code)
+}
+
+impl Error {
+    /// The exit code a command ends with when this edge fails: a kubeconfig or client configuration
+    /// that cannot be used is wrong input; the rest failed while running.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Kubeconfig { .. } | Self::NoClientConfig { .. } | Self::Client { .. } => USAGE,
+            Self::Bind { .. } | Self::Signals(_) => FAILED,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_lists_every_code_once() {
+        for code in [OK, FAILED, USAGE, NO] {
+            assert_eq!(TABLE.matches(&format!("\n  {code}  ")).count(), 1, "{code}");
+        }
+        let unusable = Error::Kubeconfig {
+            path: "/k".into(),
+            cause: "gone".into(),
+        };
+        assert_eq!(unusable.exit_code(), USAGE);
+        assert_eq!(Error::Signals(std::io::Error::other("x")).exit_code(), FAILED);
+    }
+}
