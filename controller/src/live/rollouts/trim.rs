@@ -22,8 +22,9 @@ use switchyard_api::{
 /// `kubectl apply`'s record of the last applied object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// The fields of a plan's spec a step reads, and those its type requires to decode.
-const PLAN_HEADER: [&str; 4] = ["nodeName", "backend", "cluster", "revision"];
+/// The fields of a plan's spec a step reads, and those its type requires to decode (the summary is
+/// required so a plan file cannot lose it unnoticed; it is a handful of counts).
+const PLAN_HEADER: [&str; 5] = ["nodeName", "backend", "cluster", "revision", "summary"];
 
 /// An object as the rollouts' watches deliver it.
 pub type Delivered<K> = Tolerant<K, Read>;
