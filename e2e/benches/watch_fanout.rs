@@ -528,13 +528,17 @@ fn summary(what: &str, value: &str, goal: &str, met: bool) {
     }
 }
 
+/// Every CRD of crds/: the controller watches ForwardingRollouts too.
+const CRDS: [&str; 3] = [
+    "forwardingrollouts.switchyard.io",
+    "forwardingslices.switchyard.io",
+    "nodeforwardingplans.switchyard.io",
+];
+
 async fn apply_crds(client: &Client) -> Result<(), String> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in [
-        "forwardingslices.switchyard.io",
-        "nodeforwardingplans.switchyard.io",
-    ] {
+    for file in CRDS {
         let path = format!("{}/../crds/{file}.yaml", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
         let crd: CustomResourceDefinition =
@@ -548,10 +552,7 @@ async fn apply_crds(client: &Client) -> Result<(), String> {
         .map_err(|e| format!("applying {file}: {e}"))?;
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    for file in [
-        "forwardingslices.switchyard.io",
-        "nodeforwardingplans.switchyard.io",
-    ] {
+    for file in CRDS {
         loop {
             let established = crds
                 .get(file)

@@ -49,7 +49,10 @@ const AGENT_METRICS: &str = "127.0.0.1:10263";
 /// How long plans get to be applied on every node.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The CRD files, by object name.
-const CRDS: [&str; 2] = [
+/// Every CRD of crds/ (the controller watches ForwardingRollouts too: without their CRD that watch
+/// fails and retries for as long as it runs).
+const CRDS: [&str; 3] = [
+    "forwardingrollouts.switchyard.io",
     "forwardingslices.switchyard.io",
     "nodeforwardingplans.switchyard.io",
 ];
