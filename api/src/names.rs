@@ -30,6 +30,10 @@ pub const ANNOTATION_IPVS_WEIGHTS: &str = "switchyard.io/ipvs-weights";
 /// Service annotation: `"true"` keeps established connections to an endpoint that leaves the Service
 /// (the agent otherwise clears their conntrack entries, so the next packet meets the rules again).
 pub const ANNOTATION_KEEP_CONNECTIONS: &str = "switchyard.io/keep-connections";
+/// On the plan in an agent's cache file: the backend that agent had in use when it wrote it, so a
+/// restarted agent judges a switch from it with the switch gate instead of taking the plan's backend
+/// unjudged.
+pub const ANNOTATION_BACKEND_IN_USE: &str = "switchyard.io/backend-in-use";
 
 /// Longest interface name Linux accepts (`IFNAMSIZ` − 1).
 pub const MAX_INTERFACE_NAME: usize = 15;

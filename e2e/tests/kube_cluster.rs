@@ -28,6 +28,8 @@
 mod common;
 #[path = "kube/health.rs"]
 mod health;
+#[path = "kube/node_by_node.rs"]
+mod node_by_node;
 #[path = "kube/rollout.rs"]
 mod rollout;
 
@@ -367,6 +369,25 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     step("flows through Switchyard", || {
         check_flows(&cluster, "switchyard", &standard)
     });
+
+    // --- node by node (docs/migration.md §1): node-b back to kube-proxy and to Switchyard again ---
+    step("beside kube-proxy: nodes labelled, the overlay applied", || {
+        node_by_node::beside_kube_proxy(&cluster, &repo(), &overlay)
+    });
+    step("node-b back to kube-proxy, node-a on Switchyard", || {
+        node_by_node::back_to_kube_proxy(&mut cluster, "node-b", &standard)
+    });
+    step(
+        "node-b to Switchyard again, kube-proxy's rules removed after",
+        || node_by_node::to_switchyard(&mut cluster, "node-b", &standard),
+    );
+    step("config/default again", || {
+        node_by_node::default_again(&cluster, &installed.overlay)
+    });
+    assert_no_failures(
+        "steady Service while node-b moved to kube-proxy and back",
+        &steady.tally(),
+    );
     step(
         "standard tooling: exec, logs, port-forward; the kubernetes Service from a pod",
         || {

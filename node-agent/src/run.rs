@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use switchyard_api::ServiceFailure;
+use switchyard_api::{Backend, ServiceFailure};
 
 use crate::error::Error;
 use crate::healthcheck::{self, HealthServers};
@@ -172,8 +172,8 @@ struct Loop {
     cleanup_not_before: Option<Instant>,
     /// A deletion time may be recorded on disk (true at start: an earlier run may have left one).
     deletion_recorded: bool,
-    /// (uid, fingerprint) of the plan set in the cache file.
-    cached: Option<(Option<String>, String)>,
+    /// (uid, fingerprint, backend in use) of the plan set in the cache file.
+    cached: Option<(Option<String>, String, Backend)>,
     /// The fingerprint (plan revision and slices) last programmed from a new plan set, and when its
     /// newest object was written.
     programmed: Option<String>,
@@ -339,13 +339,14 @@ impl Loop {
                 self.metrics.network_programming.observe(latency.as_secs_f64());
             }
         }
-        let key = fingerprint.map(|f| (set.uid.clone(), f));
+        let in_use = self.syncer.backend();
+        let key = fingerprint.map(|f| (set.uid.clone(), f, in_use));
         if set.origin == Origin::Api
             && key.is_some()
             && self.cached != key
             && let Some(path) = self.config.cache_file.clone()
         {
-            match tokio::task::block_in_place(|| cache::write(&path, set)) {
+            match tokio::task::block_in_place(|| cache::write(&path, set, in_use)) {
                 Ok(()) => {
                     self.metrics.cache_writes.inc();
                     self.cached = key;
@@ -523,7 +524,13 @@ impl Loop {
                     slices = set.slices.len(),
                     "applying the cached plan before contacting the API server"
                 );
-                self.cached = Some((set.uid.clone(), set.fingerprint()));
+                // The cached plan is applied from the backend that programmed it, so a switch the
+                // gate refused before the restart is judged again rather than taken.
+                let in_use = cache::in_use(&set);
+                if let Some(backend) = in_use {
+                    self.syncer.resume_backend(backend);
+                }
+                self.cached = in_use.map(|backend| (set.uid.clone(), set.fingerprint(), backend));
                 self.health.queued();
                 self.plan_seen(&set);
                 self.current = Some(set);

@@ -538,6 +538,29 @@ impl KubeCluster {
         Ok(())
     }
 
+    /// Starts the real kube-proxy on one node (a node moved back to it).
+    pub fn start_kube_proxy_on(&mut self, name: &str) -> Result<()> {
+        let kubeconfig = self.spec.kubeconfig("kube-proxy");
+        let bin = self.options.binaries.clone();
+        let supervisor = &self.supervisor;
+        self.nodes
+            .iter_mut()
+            .find(|node| node.spec.name == name)
+            .ok_or_else(|| LabError::Refused(format!("no node {name}")))?
+            .start_kube_proxy(supervisor, &bin, &kubeconfig)
+    }
+
+    /// Stops kube-proxy on one node and runs `kube-proxy --cleanup` there (a node moved off it).
+    pub fn remove_kube_proxy_on(&mut self, name: &str) -> Result<()> {
+        let kubeconfig = self.spec.kubeconfig("kube-proxy");
+        let bin = self.options.binaries.clone();
+        self.nodes
+            .iter_mut()
+            .find(|node| node.spec.name == name)
+            .ok_or_else(|| LabError::Refused(format!("no node {name}")))?
+            .remove_kube_proxy(&bin, &kubeconfig)
+    }
+
     /// Stops kube-proxy on every node and runs `kube-proxy --cleanup` there.
     pub fn remove_kube_proxy(&mut self) -> Result<()> {
         let kubeconfig = self.spec.kubeconfig("kube-proxy");

@@ -132,9 +132,21 @@ pub fn install(
 
 /// `<lab>/install/`: the overlay (kustomization.yaml and config.yaml).
 pub fn write_overlay(cluster: &KubeCluster, repo: &Path, overlay: &Overlay) -> Result<PathBuf> {
-    let dir = cluster.dir().join("install");
+    write_overlay_of(cluster, repo, overlay, "config/default", "install")
+}
+
+/// `<lab>/<name>/`: the same overlay of another of the repository's kustomizations (`base`, relative to
+/// the repository: `config/overlays/beside-kube-proxy`).
+pub fn write_overlay_of(
+    cluster: &KubeCluster,
+    repo: &Path,
+    overlay: &Overlay,
+    base: &str,
+    name: &str,
+) -> Result<PathBuf> {
+    let dir = cluster.dir().join(name);
     let default_config = read(&repo.join("config/controller/config.yaml"))?;
-    let base = relative(&dir, &repo.join("config/default"));
+    let base = relative(&dir, &repo.join(base));
     let (kustomization, config) = overlay_files(overlay, &base, &default_config)?;
     std::fs::create_dir_all(&dir).map_err(|source| LabError::File {
         action: "creating",

@@ -160,6 +160,9 @@ pub struct Selector {
     current: Option<Backend>,
     /// Backends switched away from whose rules could not be removed yet (tried again after each sync).
     retiring: Vec<Backend>,
+    /// The backend an earlier run had in use ([`Dataplane::resume`]), until the first sync: the first
+    /// sync is judged as a switch from it.
+    resumed: Option<Backend>,
     /// Judges each switch, when set.
     gate: Option<Gate>,
     /// Why the last sync refused the switch the plan asks for.
@@ -193,6 +196,7 @@ impl Selector {
             wanted: None,
             current: None,
             retiring: Vec::new(),
+            resumed: None,
             gate: None,
             refused: None,
         }
@@ -206,7 +210,8 @@ impl Selector {
 
     /// The backend this sync programs: `target`, unless the gate refuses the switch to it.
     fn judged(&mut self, target: Backend, request: &SyncRequest<'_>) -> Backend {
-        let (Some(current), Some(gate)) = (self.current, self.gate.as_mut()) else {
+        let in_use = self.current.or_else(|| self.resumed_in_use(request.full));
+        let (Some(current), Some(gate)) = (in_use, self.gate.as_mut()) else {
             self.refused = None;
             return target;
         };
@@ -235,6 +240,17 @@ impl Selector {
                 self.refused = Some(why);
                 current
             }
+        }
+    }
+
+    /// The backend an earlier run had in use, where it can still be set up here (one that cannot is
+    /// not forwarding anything: the first sync then takes the plan's backend, as after any start).
+    fn resumed_in_use(&mut self, full: bool) -> Option<Backend> {
+        let resumed = self.resumed?;
+        match self.slot_mut(resumed) {
+            None => Some(resumed),
+            // Set up quietly: it is not what the plan asks for, so its absence is no fallback to report.
+            Some(slot) => slot.ready(full, true).then_some(resumed),
         }
     }
 
@@ -359,6 +375,7 @@ impl Dataplane for Selector {
             ..request
         })?;
         self.current = Some(target);
+        self.resumed = None;
         match previous {
             Some(previous) => {
                 self.retiring.push(previous);
@@ -403,6 +420,12 @@ impl Dataplane for Selector {
     fn forget(&mut self) {
         if let Some(backend) = self.current {
             self.get(backend).forget();
+        }
+    }
+
+    fn resume(&mut self, in_use: Backend) {
+        if self.current.is_none() {
+            self.resumed = Some(in_use);
         }
     }
 
@@ -764,6 +787,65 @@ mod tests {
         // The same backend again is no switch.
         sync(&mut select, Backend::Nftables);
         assert_eq!(asked.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_restarted_agent_judges_the_switch_from_the_backend_its_cache_says_was_in_use() {
+        let log = Log::default();
+        let verdicts = Arc::new(Mutex::new(Err::<(), String>("ns/w differs".into())));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let (judge, seen) = (Arc::clone(&verdicts), Arc::clone(&asked));
+        let gate: Gate = Box::new(move |_, _, from, to| {
+            seen.lock().unwrap().push(format!("{from}->{to}"));
+            judge.lock().unwrap().clone()
+        });
+        // The earlier run had IPVS programmed and refused nftables; the restarted one is told so.
+        let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables]).with_gate(gate);
+        select.resume(Backend::Ipvs);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(*asked.lock().unwrap(), ["ipvs->nftables"]);
+        assert_eq!(
+            select.backend(),
+            Backend::Ipvs,
+            "the refused switch stays refused"
+        );
+        assert!(select.switch_refused().is_some());
+        let ops = taken(&log);
+        assert!(ops.contains(&"ipvs sync".to_owned()), "{ops:?}");
+        assert!(!ops.contains(&"nftables sync".to_owned()), "{ops:?}");
+        assert!(!ops.contains(&"ipvs cleanup".to_owned()), "{ops:?}");
+        // Once it passes, the switch happens as any other: the new rules first, the old ones after.
+        *verdicts.lock().unwrap() = Ok(());
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync", "ipvs cleanup"]);
+        assert_eq!(select.backend(), Backend::Nftables);
+
+        // Told after its first sync, it changes nothing: the backend in use is known by then.
+        let log = Log::default();
+        let mut select = selector(&log, &[Backend::Ipvs, Backend::Nftables])
+            .with_gate(Box::new(|_, _, _, _| Err("differs".into())));
+        sync(&mut select, Backend::Nftables);
+        select.resume(Backend::Ipvs);
+        taken(&log);
+        sync(&mut select, Backend::Nftables);
+        assert_eq!(taken(&log), ["nftables sync"]);
+    }
+
+    #[test]
+    fn a_resumed_backend_this_host_cannot_set_up_is_not_in_use() {
+        let log = Log::default();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        let gate: Gate = Box::new(move |_, _, from, to| {
+            seen.lock().unwrap().push(format!("{from}->{to}"));
+            Ok(())
+        });
+        // Only nftables is a candidate here: a cache saying IPVS names nothing this host runs.
+        let mut select = selector(&log, &[Backend::Nftables]).with_gate(gate);
+        select.resume(Backend::Ipvs);
+        sync(&mut select, Backend::Nftables);
+        assert!(asked.lock().unwrap().is_empty(), "{:?}", asked.lock().unwrap());
+        assert_eq!(select.backend(), Backend::Nftables);
     }
 
     #[test]

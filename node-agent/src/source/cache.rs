@@ -5,7 +5,8 @@
 //! applied PlanSet (from the API) ─► write(): JSON List of the plan and its slices ─► <file>.tmp, fsync
 //!                                     ─► rename over <state-dir>/plan.yaml ─► fsync the directory
 //! start ─► read(): parse, keep this node's plan and its views' slices ─► PlanSet (origin Cache)
-//!        ─► applied first (the syncer composes it exactly as a set from the API)
+//!        ─► applied first (the syncer composes it exactly as a set from the API), from the backend
+//!           in use when it was written (in_use(): a switch from it is judged by the switch gate)
 //! plan deleted and its grace period over ─► remove()
 //! ```
 //!
@@ -21,8 +22,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
+use switchyard_api::names::ANNOTATION_BACKEND_IN_USE;
 use switchyard_api::yaml::MAX_PLAN_BYTES;
-use switchyard_api::{ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec};
+use switchyard_api::{
+    Backend, ForwardingSlice, ForwardingSliceSpec, NodeForwardingPlan, NodeForwardingPlanSpec,
+};
 
 use super::store::{Decision, Store};
 use super::{Origin, PlanSet};
@@ -75,7 +79,8 @@ struct ReadList<'a> {
 }
 
 /// Writes `set` to `path` atomically: readers (and a crash) see the old file or the new one, whole.
-pub fn write(path: &Path, set: &PlanSet) -> Result<(), Error> {
+/// The plan carries `in_use`, the backend that programmed it, as an annotation ([`in_use`]).
+pub fn write(path: &Path, set: &PlanSet, in_use: Backend) -> Result<(), Error> {
     let fail = |source| Error::WriteCache {
         path: path.to_path_buf(),
         source,
@@ -84,10 +89,15 @@ pub fn write(path: &Path, set: &PlanSet) -> Result<(), Error> {
     let plan_kind = NodeForwardingPlan::kind(&());
     let slice_kind = ForwardingSlice::kind(&());
     let empty = ObjectMeta::default();
+    let mut plan_meta = set.plan_meta.clone();
+    plan_meta
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ANNOTATION_BACKEND_IN_USE.to_owned(), in_use.as_str().to_owned());
     let mut items = vec![Cached::Plan(CachedObject {
         api_version: &api_version,
         kind: &plan_kind,
-        metadata: &set.plan_meta,
+        metadata: &plan_meta,
         spec: &set.plan,
     })];
     items.extend(set.slices.iter().enumerate().map(|(i, (_, spec))| {
@@ -191,6 +201,15 @@ pub fn read(path: &Path, node: &str) -> Result<Option<PlanSet>, Error> {
     }))
 }
 
+/// The backend the agent that wrote the cache had in use (`None` in a cache written before it said so).
+pub fn in_use(set: &PlanSet) -> Option<Backend> {
+    set.plan_meta
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_BACKEND_IN_USE)
+        .and_then(|value| Backend::parse(value))
+}
+
 /// Removes the cache (the plan was deleted and its grace period is over).
 pub fn remove(path: &Path) -> Result<(), Error> {
     match std::fs::remove_file(path) {
@@ -258,11 +277,16 @@ mod tests {
         let dir = dir("roundtrip");
         let path = cache_path(&dir.path().join("state"));
         assert_eq!(read(&path, "node-a").unwrap(), None);
-        for written in [set("node-a"), set_with_slices("node-a")] {
-            write(&path, &written).unwrap();
+        for (written, backend) in [
+            (set("node-a"), Backend::Iptables),
+            (set_with_slices("node-a"), Backend::Ipvs),
+        ] {
+            assert_eq!(in_use(&written), None, "a plan from the API says nothing of it");
+            write(&path, &written, backend).unwrap();
             assert!(!path.with_file_name(".plan.yaml.tmp").exists());
             let back = read(&path, "node-a").unwrap().unwrap();
             assert_eq!(back.origin, Origin::Cache);
+            assert_eq!(in_use(&back), Some(backend));
             assert_eq!((&back.plan, &back.slices), (&written.plan, &written.slices));
             assert_eq!(back.uid.as_deref(), Some("uid-node-a"));
             let as_plan_file = crate::planfile::read_plan_file(&path).unwrap();
@@ -280,13 +304,13 @@ mod tests {
     fn a_cache_for_another_node_an_incomplete_one_or_garbage_is_refused() {
         let dir = dir("refused");
         let path = cache_path(dir.path());
-        write(&path, &set("node-b")).unwrap();
+        write(&path, &set("node-b"), Backend::Iptables).unwrap();
         let err = read(&path, "node-a").unwrap_err().to_string();
         assert!(err.contains("no plan named node-a"), "{err}");
         let mut incomplete = set_with_slices("node-a");
         incomplete.slices.clear();
         incomplete.slice_meta.clear();
-        write(&path, &incomplete).unwrap();
+        write(&path, &incomplete, Backend::Iptables).unwrap();
         let err = read(&path, "node-a").unwrap_err().to_string();
         assert!(err.contains("not a complete plan"), "{err}");
         std::fs::write(&path, "{\"items\": [").unwrap();

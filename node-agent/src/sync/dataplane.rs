@@ -155,6 +155,12 @@ pub trait Dataplane: Send {
     /// Forgets the model (the next sync is full and re-reads the kernel).
     fn forget(&mut self);
 
+    /// Before the first sync: an earlier run of this agent had `in_use` programmed (its cache says so),
+    /// so the first sync is a switch from it, judged as one. Only the selector has anything to do.
+    fn resume(&mut self, in_use: Backend) {
+        let _ = in_use;
+    }
+
     /// Entries the last successful sync could not program although everything else was applied (the
     /// kernel refused one IPVS virtual server, say); the status lists them. Backends that apply all or
     /// nothing have none.

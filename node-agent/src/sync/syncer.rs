@@ -481,6 +481,11 @@ impl Syncer {
         self.dataplane.backend()
     }
 
+    /// Before the first sync: the backend an earlier run had programmed ([`Dataplane::resume`]).
+    pub fn resume_backend(&mut self, in_use: Backend) {
+        self.dataplane.resume(in_use);
+    }
+
     /// Failures found outside the sync (health-check ports that could not be bound); listed in the
     /// status after the entry failures.
     pub fn set_extra_failures(&mut self, failures: Vec<ServiceFailure>) {

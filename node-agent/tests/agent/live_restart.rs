@@ -207,7 +207,8 @@ async fn the_cache_goes_in_before_the_first_request() {
     let mut set = switchyard_agent::source::PlanSet::from_file(Arc::new(spec.clone()), vec![]);
     set.origin = switchyard_agent::source::Origin::Api;
     set.plan_meta.name = Some(NODE.into());
-    switchyard_agent::source::cache::write(&dir.join("plan.yaml"), &set).unwrap();
+    switchyard_agent::source::cache::write(&dir.join("plan.yaml"), &set, switchyard_api::Backend::Iptables)
+        .unwrap();
     let server = FakeApiServer::new();
     let iptables = FakeIptables::new(&local_addrs());
     let probe = iptables.clone();

@@ -495,8 +495,12 @@ fn a_restart_without_the_api_server_reapplies_the_cached_plan_without_flushing()
         uid: object.metadata.uid.clone(),
         ..switchyard_agent::source::PlanSet::from_file(std::sync::Arc::new(spec.clone()), vec![])
     };
-    switchyard_agent::source::cache::write(&switchyard_agent::source::cache::cache_path(&state), &set)
-        .unwrap();
+    switchyard_agent::source::cache::write(
+        &switchyard_agent::source::cache::cache_path(&state),
+        &set,
+        switchyard_api::Backend::Iptables,
+    )
+    .unwrap();
     // An API server nobody answers for.
     let kubeconfig = netns.path("kubeconfig");
     std::fs::write(
