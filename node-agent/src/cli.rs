@@ -218,6 +218,11 @@ struct IpvsArgs {
     /// deleted anyway; it goes earlier once it has no active connection.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ipvs_graceful_period: Duration,
+    /// After a switch away from IPVS (to nftables or iptables), how long its virtual servers that still
+    /// carry connections stay, so those connections keep flowing (new ones take the new backend); each
+    /// goes as soon as it carries none.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    ipvs_switch_drain_period: Duration,
 }
 
 /// Conntrack's sysctls, as kube-proxy sets them (every backend; the node's network namespace). A value
@@ -636,8 +641,14 @@ fn real_syncer(args: &IptablesArgs, conntrack: &ConntrackArgs, config: SyncConfi
     let facts = crate::wiring::dataplane::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
     // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
-    let mut dataplane =
-        crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    let mut dataplane = crate::wiring::dataplane::host_dataplane(
+        iptables,
+        facts,
+        crate::wiring::dataplane::IpvsPeriods {
+            grace: args.ipvs.ipvs_graceful_period,
+            switch_drain: args.ipvs.ipvs_switch_drain_period,
+        },
+    );
     if args.backend_switch_gate {
         dataplane = dataplane.with_gate(crate::wiring::dataplane::switch_gate());
     }
