@@ -23,7 +23,7 @@ verified() {
   local v
   v=$(verification)
   if [ "${3:-}" = probed ]; then probes='echo "$v" | grep -q "^    failed: 0\$"'; else probes='! echo "$v" | grep -q "^  probes:"'; fi
-  echo "$v" | grep -q "^  backend: $1\$" && echo "$v" | grep -q "^  revision: $2\$" \
+  echo "$v" | grep -q "^  backend: $1\$" && echo "$v" | grep -q "^  revision: $(rev "$2")\$" \
     && echo "$v" | grep -q "^    mismatches: 0\$" && eval "$probes" \
     || { echo "verification: $v"; return 1; }
 }

@@ -94,6 +94,19 @@ enum Command {
     /// container: /proc/sys is read-only in the agent's own.
     #[command(after_help = exit::TABLE)]
     SetSysctls(SetSysctlsArgs),
+    /// Give a hand-written or hand-edited plan file (a plan without slices) the summary and revision
+    /// its content hashes to, so the agent accepts it: every plan file must match its revision, which
+    /// refuses a file cut short or edited by accident. Rewrites FILE (atomically) and prints the
+    /// revision. Everything else is checked as when the file is read.
+    #[command(after_help = exit::TABLE)]
+    Seal(SealArgs),
+}
+
+/// `seal`: the plan file to rewrite.
+#[derive(Args, Debug)]
+struct SealArgs {
+    /// The plan file (YAML or JSON; written back as YAML).
+    file: PathBuf,
 }
 
 /// Where `explain` and `top` read the node's plan.
@@ -512,6 +525,24 @@ where
         Command::Explain(args) => explain_command(&args),
         Command::Top(args) => top_command(&args),
         Command::SetSysctls(args) => set_sysctls_command(&args),
+        Command::Seal(args) => seal_command(&args),
+    }
+}
+
+fn seal_command(args: &SealArgs) -> ExitCode {
+    let text = match std::fs::read_to_string(&args.file) {
+        Ok(text) => text,
+        Err(e) => return fail(USAGE, &format!("reading {}: {e}", args.file.display())),
+    };
+    let (yaml, revision) = match crate::planfile::seal_plan_text(&text) {
+        Ok(sealed) => sealed,
+        Err(e) => return fail(USAGE, &format!("{}: {e}", args.file.display())),
+    };
+    if let Err(e) = switchyard_process::write_atomic_bytes(&args.file, yaml.as_bytes()) {
+        return fail(FAILED, &format!("writing {}: {e}", args.file.display()));
+    }
+    match print_stdout(&format!("{revision}\n")) {
+        Ok(()) | Err(_) => ExitCode::SUCCESS,
     }
 }
 
