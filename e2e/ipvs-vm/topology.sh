@@ -73,7 +73,7 @@ eventually 20 probe tcp 10.244.0.2:8080 >/dev/null && eventually 20 probe tcp 10
   || diag "pods did not come up: $(cat /tmp/pod-*.log)"
 
 # write_plan REVISION BACKEND <<services: a bare NodeForwardingPlan spec, replaced atomically.
-# write_plan NAME BACKEND < entries: the plan named NAME (sealed: `agent seal` gives it the revision its
+# write_plan NAME BACKEND < entries (CLUSTER_EXTRA: more lines of its cluster settings): the plan named NAME (sealed: `agent seal` gives it the revision its
 # content hashes to, which every plan file must carry; rev NAME says it), written atomically.
 write_plan() {
   {
@@ -88,6 +88,7 @@ cluster:
   masqueradeBit: 14
   masqueradeAll: false
   nodePortAddresses: ["primary"]
+${CLUSTER_EXTRA:-}
 revision: "$1"
 summary: {entries: 0, endpoints: 0}
 services:
