@@ -186,6 +186,21 @@ check "switch back: plan r4 (ipvs) applied" eventually 30 applied r4
 check "switch back: no iptables-mode service chains remain" not sh -c "iptables-save -t nat | grep -q SWYD-SVC-"
 check "switch back: IPVS forwards again" contains "$(tally 20 10.96.0.10:80)" '"answered":{"pod-a":10,"pod-b":10}'
 
+# --- 5b. Service ranges (issue 44): a forwarded new connection to an unallocated address is dropped ----------
+# pod-c's route stands for the network such a packet would otherwise leave by (a default route).
+ip route add 10.96.99.99/32 dev vpod-c
+services_r1 | CLUSTER_EXTRA='  serviceCIDRs: ["10.96.0.0/16"]' write_plan r5 ipvs
+check "service ranges: plan r5 (with a ServiceCIDR) applied" eventually 30 applied r5
+check "service ranges: allocated ClusterIPs still answer" contains "$(tally 10 10.96.0.10:80)" '"timed_out":0,"errors":0'
+check "service ranges: an unallocated address of the range is not answered" \
+  contains "$(lab probe tcp 10.96.99.99:80 --netns client --count 2 --timeout-ms 1000 2>&1)" '"answered":{}'
+unallocated_dropped() {
+  iptables-save -c -t filter | grep 'unallocated ClusterIPs' | grep -qv '^\[0:0\]' \
+    || { iptables-save -c -t filter | grep -i 'unallocated'; return 1; }
+}
+check "service ranges: the glue's DROP for the range counted them" unallocated_dropped
+ip route del 10.96.99.99/32 dev vpod-c
+
 # --- 6. cleanup ------------------------------------------------------------------------------------------------
 ipvsadm -A -t 192.0.2.1:80 -s rr
 kill $AGENT

@@ -73,6 +73,8 @@ eventually 20 probe tcp 10.244.0.2:8080 >/dev/null && eventually 20 probe tcp 10
   || diag "pods did not come up: $(cat /tmp/pod-*.log)"
 
 # write_plan REVISION BACKEND <<services: a bare NodeForwardingPlan spec, replaced atomically.
+# write_plan NAME BACKEND < entries (CLUSTER_EXTRA: more lines of its cluster settings): the plan named NAME (sealed: `agent seal` gives it the revision its
+# content hashes to, which every plan file must carry; rev NAME says it), written atomically.
 write_plan() {
   {
     cat <<EOF
@@ -84,15 +86,19 @@ cluster:
   detectLocal: ClusterCIDR
   localTrafficCIDRs: ["10.244.0.0/16"]
   masqueradeBit: 14
+  masqueradeAll: false
   nodePortAddresses: ["primary"]
+${CLUSTER_EXTRA:-}
 revision: "$1"
 summary: {entries: 0, endpoints: 0}
 services:
 EOF
     cat
-  } >/tmp/plan.tmp && mv /tmp/plan.tmp $PLAN
+  } >/tmp/plan.tmp && agent seal /tmp/plan.tmp >"/tmp/rev-$1" && mv /tmp/plan.tmp $PLAN
 }
-applied() { grep -q "observedRevision: $1\$" $STATUS 2>/dev/null; }
+# rev NAME: the revision of the plan write_plan wrote as NAME.
+rev() { cat "/tmp/rev-$1" 2>/dev/null || echo "$1"; }
+applied() { grep -q "observedRevision: $(rev "$1")\$" $STATUS 2>/dev/null; }
 ep() { echo "  - {ip: $1, port: $2, cluster: true, local: true, onNode: true}"; }
 remote_ep() { echo "  - {ip: $1, port: $2, cluster: true}"; }
 svc() { # name ip port [extra yaml lines...]

@@ -94,6 +94,19 @@ enum Command {
     /// container: /proc/sys is read-only in the agent's own.
     #[command(after_help = exit::TABLE)]
     SetSysctls(SetSysctlsArgs),
+    /// Give a hand-written or hand-edited plan file (a plan without slices) the summary and revision
+    /// its content hashes to, so the agent accepts it: every plan file must match its revision, which
+    /// refuses a file cut short or edited by accident. Rewrites FILE (atomically) and prints the
+    /// revision. Everything else is checked as when the file is read.
+    #[command(after_help = exit::TABLE)]
+    Seal(SealArgs),
+}
+
+/// `seal`: the plan file to rewrite.
+#[derive(Args, Debug)]
+struct SealArgs {
+    /// The plan file (YAML or JSON; written back as YAML).
+    file: PathBuf,
 }
 
 /// Where `explain` and `top` read the node's plan.
@@ -218,6 +231,11 @@ struct IpvsArgs {
     /// deleted anyway; it goes earlier once it has no active connection.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     ipvs_graceful_period: Duration,
+    /// After a switch away from IPVS (to nftables or iptables), how long its virtual servers that still
+    /// carry connections stay, so those connections keep flowing (new ones take the new backend); each
+    /// goes as soon as it carries none.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    ipvs_switch_drain_period: Duration,
 }
 
 /// Conntrack's sysctls, as kube-proxy sets them (every backend; the node's network namespace). A value
@@ -507,6 +525,24 @@ where
         Command::Explain(args) => explain_command(&args),
         Command::Top(args) => top_command(&args),
         Command::SetSysctls(args) => set_sysctls_command(&args),
+        Command::Seal(args) => seal_command(&args),
+    }
+}
+
+fn seal_command(args: &SealArgs) -> ExitCode {
+    let text = match std::fs::read_to_string(&args.file) {
+        Ok(text) => text,
+        Err(e) => return fail(USAGE, &format!("reading {}: {e}", args.file.display())),
+    };
+    let (yaml, revision) = match crate::planfile::seal_plan_text(&text) {
+        Ok(sealed) => sealed,
+        Err(e) => return fail(USAGE, &format!("{}: {e}", args.file.display())),
+    };
+    if let Err(e) = switchyard_process::write_atomic_bytes(&args.file, yaml.as_bytes()) {
+        return fail(FAILED, &format!("writing {}: {e}", args.file.display()));
+    }
+    match print_stdout(&format!("{revision}\n")) {
+        Ok(()) | Err(_) => ExitCode::SUCCESS,
     }
 }
 
@@ -636,8 +672,14 @@ fn real_syncer(args: &IptablesArgs, conntrack: &ConntrackArgs, config: SyncConfi
     let facts = crate::wiring::dataplane::discover_facts(iptables.version().ok().as_deref());
     tracing::info!(variant = %iptables.variant(), random_fully = facts.random_fully, tcp_be_liberal = facts.tcp_be_liberal, "using iptables");
     // The plan's backend decides per sync; IPVS and nftables fall back to iptables where they cannot run.
-    let mut dataplane =
-        crate::wiring::dataplane::host_dataplane(iptables, facts, args.ipvs.ipvs_graceful_period);
+    let mut dataplane = crate::wiring::dataplane::host_dataplane(
+        iptables,
+        facts,
+        crate::wiring::dataplane::IpvsPeriods {
+            grace: args.ipvs.ipvs_graceful_period,
+            switch_drain: args.ipvs.ipvs_switch_drain_period,
+        },
+    );
     if args.backend_switch_gate {
         dataplane = dataplane.with_gate(crate::wiring::dataplane::switch_gate());
     }

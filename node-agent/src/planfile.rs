@@ -151,6 +151,33 @@ fn yaml_options() -> serde_saphyr::Options {
 
 /// Parses the text of a plan file.
 pub fn parse_plan_text(text: &str) -> Result<ParsedPlanFile, String> {
+    let file = parse_unsealed(text)?;
+    check_integrity(&file)?;
+    Ok(file)
+}
+
+/// `seal`: a hand-written or hand-edited plan (without slices) with the summary and the revision its
+/// content gives, as YAML, and that revision: what the agent then accepts. Everything but the
+/// revision is checked as when a plan file is read (objects, fields, syntax); what validation refuses
+/// stays refused when it is applied.
+pub fn seal_plan_text(text: &str) -> Result<(String, String), String> {
+    let file = parse_unsealed(text)?;
+    if !file.slices.is_empty() {
+        return Err(format!(
+            "the file holds {} ForwardingSlice(s): seal works on a plan without slices (the controller \
+             writes plans with slices, `switchyard-controller plan`)",
+            file.slices.len()
+        ));
+    }
+    let mut plan = file.plan;
+    plan.summary = PlanSummary::of(plan.services.iter().chain(&plan.overrides));
+    plan.revision = revision::compute(&plan).map_err(|e| e.to_string())?;
+    let yaml = serde_saphyr::to_string(&plan).map_err(|e| e.to_string())?;
+    Ok((yaml, plan.revision))
+}
+
+/// Parses a plan file's text, everything but whether its content matches its revision.
+fn parse_unsealed(text: &str) -> Result<ParsedPlanFile, String> {
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
         return Err("the file is empty".into());
@@ -170,7 +197,6 @@ pub fn parse_plan_text(text: &str) -> Result<ParsedPlanFile, String> {
         None => error,
     })?;
     check_known_fields(text)?;
-    check_integrity(&file)?;
     Ok(file)
 }
 
@@ -784,6 +810,30 @@ mod tests {
 
     fn object(spec: NodeForwardingPlanSpec) -> NodeForwardingPlan {
         NodeForwardingPlan::new(&spec.node_name.clone(), spec)
+    }
+
+    #[test]
+    fn a_sealed_plan_is_accepted_and_says_its_revision_and_counts() {
+        let full = spec("node-a");
+        let mut edited = full.clone();
+        edited.revision = "hand-made".into();
+        edited.summary = PlanSummary::default();
+        let text = serde_saphyr::to_string(&edited).unwrap();
+        assert!(
+            parse_plan_text(&text).is_err(),
+            "a revision that is no digest is refused"
+        );
+        let (sealed, revision) = seal_plan_text(&text).unwrap();
+        assert_eq!(
+            revision, full.revision,
+            "the controller's own revision for the same content"
+        );
+        let back = parse_plan_text(&sealed).unwrap();
+        assert_eq!(back.plan, full);
+        // What stays refused: syntax, unknown fields, and files with slices (the controller writes those).
+        assert!(seal_plan_text("services: [").is_err());
+        let typo = text.replacen("services:", "servics:", 1);
+        assert!(seal_plan_text(&typo).is_err());
     }
 
     #[test]

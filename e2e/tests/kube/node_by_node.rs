@@ -25,7 +25,7 @@ use switchyard_e2e::kube::{
     install::{self, Overlay},
 };
 
-use super::{agent_pod, check_flows, rollout_status, swyd_rules, wait_agent_ready, wait_until};
+use super::{agent_pods, check_flows, rollout_status, swyd_rules, wait_agent_ready, wait_until};
 
 const LABEL: &str = "switchyard.io/proxy";
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -105,10 +105,20 @@ pub fn back_to_kube_proxy(cluster: &mut KubeCluster, node: &str, flows: &[Flow])
     cluster
         .kubectl(&["label", "node", node, &format!("{LABEL}-")])
         .unwrap();
+    // Gone, not only terminating: a terminating agent still repairs drift, and would put back what
+    // cleanup removes.
     wait_until(
         Duration::from_secs(90),
         &format!("the agent's pod to leave {node}"),
-        || agent_pod(cluster, node).is_none().then_some(()),
+        || {
+            let pods = agent_pods(cluster);
+            let on_node = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|pod| pod["spec"]["nodeName"] == node);
+            (!on_node).then_some(())
+        },
     );
     assert!(
         swyd_rules(cluster, node) > 0,

@@ -12,6 +12,8 @@
 //!     under both renders?) ─ refused ─► the previous one syncs and stays (switch_refused: why)
 //!                           └ passed ─► full sync of the new one ─ ok ─► the previous one retired
 //!                                                                └ failed: the previous one keeps forwarding
+//!     a previous one still carrying connections (IPVS: draining()) stays for them, retired again after
+//!     each sync and drift check
 //!   first sync ─► full sync of the chosen one ─ ok ─► what every other backend left on the host is removed
 //!                 (a migration leaves no rules behind), except what the chosen one's sync replaced
 //! fallback_reason ─► "the plan asks for ipvs, but IPVS is unavailable on this node (…); using iptables"
@@ -298,6 +300,9 @@ impl Selector {
                 continue;
             }
             match self.get(previous).retire(current) {
+                // Kept for the connections it carries: retired again after the next sync or drift
+                // check (the backend logs how many stay).
+                Ok(_) if self.get(previous).draining().is_some() => self.retiring.push(previous),
                 Ok(done) => tracing::info!(
                     backend = %previous,
                     jumps = done.jumps,
@@ -387,6 +392,9 @@ impl Dataplane for Selector {
     }
 
     fn check_drift(&mut self) -> Result<Option<Drift>, Error> {
+        // Also the retry of a previous backend kept for its connections, or not removable yet: drift
+        // checks run every resync period, syncs only when something changes.
+        self.retire_previous();
         match self.current {
             Some(backend) => self.get(backend).check_drift(),
             None => Ok(None),
@@ -445,8 +453,19 @@ impl Dataplane for Selector {
             return Ok(None);
         };
         let mut view = self.get(backend).kernel_view()?;
+        // A previous backend kept for the connections it carries is doing its job, not left over.
+        let leftovers: Vec<Backend> = self
+            .retiring
+            .clone()
+            .into_iter()
+            .filter(|previous| {
+                self.slot(*previous)
+                    .and_then(|slot| slot.dataplane.as_deref())
+                    .is_none_or(|d| d.draining().is_none())
+            })
+            .collect();
         if let Some(view) = &mut view {
-            view.leftovers = self.retiring.clone();
+            view.leftovers = leftovers;
         }
         Ok(view)
     }

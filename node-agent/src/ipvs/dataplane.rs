@@ -17,6 +17,9 @@
 //!              and jump rule, our ipsets, the dummy interface
 //! retire(iptables) ─► the same, but of the SWYD chains only the glue's own (GLUE_ONLY): the iptables
 //!              backend's sync already rewrote the ones they share
+//! retire(any) first ─► idle virtual servers deleted; those with open connections kept (with the dummy,
+//!              the sets and the glue) until they close or the drain period ends: `draining()` says so,
+//!              and the selector retries at every sync and drift check
 //! ```
 //!
 //! Which virtual servers are ours is read from the kernel, not remembered: those whose address is on
@@ -79,6 +82,9 @@ pub struct IpvsConfig {
     pub facts: HostFacts,
     /// The kernel release (`uname -r`), for the sysctls that depend on it.
     pub kernel_release: String,
+    /// After a switch away from IPVS, how long its virtual servers that still carry connections stay
+    /// for them (new connections go through the new backend); each goes earlier once it has none.
+    pub switch_drain: Duration,
 }
 
 impl Default for IpvsConfig {
@@ -87,6 +93,7 @@ impl Default for IpvsConfig {
             grace: Duration::from_secs(30),
             facts: HostFacts::default(),
             kernel_release: String::new(),
+            switch_drain: Duration::from_secs(600),
         }
     }
 }
@@ -110,6 +117,29 @@ pub struct IpvsDataplane<I> {
     /// Virtual servers the kernel refused in the last sync, with the error.
     failed: BTreeMap<VirtualKey, String>,
     failures: Vec<ServiceFailure>,
+    /// Since a switch away from IPVS: the virtual servers kept for their connections.
+    leaving: Option<Leaving>,
+}
+
+/// IPVS switched away from, its busy virtual servers kept ([`IpvsDataplane::retire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Leaving {
+    /// The first attempt to retire.
+    since: std::time::Instant,
+    /// Virtual servers kept at the last attempt.
+    services: usize,
+    /// Their open connections then.
+    connections: u64,
+}
+
+/// The connections a real server still carries that deleting it would cut: established TCP and SCTP
+/// ones, every UDP entry (IPVS counts UDP flows as inactive). TIME_WAIT and other closing entries of
+/// TCP are not waited for.
+fn open_connections(protocol: switchyard_api::Protocol, real: &super::kernel::Destination) -> u64 {
+    match protocol {
+        switchyard_api::Protocol::UDP => u64::from(real.inactive_conns),
+        _ => u64::from(real.active_conns),
+    }
 }
 
 impl<I> std::fmt::Debug for IpvsDataplane<I> {
@@ -172,7 +202,71 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
             draining: BTreeMap::new(),
             failed: BTreeMap::new(),
             failures: Vec::new(),
+            leaving: None,
         }
+    }
+
+    /// Before IPVS's objects go after a switch away from it: the virtual servers with no open
+    /// connection go now, those that carry some stay until they have none or the drain period is over
+    /// (their connections keep flowing through IPVS's own connection table; the successor's rules DNAT
+    /// every new connection before IPVS sees a packet). `Some` (what went so far) while any stays: the
+    /// dummy interface, the sets and the glue stay with them.
+    fn drain_leaving(&mut self) -> Result<Option<Cleanup>, Error> {
+        let now = self.clock.now();
+        let since = self.leaving.map_or(now, |leaving| leaving.since);
+        let over = now.saturating_duration_since(since) >= self.config.switch_drain;
+        let bound = self.edges.dummy.addresses()?;
+        let saved = self.edges.ipsets.list().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot list ipsets; NodePort virtual servers are not recognised as ours");
+            SavedSets::new()
+        });
+        let (mut removed, mut services, mut connections) = (0, 0, 0u64);
+        for service in self.edges.ipvs.services()? {
+            let Some(key) = service.key().filter(|key| owned(key, &bound, &saved)) else {
+                continue;
+            };
+            let open: u64 = if over {
+                0
+            } else {
+                self.edges
+                    .ipvs
+                    .destinations(&key)?
+                    .iter()
+                    .map(|real| open_connections(key.protocol, real))
+                    .sum()
+            };
+            if open == 0 {
+                self.edges.ipvs.delete_service(&key)?;
+                removed += 1;
+            } else {
+                services += 1;
+                connections += open;
+            }
+        }
+        if services == 0 {
+            if over && self.leaving.is_some() {
+                tracing::info!(period = ?self.config.switch_drain, "the drain period after the switch away from IPVS is over: its remaining virtual servers are removed");
+            }
+            self.leaving = None;
+            return Ok(None);
+        }
+        let leaving = Leaving {
+            since,
+            services,
+            connections,
+        };
+        if self.leaving.map(|l| (l.services, l.connections)) != Some((services, connections)) {
+            tracing::info!(
+                services,
+                connections,
+                "switched away from IPVS: its virtual servers that still carry connections stay until those close (at most the drain period)"
+            );
+        }
+        self.leaving = Some(leaving);
+        Ok(Some(Cleanup {
+            jumps: 0,
+            objects: removed,
+        }))
     }
 
     fn set_sysctls(&mut self) {
@@ -450,6 +544,8 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         let spec: &NodeForwardingPlanSpec = request.spec;
         // Whatever happens next, the old model no longer describes the kernel with certainty.
         let model = self.model.take();
+        // In use again (a switch back while it was being left): nothing of it is leaving any more.
+        self.leaving = None;
         let full = request.full || model.is_none();
         if full {
             self.set_sysctls();
@@ -567,6 +663,7 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
     fn cleanup(&mut self) -> Result<Cleanup, Error> {
         self.forget();
         self.draining.clear();
+        self.leaving = None;
         // The glue is SWYD chains and jump rules like the iptables backend's: its cleanup removes both.
         // It runs between the two halves: the sets it matches can only go once no rule refers to them.
         let edges = &mut self.edges;
@@ -581,13 +678,16 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
     }
 
     fn retire(&mut self, successor: Backend) -> Result<Cleanup, Error> {
+        self.forget();
+        self.draining.clear();
+        if let Some(so_far) = self.drain_leaving()? {
+            return Ok(so_far);
+        }
         if successor != Backend::Iptables {
             return self.cleanup();
         }
         // The iptables backend's full sync rewrote the chains the glue shares with it: only the glue's
         // own chains (and their jump rules) go, so its forwarding is never interrupted.
-        self.forget();
-        self.draining.clear();
         let edges = &mut self.edges;
         let (services, chains, rest) =
             remove_objects(&mut *edges.ipvs, &mut *edges.ipsets, &mut *edges.dummy, || {
@@ -603,6 +703,15 @@ impl<I: Iptables + Clone + 'static> Dataplane for IpvsDataplane<I> {
         self.model = None;
         self.failed.clear();
         self.failures.clear();
+    }
+
+    fn draining(&self) -> Option<String> {
+        self.leaving.map(|leaving| {
+            format!(
+                "{} IPVS virtual server(s) kept for {} open connection(s) after the switch away from IPVS",
+                leaving.services, leaving.connections
+            )
+        })
     }
 
     fn kernel_view(&mut self) -> Result<Option<KernelView>, Error> {

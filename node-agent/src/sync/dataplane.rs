@@ -155,6 +155,14 @@ pub trait Dataplane: Send {
     /// Forgets the model (the next sync is full and re-reads the kernel).
     fn forget(&mut self);
 
+    /// After [`Dataplane::retire`]: what of this backend stays for the connections it still carries
+    /// (IPVS's virtual servers after a switch away from it), while anything does; the caller retires it
+    /// again later. `None` once it is all gone, and for backends whose connections outlive their rules
+    /// in conntrack (iptables, nftables).
+    fn draining(&self) -> Option<String> {
+        None
+    }
+
     /// Before the first sync: an earlier run of this agent had `in_use` programmed (its cache says so),
     /// so the first sync is a switch from it, judged as one. Only the selector has anything to do.
     fn resume(&mut self, in_use: Backend) {

@@ -71,9 +71,9 @@ pub fn switch_gate() -> Gate {
 
 /// The dataplane for `apply` and `run`: the plan's backend, falling back to iptables where this host
 /// cannot run it.
-pub fn host_dataplane(iptables: ExecIptables, facts: HostFacts, ipvs_grace: Duration) -> Selector {
+pub fn host_dataplane(iptables: ExecIptables, facts: HostFacts, ipvs: IpvsPeriods) -> Selector {
     let candidates = vec![
-        ipvs_candidate(iptables.clone(), &facts, ipvs_grace),
+        ipvs_candidate(iptables.clone(), &facts, ipvs),
         nftables_candidate(),
     ];
     Selector::new(
@@ -101,10 +101,20 @@ fn ipvs_if_loaded() -> Box<dyn Ipvs> {
     }
 }
 
-fn ipvs_candidate(iptables: ExecIptables, facts: &HostFacts, grace: Duration) -> Candidate {
+/// The IPVS backend's periods (`--ipvs-graceful-period`, `--ipvs-switch-drain-period`).
+#[derive(Debug, Clone, Copy)]
+pub struct IpvsPeriods {
+    /// How long a real server that left the plan keeps its connections.
+    pub grace: Duration,
+    /// How long, after a switch away from IPVS, its busy virtual servers stay for their connections.
+    pub switch_drain: Duration,
+}
+
+fn ipvs_candidate(iptables: ExecIptables, facts: &HostFacts, periods: IpvsPeriods) -> Candidate {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let config = IpvsConfig {
-        grace,
+        grace: periods.grace,
+        switch_drain: periods.switch_drain,
         facts: facts.clone(),
         kernel_release: std::fs::read_to_string(OSRELEASE)
             .unwrap_or_default()
@@ -134,11 +144,15 @@ fn ipvs_candidate(iptables: ExecIptables, facts: &HostFacts, grace: Duration) ->
         if !NetlinkDummy.exists()? {
             return Ok(Cleanup::default());
         }
-        // IPVS mode ran here before.
+        // IPVS mode ran here before. Removed whole: nothing would come back for virtual servers kept
+        // for their connections (a restart in the middle of a switch's drain cuts what it still held).
         IpvsDataplane::new(
             ipvs_edges(ipvs_if_loaded(), iptables.clone()),
             Arc::clone(&clock),
-            config.clone(),
+            IpvsConfig {
+                switch_drain: Duration::ZERO,
+                ..config.clone()
+            },
         )
         .retire(successor)
     });

@@ -22,6 +22,8 @@ use crate::fixtures::local_addrs;
 
 /// How long a drained TCP real server may keep its connections in these tests.
 pub const GRACE: Duration = Duration::from_secs(30);
+/// How long IPVS's busy virtual servers stay after a switch away from it.
+pub const SWITCH_DRAIN: Duration = Duration::from_secs(600);
 
 /// One node's kernel: every fake shares its state with the dataplanes built on it.
 #[derive(Clone)]
@@ -63,6 +65,7 @@ impl Kernel {
                 ..HostFacts::default()
             },
             kernel_release: "6.1.0-57-amd64".into(),
+            switch_drain: SWITCH_DRAIN,
         };
         IpvsDataplane::new(edges, self.clock.clone(), config)
     }

@@ -34,7 +34,7 @@ use switchyard_api::testing::finish;
 use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec, Protocol};
 
 use crate::fixtures::{NODE_IP, everything, ip, local_addrs};
-use crate::kernel::{GRACE, Kernel};
+use crate::kernel::{GRACE, Kernel, SWITCH_DRAIN};
 
 /// A frontend a client uses: the ClusterIP of a plain and of a policy entry, an externalIP, a NodePort.
 const FRONTENDS: [(&str, u16); 4] = [
@@ -280,6 +280,7 @@ fn selector(watch: &Watch) -> Selector {
             grace: GRACE,
             facts: HostFacts::default(),
             kernel_release: "6.1.0-57-amd64".into(),
+            switch_drain: SWITCH_DRAIN,
         };
         Ok(Box::new(IpvsDataplane::new(edges, ipvs_kernel.clock.clone(), config)) as Box<dyn Dataplane>)
     });

@@ -199,3 +199,81 @@ fn leftovers_of_an_earlier_ipvs_run_are_removed_after_the_first_iptables_sync() 
         "the plan asked for iptables"
     );
 }
+
+#[test]
+fn leaving_ipvs_keeps_its_busy_virtual_servers_until_their_connections_close() {
+    let kernel = Kernel::new();
+    let mut select = select(&kernel, true);
+    let spec = ipvs_plan();
+    crate::kernel::sync(&mut select, &spec, true);
+    let busy = tcp("10.96.0.1", 80);
+    let real = *kernel.ipvs.table()[&busy].1.keys().next().expect("a real server");
+    assert!(kernel.ipvs.set_connections(&busy, &real, 2, 5));
+    let services = kernel.ipvs.table().len();
+    assert!(services > 1, "the plan has more than one virtual server");
+
+    let mut iptables_plan = spec.clone();
+    iptables_plan.backend = Backend::Iptables;
+    finish(&mut iptables_plan);
+    crate::kernel::sync(&mut select, &iptables_plan, false);
+    assert_eq!(select.backend(), Backend::Iptables);
+    let kept: Vec<_> = kernel.ipvs.table().keys().copied().collect();
+    assert_eq!(
+        kept,
+        [busy],
+        "only the virtual server with open connections stays"
+    );
+    assert!(kernel.dummy.state().is_some(), "its address stays with it");
+    let view = select.kernel_view().unwrap().expect("iptables has a kernel view");
+    assert!(
+        view.leftovers.is_empty(),
+        "a drain is no leftover: {:?}",
+        view.leftovers
+    );
+
+    // Drift checks retry it: still busy, still there; idle (TIME_WAIT entries only), gone with the rest.
+    select.check_drift().unwrap();
+    assert_eq!(kernel.ipvs.table().len(), 1);
+    assert!(kernel.ipvs.set_connections(&busy, &real, 0, 5));
+    select.check_drift().unwrap();
+    assert!(kernel.ipvs.table().is_empty(), "IPVS state removed");
+    assert_eq!(kernel.dummy.state(), None);
+    assert!(kernel.ipsets.sets().is_empty());
+}
+
+#[test]
+fn leaving_ipvs_ends_its_drain_after_the_period_and_a_switch_back_keeps_what_is_there() {
+    let kernel = Kernel::new();
+    let mut select = select(&kernel, true);
+    let spec = ipvs_plan();
+    crate::kernel::sync(&mut select, &spec, true);
+    let busy = tcp("10.96.0.1", 80);
+    let real = *kernel.ipvs.table()[&busy].1.keys().next().expect("a real server");
+    assert!(kernel.ipvs.set_connections(&busy, &real, 1, 0));
+    let mut iptables_plan = spec.clone();
+    iptables_plan.backend = Backend::Iptables;
+    finish(&mut iptables_plan);
+
+    // Back to IPVS while it drains: it is in use again, whole, and nothing of it goes afterwards.
+    crate::kernel::sync(&mut select, &iptables_plan, false);
+    assert_eq!(kernel.ipvs.table().len(), 1);
+    crate::kernel::sync(&mut select, &spec, false);
+    assert_eq!(select.backend(), Backend::Ipvs);
+    let services = kernel.ipvs.table().len();
+    assert!(services > 1);
+    kernel.clock.advance(crate::kernel::SWITCH_DRAIN);
+    select.check_drift().unwrap();
+    assert_eq!(kernel.ipvs.table().len(), services);
+
+    // Away again: the busy one stays until the drain period is over, then goes although still busy.
+    assert!(kernel.ipvs.set_connections(&busy, &real, 1, 0));
+    crate::kernel::sync(&mut select, &iptables_plan, false);
+    assert_eq!(kernel.ipvs.table().len(), 1);
+    kernel.clock.advance(crate::kernel::SWITCH_DRAIN / 2);
+    select.check_drift().unwrap();
+    assert_eq!(kernel.ipvs.table().len(), 1, "within the period");
+    kernel.clock.advance(crate::kernel::SWITCH_DRAIN / 2);
+    select.check_drift().unwrap();
+    assert!(kernel.ipvs.table().is_empty(), "the period is over");
+    assert_eq!(kernel.dummy.state(), None);
+}
