@@ -17,7 +17,7 @@
 //!              and jump rule, our ipsets, the dummy interface
 //! retire(iptables) ─► the same, but of the SWYD chains only the glue's own (GLUE_ONLY): the iptables
 //!              backend's sync already rewrote the ones they share
-//! retire(any) first ─► idle virtual servers deleted; those with open connections kept (with the dummy,
+//! retire(any) first ─► idle virtual servers deleted; those with established TCP/SCTP connections kept (with the dummy,
 //!              the sets and the glue) until they close or the drain period ends: `draining()` says so,
 //!              and the selector retries at every sync and drift check
 //! ```
@@ -132,14 +132,12 @@ struct Leaving {
     connections: u64,
 }
 
-/// The connections a real server still carries that deleting it would cut: established TCP and SCTP
-/// ones, every UDP entry (IPVS counts UDP flows as inactive). TIME_WAIT and other closing entries of
-/// TCP are not waited for.
-fn open_connections(protocol: switchyard_api::Protocol, real: &super::kernel::Destination) -> u64 {
-    match protocol {
-        switchyard_api::Protocol::UDP => u64::from(real.inactive_conns),
-        _ => u64::from(real.active_conns),
-    }
+/// The connections a real server still carries that a switch waits for: established TCP and SCTP
+/// ones. Not UDP's: IPVS keeps a UDP entry for 5 minutes after its last packet and every DNS query is
+/// one, so waiting for them would keep IPVS for minutes on any node (kube-proxy's IPVS mode does not
+/// drain UDP real servers either). Closing TCP entries (TIME_WAIT, FIN_WAIT) are not waited for.
+fn open_connections(real: &super::kernel::Destination) -> u64 {
+    u64::from(real.active_conns)
 }
 
 impl<I> std::fmt::Debug for IpvsDataplane<I> {
@@ -232,7 +230,7 @@ impl<I: Iptables + Clone + 'static> IpvsDataplane<I> {
                     .ipvs
                     .destinations(&key)?
                     .iter()
-                    .map(|real| open_connections(key.protocol, real))
+                    .map(open_connections)
                     .sum()
             };
             if open == 0 {
