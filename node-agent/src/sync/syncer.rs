@@ -250,13 +250,21 @@ impl Syncer {
             return false;
         };
         let (applied, backend) = (&self.applied, self.dataplane.backend());
-        verifier.tick(now, wall, || {
+        let subject = || {
             applied.as_ref().map(|a| Subject {
                 spec: Arc::clone(&a.spec),
                 skip: Arc::new(a.skip.clone()),
                 backend,
             })
-        })
+        };
+        let changed = verifier.tick(now, wall, subject);
+        if verifier.take_recheck()
+            && let Some(subject) = subject()
+        {
+            let dataplane = &mut self.dataplane;
+            verifier.after_sync(subject, now, wall, || dataplane.kernel_view());
+        }
+        changed
     }
 
     /// Waits until the verifier's worker has run everything queued so far.

@@ -5,6 +5,7 @@
 //! Syncer, after an applied sync ─► after_sync(subject, kernel view reader)
 //!   ─► Schedule::applied: a backend not verified yet? ─► probe targets (sample) + the view ─► Job::Verify
 //! Syncer::tick_verification ─► worker's results ─► current (Verified replaces it, Counted fills .refused)
+//!                           ─► a failed one that a later sync outdated ─► verified again now (take_recheck)
 //!                           ─► Schedule::count_due ─► Job::Count
 //! current ─► status.verification
 //! ```
@@ -30,6 +31,10 @@ pub struct Verifier {
     /// A refusal count is queued and not back yet: no other is queued meanwhile (an iptables-nft save
     /// of a large table can take longer than the interval).
     counting: bool,
+    /// An applied sync came after the last verification was queued: its kernel view may be out of date.
+    synced_since_queued: bool,
+    /// A failed verification came back after such a sync: check again now, not at the next sync.
+    recheck: bool,
 }
 
 impl Verifier {
@@ -41,6 +46,8 @@ impl Verifier {
             schedule: Schedule::default(),
             current: None,
             counting: false,
+            synced_since_queued: false,
+            recheck: false,
         }
     }
 
@@ -55,8 +62,10 @@ impl Verifier {
     ) {
         let due = self.schedule.applied(subject.backend, now, &self.config);
         if due == Due::Nothing {
+            self.synced_since_queued = true;
             return;
         }
+        self.synced_since_queued = false;
         tracing::info!(backend = %subject.backend, revision = %subject.spec.revision, "verifying the backend in use");
         let probes = if due == Due::CheckAndProbe {
             sample(&subject.spec, &subject.skip, self.config.probes)
@@ -88,8 +97,11 @@ impl Verifier {
                     // A verification that failed is not the last word: a partial apply retried
                     // later (a kernel error on one entry) would otherwise leave its mismatch in the
                     // status for as long as the backend stays. The next applied sync checks again.
+                    // When a sync already came after the view it judged (the repair of that very
+                    // entry, typically), no further sync may come for an hour: check again now.
                     if !verification.passed() {
                         self.schedule.retry();
+                        self.recheck = self.synced_since_queued;
                     }
                     self.current = Some(verification);
                     changed = true;
@@ -113,6 +125,12 @@ impl Verifier {
             self.worker.submit(Job::Count(subject, rfc3339(wall)));
         }
         changed
+    }
+
+    /// True once (then false) when a failed verification judged a kernel that a later applied sync
+    /// changed: the caller verifies what is applied now ([`Self::after_sync`]).
+    pub fn take_recheck(&mut self) -> bool {
+        std::mem::take(&mut self.recheck)
     }
 
     /// The latest verification.

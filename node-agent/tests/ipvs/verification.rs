@@ -284,4 +284,37 @@ fn the_syncer_verifies_the_backend_after_every_switch_and_counts_refusals_for_a_
     // It passed: the next sync verifies nothing.
     syncer.sync_plan(&plan(Backend::Nftables));
     assert!(!settle(&mut syncer));
+
+    // A failed verification of a kernel a later sync already changed (the repair of the very entries it
+    // found missing, before its result came back) is checked again at once, not at the next sync.
+    syncer.cleanup().unwrap();
+    kernel.clock.advance(Duration::from_secs(1));
+    kernel.ipvs.set_scheduler_available("rr", false);
+    syncer.sync_plan(&plan(Backend::Ipvs));
+    assert!(
+        !syncer.status().failures.is_empty(),
+        "the kernel refused virtual servers"
+    );
+    kernel.ipvs.set_scheduler_available("rr", true);
+    assert!(
+        syncer.check_drift().is_some(),
+        "the refused virtual servers are retried"
+    );
+    assert!(
+        syncer.status().failures.is_empty(),
+        "{:?}",
+        syncer.status().failures
+    );
+    syncer.settle_verification();
+    syncer.tick_verification();
+    let stale = syncer.status().verification.unwrap();
+    assert!(
+        !stale.passed(),
+        "it judged the kernel before the repair: {stale:?}"
+    );
+    syncer.settle_verification();
+    assert!(syncer.tick_verification(), "checked again without another sync");
+    let now = syncer.status().verification.unwrap();
+    assert!(now.passed(), "{now:?}");
+    assert_eq!(now.probes, None, "the kernel only");
 }
