@@ -258,12 +258,21 @@ impl Tree {
                 );
             }
         }
-        if kustomization["kind"] != "Kustomization"
-            || kustomization["apiVersion"] != "kustomize.config.k8s.io/v1beta1"
-        {
+        // A Component (config/components/*) is kustomize.config.k8s.io/v1alpha1, as kustomize 5 has it.
+        let known = matches!(
+            (
+                kustomization["kind"].as_str(),
+                kustomization["apiVersion"].as_str()
+            ),
+            (Some("Kustomization"), Some("kustomize.config.k8s.io/v1beta1"))
+                | (Some("Component"), Some("kustomize.config.k8s.io/v1alpha1"))
+        );
+        if !known {
             self.problem(
                 dir,
-                "apiVersion kustomize.config.k8s.io/v1beta1, kind Kustomization expected".into(),
+                "apiVersion kustomize.config.k8s.io/v1beta1, kind Kustomization (or v1alpha1 Component) \
+                 expected"
+                    .into(),
             );
         }
         for field in ["resources", "components"] {
@@ -541,10 +550,24 @@ fn every_yaml_file_under_config_parses_and_belongs_to_a_kustomization() {
                 .map(|dir| dir.join("kustomization.yaml")),
         )
         .collect();
+    // Files for Prometheus and promtool beside the monitoring component, not Kubernetes objects
+    // (e2e/tests/monitoring.rs checks them).
+    let not_objects = [
+        Path::new("config/components/monitoring/prometheus-rules.yaml"),
+        Path::new("config/components/monitoring/rules-test.yaml"),
+    ];
     for file in yaml_files(&tree.root, Path::new("config")) {
         // Parses (panics with the file name otherwise) ...
         let docs = parse_yaml(&tree.root, &file);
         assert!(!docs.is_empty(), "{}: empty", file.display());
+        if not_objects.contains(&file.as_path()) {
+            assert!(
+                docs.iter().all(|doc| doc.get("kind").is_none()),
+                "{}",
+                file.display()
+            );
+            continue;
+        }
         // ... and is read by some kustomization.
         assert!(
             used.contains(&file),
@@ -606,7 +629,14 @@ fn no_namespace_field_where_kustomize_would_stamp_it_on_cluster_scoped_policies(
     for doc in &tree.resources {
         let namespaced = matches!(
             doc.kind(),
-            "ServiceAccount" | "Role" | "RoleBinding" | "ConfigMap" | "Deployment" | "DaemonSet"
+            "ServiceAccount"
+                | "Role"
+                | "RoleBinding"
+                | "ConfigMap"
+                | "Deployment"
+                | "DaemonSet"
+                | "PodMonitor"
+                | "PrometheusRule"
         );
         if namespaced {
             assert_eq!(
@@ -1614,7 +1644,75 @@ fn assert_known_fields(doc: &Doc) {
         "ValidatingAdmissionPolicy" => assert_round_trips::<ValidatingAdmissionPolicy>(doc),
         "ValidatingAdmissionPolicyBinding" => assert_round_trips::<ValidatingAdmissionPolicyBinding>(doc),
         "CustomResourceDefinition" => assert_round_trips::<CustomResourceDefinition>(doc),
+        // The Prometheus Operator's kinds have no type here: the fields the monitoring component
+        // uses, from the Operator's CRDs (monitoring.coreos.com/v1); a PrometheusRule's groups are
+        // promtool's to check (tests/monitoring.rs).
+        "PodMonitor" => assert_fields_within(
+            doc,
+            &[
+                "spec.selector.matchLabels.*",
+                "spec.podMetricsEndpoints[].port",
+                "spec.podMetricsEndpoints[].path",
+                "spec.podMetricsEndpoints[].interval",
+                "spec.podMetricsEndpoints[].relabelings[].sourceLabels[]",
+                "spec.podMetricsEndpoints[].relabelings[].targetLabel",
+            ],
+        ),
+        "PrometheusRule" => assert_fields_within(doc, &["spec.groups[]*"]),
         other => panic!("no type for kind {other}: teach assert_known_fields"),
+    }
+}
+
+/// Fails when `doc` has a field outside apiVersion, kind, metadata's name, namespace and labels, and
+/// `allowed` (paths with `[]` for list items, `.*` for any key of a map of strings, a trailing `*` for
+/// anything below).
+fn assert_fields_within(doc: &Doc, allowed: &[&str]) {
+    fn leaves(value: &Value, at: String, into: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    let path = if at.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{at}.{key}")
+                    };
+                    leaves(value, path, into);
+                }
+            }
+            Value::Array(items) => {
+                for item in items {
+                    leaves(item, format!("{at}[]"), into);
+                }
+            }
+            _ => into.push(at),
+        }
+    }
+    let mut paths = Vec::new();
+    leaves(&doc.value, String::new(), &mut paths);
+    let base = [
+        "apiVersion",
+        "kind",
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.labels.*",
+    ];
+    for path in paths {
+        let known = base.iter().chain(allowed).any(|pattern| {
+            if let Some(prefix) = pattern.strip_suffix(".*") {
+                path.strip_prefix(prefix)
+                    .is_some_and(|rest| rest.len() > 1 && rest.starts_with('.'))
+            } else if let Some(prefix) = pattern.strip_suffix('*') {
+                path.starts_with(prefix)
+            } else {
+                path == *pattern
+            }
+        });
+        assert!(
+            known,
+            "{} {}: `{path}` is not a field this test knows",
+            doc.kind(),
+            doc.name()
+        );
     }
 }
 
