@@ -10,6 +10,7 @@
 //!                       ─► every alert has a `## Name` section in docs/monitoring.md
 //! prometheusrule.yaml (the PrometheusRule) ─► the same groups as prometheus-rules.yaml
 //! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
