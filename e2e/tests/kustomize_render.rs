@@ -1888,3 +1888,51 @@ fn kubectl_kustomize_renders_config_overlays_beside_kube_proxy() {
         ])
     );
 }
+
+#[test]
+fn kubectl_kustomize_renders_config_default_with_the_monitoring_component() {
+    // An overlay as docs/install.md shows it, in target/ (relative paths: kustomize's load rules).
+    let dir = repo_root().join("target/kustomize-monitoring");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n\
+         - ../../config/default\ncomponents:\n- ../../config/components/monitoring\n",
+    )
+    .unwrap();
+    let Some(docs) = kustomize(
+        "kubectl_kustomize_renders_config_default_with_the_monitoring_component",
+        "target/kustomize-monitoring",
+    ) else {
+        return;
+    };
+    let kinds: Vec<(String, String)> = docs
+        .iter()
+        .map(|doc| (doc.kind().to_owned(), doc.name().to_owned()))
+        .collect();
+    for (kind, name) in [
+        ("PodMonitor", "switchyard-agent"),
+        ("PodMonitor", "switchyard-controller"),
+        ("PrometheusRule", "switchyard"),
+        ("DaemonSet", AGENT),
+    ] {
+        assert!(
+            kinds.iter().any(|(k, n)| k == kind && n == name),
+            "{kind} {name} not rendered: {kinds:?}"
+        );
+    }
+    let dashboard = docs
+        .iter()
+        .find(|doc| doc.kind() == "ConfigMap" && doc.name().starts_with("switchyard-grafana-dashboard"))
+        .expect("the dashboard's ConfigMap");
+    assert_eq!(dashboard.value["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(dashboard.value["metadata"]["namespace"], NAMESPACE);
+    let json = dashboard.value["data"]["switchyard.json"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(json).is_ok());
+    for doc in docs
+        .iter()
+        .filter(|doc| matches!(doc.kind(), "PodMonitor" | "PrometheusRule"))
+    {
+        assert_eq!(doc.namespace(), Some(NAMESPACE), "{} {}", doc.kind(), doc.name());
+    }
+}

@@ -9,6 +9,8 @@
 //!                       ─► every switchyard_* name in an expression is registered (suffixes stripped)
 //!                       ─► every alert has a `## Name` section in docs/monitoring.md
 //! prometheusrule.yaml (the PrometheusRule) ─► the same groups as prometheus-rules.yaml
+//! dashboard.json ─► its datasource a variable; every query promtool-valid (as a recording rule) and
+//!                   naming registered metrics only; the panels the issue lists
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -262,4 +264,83 @@ fn the_prometheus_rule_carries_the_same_groups_and_every_alert_has_a_runbook() {
             }
         }
     }
+}
+
+fn dashboard_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let title = panel["title"].as_str().unwrap().to_owned();
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}: datasource");
+        for target in panel["targets"].as_array().unwrap() {
+            assert_eq!(
+                target["datasource"]["uid"], "${datasource}",
+                "{title}: target datasource"
+            );
+            queries.push((title.clone(), target["expr"].as_str().unwrap().to_owned()));
+        }
+    }
+    queries
+}
+
+#[test]
+fn the_dashboard_takes_its_datasource_as_a_variable_and_queries_registered_metrics_only() {
+    let text = std::fs::read_to_string(component("dashboard.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    assert!(
+        variables
+            .iter()
+            .any(|v| v["name"] == "datasource" && v["type"] == "datasource" && v["query"] == "prometheus"),
+        "no datasource variable"
+    );
+    let titles: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["title"].as_str().unwrap().to_lowercase())
+        .collect();
+    for topic in [
+        "fleet",
+        "network programming latency",
+        "sync duration",
+        "busiest services",
+        "endpoints' shares",
+        "refusals by reason",
+        "drift repairs",
+        "controller writes",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(topic)),
+            "no panel about {topic}: {titles:?}"
+        );
+    }
+    let mut known = BTreeSet::new();
+    registered("node-agent/src", "switchyard_agent", &mut known);
+    registered("controller/src", "switchyard_controller", &mut known);
+    let queries = dashboard_queries(&dashboard);
+    let mut unknown = Vec::new();
+    for (title, expr) in &queries {
+        for name in metric_names(expr) {
+            if !known.contains(base(&name)) && !EXTERNAL.contains(&name.as_str()) {
+                unknown.push(format!("{title}: {name}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics no binary registers:\n{}",
+        unknown.join("\n")
+    );
+    // Every query is valid PromQL: promtool checks each as a recording rule.
+    let dir = switchyard_test_support::scratch::dir("dashboard-queries").unwrap();
+    let mut rules = String::from("groups:\n- name: dashboard\n  rules:\n");
+    for (i, (_, expr)) in queries.iter().enumerate() {
+        rules.push_str(&format!(
+            "  - record: dashboard:query{i}\n    expr: {}\n",
+            serde_json::to_string(expr).unwrap()
+        ));
+    }
+    let file = dir.path().join("dashboard-queries.yaml");
+    std::fs::write(&file, rules).unwrap();
+    promtool(&["check", "rules", &file.display().to_string()]);
 }
