@@ -208,6 +208,7 @@ async fn first_sync_creates_every_slice_then_every_plan_with_the_exact_server_si
         "switchyard_controller_slices_written_total 3",
         "switchyard_controller_plans_restored_total 0",
         "switchyard_controller_slices_restored_total 0",
+        "switchyard_controller_write_budget_qps 1000.0",
     ] {
         assert!(metrics.contains(line), "{line}\n{metrics}");
     }

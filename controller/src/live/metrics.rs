@@ -104,6 +104,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// 1 while this replica holds the lease.
     pub leader: Gauge,
+    /// The write budget (writes per second), for dashboards to set the write rate against.
+    pub write_budget_qps: Gauge<f64, AtomicU64>,
     /// Services with each problem now.
     pub service_problems: Family<ReasonLabel, Gauge>,
     /// Events about Service problems, by outcome.
@@ -160,6 +162,7 @@ impl Default for Metrics {
             )),
             queue_depth: Gauge::default(),
             leader: Gauge::default(),
+            write_budget_qps: Gauge::default(),
             service_problems: Family::default(),
             service_events: Family::default(),
             undecodable_objects: Family::default(),
@@ -253,6 +256,11 @@ impl Default for Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             m.leader.clone(),
+        );
+        registry.register(
+            "write_budget_qps",
+            "The global write budget for plans and slices, writes per second (writeQPS)",
+            m.write_budget_qps.clone(),
         );
         registry.register(
             "service_problems",

@@ -151,6 +151,7 @@ pub async fn run(
     }
 
     let config = &options.config;
+    metrics.write_budget_qps.set(config.write_qps);
     let ctx = Arc::new(Context::new(
         Arc::clone(&engine),
         client.clone(),
