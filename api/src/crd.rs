@@ -17,6 +17,10 @@ pub const SLICE_CRD_FILE: &str = "forwardingslices.switchyard.io.yaml";
 /// File name of the generated ForwardingRollout CRD in `crds/` and `config/crd/`.
 pub const ROLLOUT_CRD_FILE: &str = "forwardingrollouts.switchyard.io.yaml";
 
+/// Every CRD file `make generate` writes, in the order [`crd_files`] gives them; a CRD's name is its
+/// file name without `.yaml`.
+pub const CRD_FILES: [&str; 3] = [SLICE_CRD_FILE, CRD_FILE, ROLLOUT_CRD_FILE];
+
 const HEADER: &str =
     "# Generated from api/src/plan.rs and api/src/status.rs by `make generate`. Do not edit.\n";
 const SLICE_HEADER: &str = "# Generated from api/src/slice.rs by `make generate`. Do not edit.\n";

@@ -528,17 +528,17 @@ fn summary(what: &str, value: &str, goal: &str, met: bool) {
     }
 }
 
-/// Every CRD of crds/: the controller watches ForwardingRollouts too.
-const CRDS: [&str; 3] = [
-    "forwardingrollouts.switchyard.io",
-    "forwardingslices.switchyard.io",
-    "nodeforwardingplans.switchyard.io",
-];
+/// Every CRD of crds/ by name: the controller watches ForwardingRollouts too.
+fn crd_names() -> impl Iterator<Item = &'static str> {
+    switchyard_api::crd::CRD_FILES
+        .into_iter()
+        .map(|file| file.trim_end_matches(".yaml"))
+}
 
 async fn apply_crds(client: &Client) -> Result<(), String> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in CRDS {
+    for file in crd_names() {
         let path = format!("{}/../crds/{file}.yaml", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
         let crd: CustomResourceDefinition =
@@ -552,7 +552,7 @@ async fn apply_crds(client: &Client) -> Result<(), String> {
         .map_err(|e| format!("applying {file}: {e}"))?;
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    for file in CRDS {
+    for file in crd_names() {
         loop {
             let established = crds
                 .get(file)

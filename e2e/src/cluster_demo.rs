@@ -49,13 +49,13 @@ const AGENT_METRICS: &str = "127.0.0.1:10263";
 /// How long plans get to be applied on every node.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(120);
 /// The CRD files, by object name.
-/// Every CRD of crds/ (the controller watches ForwardingRollouts too: without their CRD that watch
-/// fails and retries for as long as it runs).
-const CRDS: [&str; 3] = [
-    "forwardingrollouts.switchyard.io",
-    "forwardingslices.switchyard.io",
-    "nodeforwardingplans.switchyard.io",
-];
+/// Every CRD of crds/ by name (the controller watches ForwardingRollouts too: without their CRD that
+/// watch fails and retries for as long as it runs).
+fn crd_names() -> impl Iterator<Item = &'static str> {
+    switchyard_api::crd::CRD_FILES
+        .into_iter()
+        .map(|file| file.trim_end_matches(".yaml"))
+}
 
 /// What `switchyard-lab demo-cluster` was asked.
 #[derive(Debug, Clone)]
@@ -384,7 +384,7 @@ async fn install(
 ) -> Result<()> {
     println!("== Applying crds/ (server-side apply)");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in CRDS {
+    for name in crd_names() {
         let existed = crds
             .get_opt(name)
             .await
@@ -404,7 +404,7 @@ async fn install(
         }
     }
     wait(Duration::from_secs(30), "the CRDs to be established", || async {
-        for name in CRDS {
+        for name in crd_names() {
             let established = crds
                 .get_opt(name)
                 .await

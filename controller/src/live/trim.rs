@@ -27,7 +27,7 @@ use switchyard_api::{
 };
 
 /// `kubectl apply`'s record of the last applied object.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub(super) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// An object as the controller's watches deliver it.
 pub type Delivered<K> = Tolerant<K, Unread>;
@@ -95,11 +95,16 @@ impl Prune<ForwardingSlice> for Unread {
     }
 }
 
-fn field<'a>(object: &'a mut Map<String, Value>, name: &str) -> Option<&'a mut Map<String, Value>> {
+/// `object[name]` as a map, when it is one (also for the rollouts' own pruning).
+pub(super) fn field<'a>(
+    object: &'a mut Map<String, Value>,
+    name: &str,
+) -> Option<&'a mut Map<String, Value>> {
     object.get_mut(name).and_then(Value::as_object_mut)
 }
 
-fn metadata(object: &mut Map<String, Value>) {
+/// Drops metadata bookkeeping nothing reads: managedFields and kubectl's last-applied annotation.
+pub(super) fn metadata(object: &mut Map<String, Value>) {
     let Some(meta) = field(object, "metadata") else {
         return;
     };

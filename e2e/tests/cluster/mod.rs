@@ -67,17 +67,8 @@ pub async fn apply_crd(client: &Client, field_manager: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     // Every CRD of crds/, as `kubectl apply -f crds/` does: the controller watches them all (a missing
     // one fails its watch, which the tests count).
-    let mut files: Vec<String> = std::fs::read_dir(repo("crds"))
-        .unwrap()
-        .filter_map(|entry| {
-            let name = entry.unwrap().file_name().into_string().ok()?;
-            name.strip_suffix(".yaml").map(str::to_owned)
-        })
-        .collect();
-    files.sort();
-    assert!(files.len() >= 3, "crds/ holds {files:?}");
-    for file in &files {
-        let file = file.as_str();
+    for file in switchyard_api::crd::CRD_FILES {
+        let file = file.trim_end_matches(".yaml");
         let text = std::fs::read_to_string(repo(&format!("crds/{file}.yaml"))).unwrap();
         let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap();
         crds.patch(

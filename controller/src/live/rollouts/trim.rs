@@ -19,8 +19,7 @@ use switchyard_api::{
     tolerant::{Prune, Tolerant},
 };
 
-/// `kubectl apply`'s record of the last applied object.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+use crate::live::trim::{field, metadata};
 
 /// The fields of a plan's spec a step reads, and those its type requires to decode (the summary is
 /// required so a plan file cannot lose it unnoticed; it is a handful of counts).
@@ -62,26 +61,13 @@ impl Prune<NodeForwardingPlan> for Read {
     }
 }
 
-fn field<'a>(object: &'a mut Map<String, Value>, name: &str) -> Option<&'a mut Map<String, Value>> {
-    object.get_mut(name).and_then(Value::as_object_mut)
-}
-
-fn metadata(object: &mut Map<String, Value>) {
-    let Some(meta) = field(object, "metadata") else {
-        return;
-    };
-    meta.remove("managedFields");
-    if let Some(annotations) = field(meta, "annotations") {
-        annotations.remove(LAST_APPLIED);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
     use switchyard_api::Backend;
 
     use super::*;
+    use crate::live::trim::LAST_APPLIED;
 
     fn delivered<K>(value: Value) -> K
     where
