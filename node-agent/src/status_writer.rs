@@ -122,17 +122,12 @@ pub async fn apply_status(
         })
 }
 
-/// Longest wait for one API call: kube's client has no read timeout (a global one would cut the
-/// watch), and a hung status write would otherwise stop status reporting for good.
-pub const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
-
-/// Runs one API call for at most [`API_CALL_TIMEOUT`]; a timeout is an error like any other.
-pub async fn bounded<T>(
+/// One API call for at most the agent's bound: a hung status write would otherwise stop status
+/// reporting for good.
+async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
-    tokio::time::timeout(API_CALL_TIMEOUT, call)
-        .await
-        .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))))
+    switchyard_process::bounded(switchyard_process::bounded::API_CALL_TIMEOUT, call).await
 }
 
 /// Starts the writer for plan `name`; it stops when the sink is dropped.

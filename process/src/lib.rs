@@ -11,6 +11,7 @@
 //! ```
 
 mod atomic;
+pub mod bounded;
 mod client;
 mod error;
 pub mod exit;
@@ -19,6 +20,7 @@ mod logging;
 mod signals;
 
 pub use atomic::{write_atomic, write_atomic_bytes};
+pub use bounded::bounded;
 pub use client::client;
 pub use error::Error;
 pub use logging::{LogFormat, init_logging, init_logging_at};

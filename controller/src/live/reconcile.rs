@@ -49,8 +49,8 @@ pub enum Action {
 pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
 /// Longest retry delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// Default longest wait for one API call outside the watches.
-pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default longest wait for one API call outside the watches (the same bound as the agent's).
+pub use switchyard_process::bounded::API_CALL_TIMEOUT;
 
 /// Everything a reconcile needs.
 pub struct Context {
@@ -106,9 +106,7 @@ impl Context {
         &self,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        tokio::time::timeout(self.api_timeout, call)
-            .await
-            .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))))
+        switchyard_process::bounded(self.api_timeout, call).await
     }
 }
 

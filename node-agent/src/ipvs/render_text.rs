@@ -18,6 +18,7 @@ use super::glue::{jump_rules, payload};
 use super::kernel::VirtualKey;
 use super::render::Desired;
 use super::sets::SetKind;
+use crate::xtables::tokens::shell_quote;
 
 fn endpoint(addr: IpAddr, port: u16) -> String {
     match addr {
@@ -33,14 +34,6 @@ fn service_flag(key: &VirtualKey) -> String {
         Protocol::SCTP => "--sctp-service",
     };
     format!("{flag} {}", endpoint(key.addr, key.port))
-}
-
-fn quote(arg: &str) -> String {
-    if arg.contains(' ') {
-        format!("'{arg}'")
-    } else {
-        arg.to_string()
-    }
 }
 
 /// The render output for `spec`; `node_ports` says where NodePorts were resolved to, per family.
@@ -125,7 +118,7 @@ pub fn render_text(
             "# === {family:?}: jump rules, each ensured, else inserted at position 1 in this order ==="
         );
         for jump in jump_rules(*family) {
-            let args: Vec<String> = jump.args.iter().map(|a| quote(a)).collect();
+            let args: Vec<String> = jump.args.iter().map(|a| shell_quote(a)).collect();
             let _ = writeln!(
                 out,
                 "{iptables} -t {} -I {} 1 {}",

@@ -278,7 +278,12 @@ impl ApiSource {
         if state.store.decide() != Decision::Missing {
             return true;
         }
-        match crate::status_writer::bounded(api.get_opt(&self.node)).await {
+        match switchyard_process::bounded(
+            switchyard_process::bounded::API_CALL_TIMEOUT,
+            api.get_opt(&self.node),
+        )
+        .await
+        {
             Ok(None) => {
                 state.confirm_backoff.reset();
                 tracing::warn!(plan = %self.node, "this node's plan is gone (confirmed: the API server answers 404)");

@@ -16,19 +16,7 @@ use switchyard_api::{Backend, IpFamily, NodeForwardingPlanSpec};
 
 use crate::backend::{HostFacts, families_of, node_port_ips};
 use crate::iptables::{jump_rules, render};
-
-/// `arg` as a POSIX shell word: bare when it is safe, single-quoted otherwise.
-pub fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty()
-        && arg
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c))
-    {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', r"'\''"))
-    }
-}
+use crate::xtables::tokens::shell_quote;
 
 /// The `iptables`/`ip6tables` binary and its restore for `family`.
 pub fn iptables_binaries(family: IpFamily) -> (&'static str, &'static str) {
@@ -198,13 +186,5 @@ mod tests {
             );
             assert!(text.contains("10.244.2.1"), "{backend}: {text}");
         }
-    }
-
-    #[test]
-    fn shell_words_are_quoted_only_when_needed() {
-        assert_eq!(shell_quote("SWYD-SERVICES"), "SWYD-SERVICES");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
     }
 }

@@ -88,6 +88,20 @@ pub fn quote_args(args: &[String]) -> String {
     out
 }
 
+/// `arg` as a POSIX shell word: bare when it is safe, single-quoted otherwise (the render commands
+/// print rules and commands to paste into a shell).
+pub fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c))
+    {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +151,13 @@ mod tests {
         assert!(!is_built_in(Table::Nat, "FORWARD"));
         assert!(is_built_in(Table::Nat, "PREROUTING"));
         assert!(!is_built_in(Table::Filter, "SWYD-SERVICES"));
+    }
+
+    #[test]
+    fn shell_words_are_quoted_only_when_needed() {
+        assert_eq!(shell_quote("SWYD-SERVICES"), "SWYD-SERVICES");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
     }
 }

@@ -71,14 +71,12 @@ impl KubeWrites {
         &self,
         call: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<Result<T, kube::Error>, Error> {
-        let timed = async {
-            tokio::time::timeout(self.timeout, call)
-                .await
-                .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))))
-        };
-        while_leading(self.leader.clone(), timed)
-            .await
-            .ok_or(Error::NotLeader)
+        while_leading(
+            self.leader.clone(),
+            switchyard_process::bounded(self.timeout, call),
+        )
+        .await
+        .ok_or(Error::NotLeader)
     }
 }
 
