@@ -13,10 +13,10 @@ IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-build: ## Build both binaries and the lab (debug) into target/debug/: switchyard-controller, switchyard-agent, switchyard-lab
+build: ## Build the binaries and the lab (debug) into target/debug/: switchyard-controller, switchyard-agent, kubectl-switchyard, switchyard-lab
 	$(CARGO) build --workspace --bins
 
-install: ## cargo install switchyard-controller, switchyard-agent and switchyard-lab (release) into ~/.cargo/bin (INSTALL_ROOT=dir: dir/bin); one shared target dir, so dependencies are built once
+install: ## cargo install switchyard-controller, kubectl-switchyard (the kubectl plugin), switchyard-agent and switchyard-lab (release) into ~/.cargo/bin (INSTALL_ROOT=dir: dir/bin); one shared target dir, so dependencies are built once
 	$(CARGO) install --locked --target-dir target/install --path controller $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 	$(CARGO) install --locked --target-dir target/install --path node-agent $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))
 	$(CARGO) install --locked --target-dir target/install --path e2e --bin switchyard-lab $(if $(INSTALL_ROOT),--root $(INSTALL_ROOT))

@@ -106,6 +106,56 @@ pub enum Error {
     /// The metrics and health address could not be bound; the shared edge words it.
     #[error(transparent)]
     Serve(switchyard_process::Error),
+    /// `kubectl switchyard`: the kubeconfig has no context of that name.
+    #[error("context \"{context}\" does not exist in the kubeconfig (its contexts: {known})")]
+    NoSuchContext {
+        /// The context asked for.
+        context: String,
+        /// Those the kubeconfig has.
+        known: String,
+    },
+    /// `kubectl switchyard`: the API server refused a read; its Status message says why, in the
+    /// objects' own words (`nodes "x" not found`).
+    #[error("reading {what}: {message}")]
+    Read {
+        /// What was read.
+        what: String,
+        /// The API server's words, or the client's when no answer came.
+        message: String,
+        /// The HTTP status code (404: not found), 0 without an answer.
+        code: u16,
+    },
+    /// `kubectl switchyard`: the node has no agent pod.
+    #[error(
+        "no switchyard agent pod on node {node} in namespace {namespace} (pods labelled {selector}): is \
+         the agent DaemonSet installed in that namespace (-n names it), and does it tolerate the node?"
+    )]
+    NoAgentPod {
+        /// The node.
+        node: String,
+        /// Where the pods were looked for.
+        namespace: String,
+        /// The label selector.
+        selector: String,
+    },
+    /// `kubectl switchyard`: the node's agent pod cannot run a command.
+    #[error("the agent pod {pod} on node {node} is not running: {why}")]
+    AgentPodNotRunning {
+        /// namespace/name.
+        pod: String,
+        /// The node.
+        node: String,
+        /// Its phase and its container's state, in the pod's words.
+        why: String,
+    },
+    /// `kubectl switchyard`: running a command in an agent pod failed (not the command itself).
+    #[error("running switchyard-agent in pod {pod}: {cause}")]
+    Exec {
+        /// namespace/name.
+        pod: String,
+        /// Why.
+        cause: String,
+    },
 }
 
 impl Error {
@@ -127,6 +177,11 @@ impl Error {
             Self::NotLeader => "not_leader",
             Self::Connect(_) => "connect",
             Self::Serve(_) => "serve",
+            Self::NoSuchContext { .. } => "no_such_context",
+            Self::Read { .. } => "read",
+            Self::NoAgentPod { .. } => "no_agent_pod",
+            Self::AgentPodNotRunning { .. } => "agent_pod_not_running",
+            Self::Exec { .. } => "exec",
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod input;
 pub mod live;
 pub mod output;
 pub mod planner;
+pub mod plugin;
 pub mod rollout;
 
 pub use config::Config;

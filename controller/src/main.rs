@@ -15,7 +15,7 @@ use switchyard_controller::{
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
     planner::{Planner, SkipReason, problems, service_cidrs, snapshot_problems},
 };
-use switchyard_process::exit::{self, FAILED, NO, USAGE};
+use switchyard_process::exit::{self, FAILED, NO, USAGE, fail, print_stdout};
 use switchyard_process::http::parse_bind;
 use switchyard_process::{LogFormat, init_logging, shutdown_signal};
 
@@ -145,12 +145,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Says `error` once on stderr and ends with `code`.
-fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("error: {error}");
-    exit::code(code)
-}
-
 /// The exit code of a failure: wrong input when the shared process edges say so (an unusable
 /// kubeconfig), else a failure while running.
 fn code_of(error: &anyhow::Error) -> u8 {
@@ -238,18 +232,6 @@ fn audit_command(kubeconfig: Option<PathBuf>, files: &[PathBuf]) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         exit::code(NO)
-    }
-}
-
-/// Writes `text` to standard output. A closed pipe (`… | head`) ends the command quietly, as kubectl
-/// does, instead of the panic `print!` gives; other write errors are reported.
-fn print_stdout(text: &str) -> Result<(), ExitCode> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
-        Err(e) => Err(fail(FAILED, &format_args!("writing to standard output: {e}"))),
     }
 }
 

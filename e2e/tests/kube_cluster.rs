@@ -10,6 +10,10 @@
 //!   ─► kube-proxy removed (--cleanup) ─► the agents take its ports ─► flows again, now through
 //!   Switchyard; kubectl exec/logs/port-forward; pods reach the API server through the kubernetes
 //!   Service; kube-proxy's URLs from a host-network pod; conntrack's CLOSE_WAIT timeout on every node
+//! a real Prometheus (kube/monitoring.rs) from the install on: every dashboard query answers; an agent
+//!   without NET_ADMIN fires its alerts, which clear when it is undone
+//! kubectl switchyard (kube/plugin.rs): status, audit, plan, explain and top through the agent pods; a
+//!   wrong context and an unknown node said plainly; an agent pod that cannot start, said at once
 //! a leaving node: Karpenter's taint ─► its /healthz 503, /livez 200, never restarted ─► untainted
 //! rollouts (kube/rollout.rs), connections counted throughout: iptables → nftables over every node,
 //!   verdicts unchanged; back to iptables with the controller leader deleted mid-rollout; a first node
@@ -28,8 +32,12 @@
 mod common;
 #[path = "kube/health.rs"]
 mod health;
+#[path = "kube/monitoring.rs"]
+mod monitoring;
 #[path = "kube/node_by_node.rs"]
 mod node_by_node;
+#[path = "kube/plugin.rs"]
+mod plugin;
 #[path = "kube/rollout.rs"]
 mod rollout;
 
@@ -350,6 +358,10 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
             "lease holder {holder:?}"
         );
     });
+    let prometheus = step(
+        "a real Prometheus scraping the agents and the controller (config/components/monitoring)",
+        || monitoring::start(&cluster),
+    );
     step(
         "kube-proxy holds its ports: every agent says so and forwards",
         || health::ports_held_by_kube_proxy(&cluster),
@@ -457,6 +469,15 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     );
     step("kubectl get nfp", || {
         eprintln!("{}", cluster.kubectl(&["get", "nfp", "-o", "wide"]).unwrap())
+    });
+    step("kubectl switchyard: status, audit, plan, explain, top", || {
+        plugin::answers(&cluster)
+    });
+    step("kubectl switchyard: a wrong context, an unknown node", || {
+        plugin::says_plainly(&cluster)
+    });
+    step("monitoring: every dashboard query returns data", || {
+        monitoring::dashboard_answers(&cluster, &prometheus)
     });
     step(
         "kube-proxy's URLs from a host-network pod; conntrack's timeouts on every node",
@@ -595,9 +616,10 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
     step("bad input: an image that cannot be pulled", || {
         bad_image(&cluster)
     });
-    step("bad input: an overlay without NET_ADMIN", || {
-        without_net_admin(&cluster)
-    });
+    step(
+        "bad input: an overlay without NET_ADMIN (its alerts fire, then clear)",
+        || without_net_admin(&cluster, &prometheus),
+    );
     step("bad input: a node whose agent image lacks nft", || {
         image_without_nft(&cluster, "node-b")
     });
@@ -792,7 +814,7 @@ fn bad_image(cluster: &KubeCluster) {
             &format!("agent={image}"),
         ])
         .unwrap();
-    let message = wait_until(
+    let (message, node) = wait_until(
         Duration::from_secs(90),
         "an agent pod to report the failed pull",
         || {
@@ -800,13 +822,19 @@ fn bad_image(cluster: &KubeCluster) {
             pods["items"].as_array()?.iter().find_map(|pod| {
                 let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
                 let reason = waiting["reason"].as_str()?;
-                matches!(reason, "ErrImagePull" | "ImagePullBackOff")
-                    .then(|| format!("{reason}: {}", waiting["message"].as_str().unwrap_or_default()))
+                let node = pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned();
+                matches!(reason, "ErrImagePull" | "ImagePullBackOff").then(|| {
+                    (
+                        format!("{reason}: {}", waiting["message"].as_str().unwrap_or_default()),
+                        node,
+                    )
+                })
             })
         },
     );
     eprintln!("kube: bad image: pod status says {message}");
     assert!(message.contains("does-not-exist"), "{message}");
+    plugin::not_running(cluster, &node);
     check_flows(
         cluster,
         "switchyard, agent image unpullable on one node",
@@ -817,7 +845,7 @@ fn bad_image(cluster: &KubeCluster) {
 
 /// An overlay whose agent lacks NET_ADMIN: the agent says what is missing (log, status, not Ready),
 /// the rules stay; `rollout undo` brings it back.
-fn without_net_admin(cluster: &KubeCluster) {
+fn without_net_admin(cluster: &KubeCluster, prometheus: &switchyard_e2e::kube::prometheus::Prometheus) {
     cluster
         .kubectl(&[
             "-n", "switchyard-system", "patch", "daemonset/switchyard-agent", "--type=json", "-p",
@@ -875,7 +903,9 @@ fn without_net_admin(cluster: &KubeCluster) {
         "switchyard, one agent without NET_ADMIN",
         &flows::standard()[..4],
     );
+    monitoring::alerts_fire(prometheus, &node);
     undo_agent_rollout(cluster);
+    monitoring::alert_clears(prometheus, &node);
 }
 
 fn agent_image_now(cluster: &KubeCluster) -> String {

@@ -1654,6 +1654,7 @@ fn assert_known_fields(doc: &Doc) {
                 "spec.podMetricsEndpoints[].port",
                 "spec.podMetricsEndpoints[].path",
                 "spec.podMetricsEndpoints[].interval",
+                "spec.podMetricsEndpoints[].honorLabels",
                 "spec.podMetricsEndpoints[].relabelings[].sourceLabels[]",
                 "spec.podMetricsEndpoints[].relabelings[].targetLabel",
             ],

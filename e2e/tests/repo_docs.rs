@@ -347,3 +347,42 @@ fn the_readmes_sample_output_is_current() {
         "the README's sample of `make demo` is stale: README_UPDATE=1 cargo test -p switchyard-e2e --test repo_docs rewrites it"
     );
 }
+
+/// The krew manifest template names the plugin's binary for every platform and the crate's version,
+/// and the plugin answers `--help` under that name.
+#[test]
+fn the_krew_manifest_matches_the_plugin() {
+    let text = std::fs::read_to_string(root().join("controller/krew/switchyard.yaml")).unwrap();
+    let manifest: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(manifest["kind"], "Plugin");
+    assert_eq!(
+        manifest["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(manifest["metadata"]["name"], "switchyard", "kubectl switchyard");
+    let version = format!("v{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(manifest["spec"]["version"], version.as_str());
+    let platforms = manifest["spec"]["platforms"].as_array().unwrap();
+    assert!(!platforms.is_empty());
+    for platform in platforms {
+        assert_eq!(platform["bin"], "kubectl-switchyard", "{platform}");
+        let uri = platform["uri"].as_str().unwrap();
+        assert!(uri.contains(&version), "{uri} names {version}");
+        assert_eq!(platform["sha256"].as_str().unwrap().len(), 64, "{platform}");
+    }
+    let plugin = root().join("target/debug/kubectl-switchyard");
+    assert!(
+        plugin.exists(),
+        "{} is missing: run `make build` first",
+        plugin.display()
+    );
+    let help = Command::new(&plugin).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for command in ["status", "audit", "plan", "explain", "top"] {
+        assert!(
+            help.contains(command),
+            "kubectl switchyard --help lists {command}:\n{help}"
+        );
+    }
+    assert!(help.contains("kubectl switchyard"), "{help}");
+}

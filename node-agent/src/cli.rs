@@ -26,7 +26,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use switchyard_api::validate::validate;
 use switchyard_api::{Backend, NodeForwardingPlanSpec};
-use switchyard_process::exit::{self, FAILED, NO, USAGE};
+use switchyard_process::exit::{self, FAILED, NO, USAGE, fail, print_stdout};
 use switchyard_process::http::parse_bind;
 use switchyard_process::{LogFormat, init_logging_at};
 
@@ -544,26 +544,6 @@ fn seal_command(args: &SealArgs) -> ExitCode {
     match print_stdout(&format!("{revision}\n")) {
         Ok(()) | Err(_) => ExitCode::SUCCESS,
     }
-}
-
-/// Writes `text` to standard output. A closed pipe (`… | head`) ends the command quietly, as kubectl
-/// does, instead of the panic `print!` gives; other write errors are reported.
-fn print_stdout(text: &str) -> Result<(), ExitCode> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
-        Err(e) => {
-            eprintln!("error: writing to standard output: {e}");
-            Err(exit::code(FAILED))
-        }
-    }
-}
-
-fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("error: {error}");
-    exit::code(code)
 }
 
 /// Reads the plan file and composes its plan with its slices (if any); usage errors come back as exit

@@ -1,4 +1,5 @@
-//! The exit codes of both binaries: one table, used by every command and printed in every `--help`.
+//! The exit codes of every Switchyard command (the controller, the agent, the kubectl plugin): one
+//! table, used by every command and printed in every `--help`; and how a command says its last word.
 //!
 //! ```text
 //! 0 ok · 1 failed while running · 2 wrong input (nothing on stdout) · 3 ran, and the answer is no
@@ -22,7 +23,7 @@ pub const NO: u8 = 3;
 
 /// The table, as `--help` and the README print it.
 pub const TABLE: &str = "\
-Exit codes (both binaries, every command):
+Exit codes (every switchyard-controller, switchyard-agent and kubectl switchyard command):
   0  done
   1  failed while running (the kernel refused rules, the API server did not answer, a write failed)
   2  wrong input, nothing done: bad flags, an unreadable or invalid file (a plan cut or edited), an
@@ -33,6 +34,25 @@ Exit codes (both binaries, every command):
 /// `code` as the process's exit status.
 pub fn code(code: u8) -> ExitCode {
     ExitCode::from(code)
+}
+
+/// Says `error` once on stderr, as kubectl does (`error: …`), and ends with `code`.
+pub fn fail(code: u8, error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {error}");
+    self::code(code)
+}
+
+/// Writes `text` to standard output. A closed pipe (`… | head`) ends the command quietly (`Err` with
+/// exit 0), as kubectl does, instead of the panic `print!` gives; other write errors are said and end
+/// it with [`FAILED`].
+pub fn print_stdout(text: &str) -> Result<(), ExitCode> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => Err(fail(FAILED, &format_args!("writing to standard output: {e}"))),
+    }
 }
 
 impl Error {

@@ -613,6 +613,15 @@ impl KubeCluster {
         kube::Client::try_from(config).map_err(api)
     }
 
+    /// Starts `argv` in the control plane's namespace (it reaches the API server, every node and,
+    /// through them, every pod), supervised: it stops with the cluster, also after a killed run.
+    pub fn spawn_in_control_plane(&self, label: &str, argv: &[String]) -> Result<ChildHandle> {
+        Ok(self
+            .supervisor
+            .spawn(&self.spec.cp_netns, label, argv, Stdout::Log)?
+            .0)
+    }
+
     /// The lab's state directory.
     pub fn dir(&self) -> &Path {
         self.state.dir()

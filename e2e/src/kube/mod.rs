@@ -8,6 +8,7 @@
 //!                                                               (images imported), kubelet, (kube-proxy)
 //!                                                               <id>-client; host relay to the API
 //! tests / `switchyard-lab kube up` ─► kubectl, kube::Client, probes from pods, nodes and the client
+//! prometheus.rs: a real Prometheus in <id>-cp scraping what the monitoring component's PodMonitors select
 //! drop / `kube down ID` / signal ─► teardown: namespaces, node cgroups (pods), sysctls, mount points
 //! ```
 
@@ -20,6 +21,7 @@ pub mod hold;
 pub mod install;
 pub mod node;
 pub mod pki;
+pub mod prometheus;
 pub mod spec;
 pub mod traffic;
 
