@@ -14,6 +14,7 @@ use switchyard_controller::{
     live::run::{Options, run},
     output::{Format, Written, composed_object, composed_table, objects_table, serialize, written_objects},
     planner::{Planner, SkipReason, problems, service_cidrs, snapshot_problems},
+    plugin,
 };
 use switchyard_process::exit::{self, FAILED, NO, USAGE, fail, print_stdout};
 use switchyard_process::http::parse_bind;
@@ -175,22 +176,13 @@ fn live(kubeconfig: Option<PathBuf>, options: Options) -> anyhow::Result<()> {
     })
 }
 
-/// Lists every plan and slice from the API server.
+/// Lists every plan and slice from the API server (as `kubectl switchyard audit` does).
 fn list_objects(
     kubeconfig: Option<PathBuf>,
 ) -> anyhow::Result<(Vec<NodeForwardingPlan>, Vec<ForwardingSlice>)> {
     runtime()?.block_on(async move {
         let client = client(kubeconfig).await?;
-        let params = kube::api::ListParams::default();
-        let plans = kube::Api::<NodeForwardingPlan>::all(client.clone())
-            .list(&params)
-            .await
-            .context("listing nodeforwardingplans")?;
-        let slices = kube::Api::<ForwardingSlice>::all(client)
-            .list(&params)
-            .await
-            .context("listing forwardingslices")?;
-        Ok((plans.items, slices.items))
+        Ok(plugin::cluster::plans_and_slices(&client).await?)
     })
 }
 

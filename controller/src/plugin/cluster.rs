@@ -97,10 +97,10 @@ fn read_error(what: impl Into<String>, error: &kube::Error) -> Error {
     }
 }
 
-/// Every plan, slice and Node.
-pub async fn everything(
+/// Every plan and slice (what an audit reads).
+pub async fn plans_and_slices(
     client: &Client,
-) -> Result<(Vec<NodeForwardingPlan>, Vec<ForwardingSlice>, Vec<Node>), Error> {
+) -> Result<(Vec<NodeForwardingPlan>, Vec<ForwardingSlice>), Error> {
     let all = ListParams::default();
     let plans = Api::<NodeForwardingPlan>::all(client.clone())
         .list(&all)
@@ -110,6 +110,15 @@ pub async fn everything(
         .list(&all)
         .await
         .map_err(|e| read_error("forwardingslices", &e))?;
+    Ok((plans.items, slices.items))
+}
+
+/// Every plan, slice and Node (the Nodes' metadata only).
+pub async fn everything(
+    client: &Client,
+) -> Result<(Vec<NodeForwardingPlan>, Vec<ForwardingSlice>, Vec<Node>), Error> {
+    let all = ListParams::default();
+    let (plans, slices) = plans_and_slices(client).await?;
     let nodes = Api::<Node>::all(client.clone())
         .list_metadata(&all)
         .await
@@ -122,7 +131,7 @@ pub async fn everything(
             ..Node::default()
         })
         .collect();
-    Ok((plans.items, slices.items, nodes))
+    Ok((plans, slices, nodes))
 }
 
 /// The plan of `node` and the slices of its views. A node without a plan is told apart from a node
