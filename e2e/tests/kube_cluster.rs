@@ -683,6 +683,8 @@ fn switchyard_runs_on_a_real_cluster_as_users_install_it() {
         "kube: number: whole cluster suite {:.0} s",
         suite.elapsed().as_secs_f64()
     );
+    // Prometheus and its pod discovery (kubectl every 2 s) stop before the API server goes.
+    drop(prometheus);
     step("cluster down", || cluster.down().unwrap());
 }
 
