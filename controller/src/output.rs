@@ -250,7 +250,8 @@ fn table_with(columns: &[CustomResourceColumnDefinition], objects: &[Value], wid
     align(rows)
 }
 
-fn align(rows: Vec<Vec<String>>) -> String {
+/// Left-aligned columns three spaces apart, as kubectl prints them (the first row is the header).
+pub(crate) fn align(rows: Vec<Vec<String>>) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();

@@ -244,29 +244,11 @@ pub fn table(status: &Status, wide: bool) -> String {
     out
 }
 
-/// Left-aligned columns three spaces apart, as kubectl prints them.
+/// The header and the lines as `kubectl get` aligns them ([`crate::output`]'s aligner).
 fn columns(head: &[&str], lines: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = head.iter().map(|h| h.len()).collect();
-    for line in lines {
-        for (w, cell) in widths.iter_mut().zip(line) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let mut out = String::new();
-    let mut push = |cells: Vec<&str>| {
-        let text: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(text.join("   ").trim_end());
-        out.push('\n');
-    };
-    push(head.to_vec());
-    for line in lines {
-        push(line.iter().map(String::as_str).collect());
-    }
-    out
+    let mut rows = vec![head.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>()];
+    rows.extend(lines.iter().cloned());
+    crate::output::align(rows)
 }
 
 #[cfg(test)]

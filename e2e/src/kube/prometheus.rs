@@ -339,9 +339,7 @@ impl Prometheus {
 
     /// The series `expr` returns now (an instant query).
     pub fn query(&self, expr: &str) -> Result<Vec<Sample>> {
-        let body = self.get(&format!("/api/v1/query?query={}", encode(expr)))?;
-        let answer: Value = serde_json::from_str(&body)
-            .map_err(|e| LabError::Refused(format!("Prometheus answered {body:?}: {e}")))?;
+        let answer = self.get_json(&format!("/api/v1/query?query={}", encode(expr)))?;
         if answer["status"] != "success" {
             return Err(LabError::Refused(format!("query {expr:?}: {}", answer["error"])));
         }
@@ -368,9 +366,7 @@ impl Prometheus {
 
     /// The alerts pending or firing now: (name, state, labels).
     pub fn alerts(&self) -> Result<Vec<Alert>> {
-        let body = self.get("/api/v1/alerts")?;
-        let answer: Value = serde_json::from_str(&body)
-            .map_err(|e| LabError::Refused(format!("Prometheus answered {body:?}: {e}")))?;
+        let answer = self.get_json("/api/v1/alerts")?;
         Ok(answer["data"]["alerts"]
             .as_array()
             .into_iter()
@@ -389,9 +385,7 @@ impl Prometheus {
 
     /// The scrape targets and whether each is up: (job, instance, health, last error).
     pub fn targets(&self) -> Result<Vec<(String, String, String, String)>> {
-        let body = self.get("/api/v1/targets?state=active")?;
-        let answer: Value = serde_json::from_str(&body)
-            .map_err(|e| LabError::Refused(format!("Prometheus answered {body:?}: {e}")))?;
+        let answer = self.get_json("/api/v1/targets?state=active")?;
         Ok(answer["data"]["activeTargets"]
             .as_array()
             .into_iter()
@@ -406,6 +400,13 @@ impl Prometheus {
                 )
             })
             .collect())
+    }
+
+    /// `GET path`, its body read as JSON.
+    fn get_json(&self, path: &str) -> Result<Value> {
+        let body = self.get(path)?;
+        serde_json::from_str(&body)
+            .map_err(|e| LabError::Refused(format!("Prometheus answered {body:?} to {path}: {e}")))
     }
 
     /// `GET path` over HTTP/1.0: the body of a 200.
